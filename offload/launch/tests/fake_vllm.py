@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""A fake vLLM 0.32 OpenAI-compatible server for the helper's tests and demo.
+
+It speaks the wire format of shared/VLLM_FACTS.md: /health, /version, /v1/models,
+/tokenize, /v1/completions and /metrics, 401 {"error":"Unauthorized"} under /v1 when
+a key is set, context-length and min_tokens errors, prefix caching in 128-token
+blocks, usage details absent (null) unless switched on, and request gauges that
+count the requests really in flight. Faults are switched per test on `FakeConfig`.
+
+Standalone: python3 offload/launch/tests/fake_vllm.py --port 8000
+Demo:       python3 offload/launch/tests/fake_vllm.py --demo   (fake + warm-up, then stop)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+VERSION = "0.32.0"
+BLOCK = 128                     # prefix-cache block size, as observed
+EOS_ID = 2
+# The generated text and the ids carry these markers, so tests can prove they never leak.
+TEXT_MARKER = "GENTEXT-7Q9Z"
+TOKEN_ID_MARKER = 987654321
+
+# Completion faults; each changes what the server answers for matching requests.
+FAULTS = ("", "one_token", "stop_string", "wrong_finish", "short_prompt_tokens", "cache_hit",
+          "status", "truncated_json", "not_json", "no_usage", "no_choices", "hang", "trickle",
+          "headers_close", "oversized", "redirect", "slow")
+METRICS_MODES = ("normal", "404", "garbage", "absent")
+
+
+@dataclass
+class FakeConfig:
+    model: str = "fake-model"
+    max_model_len: int = 32768
+    max_num_seqs: int = 4
+    api_key: str | None = None
+    prompt_tokens_details: bool = False   # --enable-prompt-tokens-details
+    per_request_metrics: bool = False     # --enable-per-request-metrics
+    speculative: bool = True
+    engines: int = 1
+    latency_s: float = 0.0                # engine time of one completion
+    tokenize: bool = True                 # /tokenize answers (404 when False)
+    reject_priority: bool = False         # like versions that refuse priority under fcfs
+    fault: str = ""
+    fault_match: str = ""                 # the fault hits request ids containing this ("" = all)
+    fault_status: int = 500
+    fault_message: str = "Internal server error"
+    metrics_mode: str = "normal"
+    gauge_values: dict = field(default_factory=dict)   # {(gauge, engine): value}
+    waiting_by_reason: float = 0.0        # the gauge whose name is a trap for prefix matching
+    health_delay_s: float = 0.0           # /health answers 503 until this long after start
+    trickle_interval_s: float = 1.0
+    echo_error_text: str = ""             # appended to error messages (leak tests)
+
+
+def tokenize(text: str) -> list[int]:
+    """A tokenizer that is not one token per word: a BOS, then one token per 3 characters."""
+    ids = [1]
+    for piece in re.findall(r"\w+|[^\w\s]", text):
+        for start in range(0, len(piece), 3):
+            ids.append(100 + zlib.crc32(piece[start:start + 3].encode()) % 50000)
+    return ids
+
+
+class FakeState:
+    """What the server has seen: requests (for assertions), cache blocks, counters, gauges."""
+
+    def __init__(self, config: FakeConfig):
+        self.config = config
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.started = time.monotonic()
+        self.requests: list[dict] = []        # path, headers, body (parsed), arrived (monotonic)
+        self.cache: set[int] = set()
+        self.running = 0
+        self.counters: dict[tuple[str, tuple], float] = {}
+
+    def log(self, entry: dict) -> None:
+        with self.lock:
+            self.requests.append(entry)
+
+    def completions(self) -> list[dict]:
+        with self.lock:
+            return [r for r in self.requests if r["path"].endswith("/v1/completions")]
+
+    def count(self, name: str, value: float, **labels) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self.lock:
+            self.counters[key] = self.counters.get(key, 0.0) + value
+
+    def cached_prefix(self, ids: list[int]) -> int:
+        """Whole leading blocks seen before; the last token is always computed."""
+        hashes, cached = [], 0
+        for end in range(BLOCK, len(ids), BLOCK):
+            hashes.append(hash(tuple(ids[:end])))
+        with self.lock:
+            for h in hashes:
+                if h not in self.cache:
+                    break
+                cached += BLOCK
+            self.cache.update(hashes)
+        return cached
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    @property
+    def state(self) -> FakeState:
+        return self.server.state
+
+    def log_message(self, format, *args):     # keep test output clean
+        pass
+
+    # -- plumbing ---------------------------------------------------------
+    def send_json(self, status: int, doc, headers: dict | None = None) -> None:
+        data = json.dumps(doc).encode()
+        self.send_bytes(status, data, "application/json", headers)
+
+    def send_bytes(self, status: int, data: bytes, ctype: str, headers: dict | None = None):
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_error_json(self, status: int, message: str, etype: str = "BadRequestError",
+                        param=None) -> None:
+        message += self.state.config.echo_error_text
+        self.send_json(status, {"error": {"message": message, "type": etype, "param": param,
+                                          "code": status}})
+
+    def read_body(self):
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            return json.loads(raw) if raw else None
+        except ValueError:
+            return None
+
+    def authorized(self) -> bool:
+        key = self.state.config.api_key
+        if not key or not self.path.startswith("/v1"):
+            return True
+        if self.headers.get("authorization") == f"Bearer {key}":
+            return True
+        self.send_json(401, {"error": "Unauthorized"})
+        return False
+
+    def note(self, body) -> None:
+        self.state.log({"path": self.path, "method": self.command, "headers": dict(self.headers),
+                        "body": body, "arrived": time.monotonic()})
+
+    # -- endpoints --------------------------------------------------------
+    def do_GET(self):
+        self.note(None)
+        cfg = self.state.config
+        if self.path == "/health":
+            ready = time.monotonic() - self.state.started >= cfg.health_delay_s
+            return self.send_bytes(200 if ready else 503, b"", "application/json")
+        if self.path == "/version":
+            return self.send_json(200, {"version": VERSION})
+        if self.path == "/metrics":
+            return self.metrics()
+        if not self.authorized():
+            return
+        if self.path == "/v1/models":
+            return self.send_json(200, {"object": "list", "data": [{
+                "id": cfg.model, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": f"/models/{cfg.model}", "parent": None,
+                "max_model_len": cfg.max_model_len,
+                "permission": [{"id": "modelperm-0", "object": "model_permission"}]}]})
+        self.send_json(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        body = self.read_body()
+        self.note(body)
+        if not self.authorized():
+            return
+        if self.path == "/tokenize":
+            if not self.state.config.tokenize:
+                return self.send_json(404, {"detail": "Not Found"})
+            ids = tokenize(str((body or {}).get("prompt", "")))
+            return self.send_json(200, {"count": len(ids),
+                                        "max_model_len": self.state.config.max_model_len,
+                                        "tokens": ids + [TOKEN_ID_MARKER], "token_strs": None})
+        if self.path == "/v1/completions":
+            return self.completion(body or {})
+        self.send_json(404, {"detail": "Not Found"})
+
+    def metrics(self):
+        cfg, st = self.state.config, self.state
+        if cfg.metrics_mode == "404":
+            return self.send_json(404, {"detail": "Not Found"})
+        if cfg.metrics_mode == "garbage":
+            return self.send_bytes(200, b"<html><body>metrics moved</body></html>", "text/html")
+        with st.lock:
+            running = min(st.running, cfg.max_num_seqs)
+            waiting = st.running - running
+            counters = dict(st.counters)
+        lines = []
+        if cfg.metrics_mode != "absent":
+            for gauge, value, help_text in (
+                    ("vllm:num_requests_running", running,
+                     "Number of requests in model execution batches."),
+                    ("vllm:num_requests_waiting", waiting, "Number of requests waiting.")):
+                lines += [f"# HELP {gauge} {help_text}", f"# TYPE {gauge} gauge"]
+                for engine in range(cfg.engines):
+                    v = cfg.gauge_values.get((gauge, str(engine)), value if engine == 0 else 0)
+                    lines.append(f'{gauge}{{engine="{engine}",model_name="{cfg.model}"}} '
+                                 f'{float(v)}')
+        lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
+                  f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
+                  f'reason="capacity"}} {float(cfg.waiting_by_reason)}']
+        for (name, labels), value in sorted(counters.items()):
+            inner = ",".join(f'{k}="{v}"' for k, v in
+                             sorted(dict(labels, engine="0", model_name=cfg.model).items()))
+            lines.append(f"{name}{{{inner}}} {float(value)}")
+        self.send_bytes(200, ("\n".join(lines) + "\n").encode(),
+                        "text/plain; version=0.0.4; charset=utf-8")
+
+    # -- completions --------------------------------------------------------
+    def completion(self, body: dict):
+        cfg, st = self.state.config, self.state
+        priority = body.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            return self.send_json(400, {"error": {"message": "Input should be a valid integer",
+                                                  "type": "Bad Request", "param": "body.priority",
+                                                  "code": 400}})
+        if cfg.reject_priority and priority != 0:
+            return self.send_error_json(400, "Got priority 20 but Priority scheduling is not "
+                                             "enabled.", param="priority")
+        ids = tokenize(str(body.get("prompt", "")))
+        n_prompt = len(ids)
+        max_tokens = int(body.get("max_tokens") or 16)
+        min_tokens = int(body.get("min_tokens") or 0)
+        if n_prompt > cfg.max_model_len:
+            return self.send_error_json(
+                400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
+                     f"However, your prompt contains at least {n_prompt} input tokens, which "
+                     f"is too many.", param="input_tokens")
+        max_tokens = min(max_tokens, cfg.max_model_len - n_prompt)
+        if min_tokens > max_tokens:
+            return self.send_error_json(400, f"min_tokens must be less than or equal to "
+                                             f"max_tokens={max_tokens}, got {min_tokens}.")
+        rid = str(body.get("request_id", ""))
+        fault = cfg.fault if cfg.fault_match in rid else ""
+        if fault == "status":
+            return self.send_error_json(cfg.fault_status, cfg.fault_message,
+                                        "InternalServerError" if cfg.fault_status >= 500
+                                        else "BadRequestError")
+        if fault == "redirect":
+            return self.send_bytes(307, b"", "text/plain",
+                                   {"location": "http://127.0.0.1:9/v1/completions"})
+        cached = st.cached_prefix(ids)
+        with st.lock:
+            st.running += 1
+        try:
+            st.stop.wait(cfg.latency_s + (5.0 if fault == "slow" else 0.0))
+            if fault == "hang":
+                st.stop.wait(600)
+                self.close_connection = True
+                return
+        finally:
+            with st.lock:
+                st.running -= 1
+        n_out = max_tokens if body.get("ignore_eos") else max(min_tokens, 1)
+        finish, stop_reason = ("length", None) if n_out >= max_tokens else ("stop", EOS_ID)
+        if fault == "one_token":
+            n_out, finish, stop_reason = 1, "stop", EOS_ID
+        elif fault == "stop_string":
+            finish, stop_reason = "stop", "</answer>"
+        elif fault == "wrong_finish":
+            finish = "abort"
+        elif fault == "cache_hit":
+            cached = n_prompt - n_prompt % BLOCK
+        reported_prompt = 1000 if fault == "short_prompt_tokens" else n_prompt
+        st.count("vllm:prompt_tokens_total", n_prompt)
+        st.count("vllm:generation_tokens_total", n_out)
+        st.count("vllm:request_success_total", 1, finished_reason=finish)
+        st.count("vllm:prefix_cache_queries_total", n_prompt)
+        st.count("vllm:prefix_cache_hits_total", cached)
+        if cfg.speculative:
+            st.count("vllm:spec_decode_num_drafts_total", math.ceil(n_out / 5))
+            st.count("vllm:spec_decode_num_draft_tokens_total", 5 * math.ceil(n_out / 5))
+            st.count("vllm:spec_decode_num_accepted_tokens_total", n_out - math.ceil(n_out / 5))
+        doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
+        if fault == "no_usage":
+            del doc["usage"]
+        if fault == "no_choices":
+            del doc["choices"]
+        data = json.dumps(doc).encode()
+        if fault == "truncated_json":
+            data = data[:len(data) // 2]
+        if fault == "not_json":
+            data = f"<html>{TEXT_MARKER} upstream error</html>".encode()
+        self.send_completion(fault, data)
+
+    def completion_doc(self, body, n_prompt, n_out, finish, stop_reason, cached) -> dict:
+        cfg = self.state.config
+        details = ({"cached_tokens": cached, "created_cache_tokens": None,
+                    "multimodal_tokens": None} if cfg.prompt_tokens_details else None)
+        metrics = None
+        if cfg.per_request_metrics:
+            metrics = {"time_to_first_token_ms": 12.5, "generation_time_ms": 80.0,
+                       "queue_time_ms": 0.4, "mean_itl_ms": 2.1, "tokens_per_second": 400.0,
+                       "speculative_decoding": ({"num_drafts": 7, "num_draft_tokens": 35,
+                                                 "num_accepted_tokens": 25,
+                                                 "accepted_per_position": [7, 6, 5, 4, 3]}
+                                                if cfg.speculative else None)}
+        text = f"{TEXT_MARKER} " + " ".join(["lorem"] * (n_out - 1))
+        return {
+            "id": f"cmpl-{secrets.token_hex(16)}", "object": "text_completion",
+            "created": int(time.time()), "model": body.get("model", cfg.model),
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                         "stop_reason": stop_reason, "token_ids": None,
+                         "prompt_logprobs": None, "prompt_token_ids": None,
+                         "routed_experts": None}],
+            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{secrets.token_hex(4)}",
+            "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
+                      "completion_tokens": n_out, "prompt_tokens_details": details,
+                      "completion_tokens_details": None},
+            "kv_transfer_params": None, "ec_transfer_params": None, "metrics": metrics,
+        }
+
+    def send_completion(self, fault: str, data: bytes) -> None:
+        if fault == "headers_close":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        if fault == "oversized":
+            size = 10 << 20
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(size))
+            self.end_headers()
+            try:
+                for _ in range(size // 65536):
+                    self.wfile.write(b" " * 65536)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
+        if fault == "trickle":
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            try:
+                for i in range(len(data)):
+                    if self.state.stop.wait(self.state.config.trickle_interval_s):
+                        break
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+            except OSError:
+                pass
+            self.close_connection = True
+            return
+        self.send_bytes(200, data, "application/json")
+
+
+class FakeServer:
+    """A FakeServer on 127.0.0.1 and an ephemeral port, in a background thread."""
+
+    def __init__(self, config: FakeConfig | None = None, port: int = 0):
+        self.state = FakeState(config or FakeConfig())
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.state = self.state
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+
+    @property
+    def config(self) -> FakeConfig:
+        return self.state.config
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def start(self) -> "FakeServer":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.state.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="A fake vLLM 0.32 OpenAI server (tests, demo).")
+    parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--api-key", default=os.environ.get("FAKE_VLLM_API_KEY"),
+                        help="require this key under /v1 (default: $FAKE_VLLM_API_KEY)")
+    parser.add_argument("--latency-s", type=float, default=0.05,
+                        help="engine time of one completion")
+    parser.add_argument("--fault", choices=FAULTS, default="")
+    parser.add_argument("--fault-match", default="", help="request ids the fault hits")
+    parser.add_argument("--metrics-mode", choices=METRICS_MODES, default="normal")
+    parser.add_argument("--busy", type=float, default=0.0,
+                        help="report this many running requests on engine 0")
+    parser.add_argument("--prompt-tokens-details", action="store_true")
+    parser.add_argument("--per-request-metrics", action="store_true")
+    parser.add_argument("--health-delay-s", type=float, default=0.0)
+    parser.add_argument("--demo", action="store_true",
+                        help="serve on a free port, run warmup_serve.sh against it, stop; "
+                             "exits with the warm-up's status")
+    return parser
+
+
+def run_demo(server: FakeServer) -> int:
+    """The README's demo: the real wrapper and helper against this fake, then stop."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    wrapper = os.path.join(os.path.dirname(here), "warmup_serve.sh")
+    records = os.environ.get("WARMUP_RECORDS_DIR") or tempfile.mkdtemp(prefix="warmup-demo-")
+    env = dict(os.environ, WARMUP_RECORDS_DIR=records)
+    env.pop("WARMUP_MODEL", None)
+    print(f"fake vLLM {VERSION} at {server.url}; running {os.path.relpath(wrapper)}", flush=True)
+    try:
+        return subprocess.call(["bash", wrapper, "--base-url", server.url], env=env)
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = FakeConfig(model=args.model, max_model_len=args.max_model_len,
+                        api_key=args.api_key, latency_s=args.latency_s, fault=args.fault,
+                        fault_match=args.fault_match, metrics_mode=args.metrics_mode,
+                        prompt_tokens_details=args.prompt_tokens_details,
+                        per_request_metrics=args.per_request_metrics,
+                        health_delay_s=args.health_delay_s,
+                        gauge_values={("vllm:num_requests_running", "0"): args.busy}
+                        if args.busy else {})
+    server = FakeServer(config, 0 if args.demo else args.port).start()
+    if args.demo:
+        return run_demo(server)
+    done = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: done.set())
+    print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
+    done.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
