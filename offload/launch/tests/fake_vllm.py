@@ -46,6 +46,7 @@ METRICS_MODES = ("normal", "404", "garbage", "absent")
 @dataclass
 class FakeConfig:
     model: str = "fake-model"
+    extra_models: tuple = ()              # more entries in /v1/models
     max_model_len: int = 32768
     max_num_seqs: int = 4
     api_key: str | None = None
@@ -185,10 +186,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/v1/models":
             return self.send_json(200, {"object": "list", "data": [{
-                "id": cfg.model, "object": "model", "created": int(time.time()),
-                "owned_by": "vllm", "root": f"/models/{cfg.model}", "parent": None,
+                "id": name, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": f"/models/{name}", "parent": None,
                 "max_model_len": cfg.max_model_len,
-                "permission": [{"id": "modelperm-0", "object": "model_permission"}]}]})
+                "permission": [{"id": "modelperm-0", "object": "model_permission"}]}
+                for name in (cfg.model, *cfg.extra_models)]})
         self.send_json(404, {"detail": "Not Found"})
 
     def do_POST(self):
@@ -382,13 +384,21 @@ class Handler(BaseHTTPRequestHandler):
         self.send_bytes(200, data, "application/json")
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        """A client that hung up (the helper at its deadline) is expected, not an error."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
 class FakeServer:
     """A FakeServer on 127.0.0.1 and an ephemeral port, in a background thread."""
 
     def __init__(self, config: FakeConfig | None = None, port: int = 0):
         self.state = FakeState(config or FakeConfig())
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server(("127.0.0.1", port), Handler)
         self.httpd.state = self.state
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)

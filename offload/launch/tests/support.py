@@ -1,0 +1,127 @@
+"""Shared test support: a fake server per test, the helper run in-process or as a process."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from dataclasses import dataclass
+from unittest import mock
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+LAUNCH = os.path.dirname(TESTS)
+REPO = os.path.dirname(os.path.dirname(LAUNCH))
+WARMUP = os.path.join(LAUNCH, "warmup.py")
+WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
+START = os.path.join(REPO, "start.sh")
+FAKE = os.path.join(TESTS, "fake_vllm.py")
+
+if LAUNCH not in sys.path:
+    sys.path.insert(0, LAUNCH)
+
+import warmup  # noqa: E402
+from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
+
+API_KEY = "sk-KEYMARKER-5d1f0c"
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+    records: list[dict]
+    elapsed: float
+    records_text: str = ""
+
+    def kind(self, kind: str) -> list[dict]:
+        return [r for r in self.records if r["record"] == kind]
+
+    @property
+    def summary(self) -> dict:
+        summaries = self.kind("summary")
+        assert len(summaries) == 1, f"expected one summary record, got {len(summaries)}"
+        return summaries[0]
+
+    @property
+    def requests(self) -> list[dict]:
+        return self.kind("request")
+
+
+def read_records(path: str) -> tuple[list[dict], str]:
+    if not os.path.exists(path):
+        return [], ""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    return [json.loads(line) for line in text.splitlines() if line.strip()], text
+
+
+class HelperCase(unittest.TestCase):
+    """A test with a temp dir, fake servers stopped at teardown, and the helper at hand."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmp = tmp.name
+        self.records_path = os.path.join(self.tmp, "records.jsonl")
+        # Proxies in the developer's environment must not matter (a test sets its own).
+        patcher = mock.patch.dict(os.environ, {}, clear=False)
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        for name in ("VLLM_API_KEY", "WARMUP_MODEL", "WARMUP_BASE_URL", "WARMUP_RECORDS_DIR",
+                     "WARMUP_HARD_S"):
+            os.environ.pop(name, None)
+
+    def start_fake(self, **settings) -> FakeServer:
+        server = FakeServer(FakeConfig(**settings)).start()
+        self.addCleanup(server.stop)
+        return server
+
+    def run_helper(self, server_or_url, *args: str, env: dict | None = None) -> Result:
+        """warmup.main() in this process, stdout and stderr captured."""
+        url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
+        argv = ["--base-url", url, "--records", self.records_path, *args]
+        out, err = io.StringIO(), io.StringIO()
+        started = time.monotonic()
+        with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err):
+            try:
+                code = warmup.main(argv)
+            except SystemExit as exc:
+                code = exc.code
+        elapsed = time.monotonic() - started
+        records, text = read_records(self.records_path)
+        return Result(code, out.getvalue(), err.getvalue(), records, elapsed, text)
+
+    def run_process(self, command: list[str], env: dict | None = None, timeout: float = 60,
+                    records: str | None = None) -> Result:
+        """A real subprocess (the helper, the wrapper, start.sh), bounded in time."""
+        started = time.monotonic()
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, **(env or {})), stdin=subprocess.DEVNULL)
+        elapsed = time.monotonic() - started
+        found, text = read_records(records or self.records_path)
+        return Result(proc.returncode, proc.stdout, proc.stderr, found, elapsed, text)
+
+    def assert_no_leak(self, server: FakeServer | None, *texts: str) -> None:
+        """No generated text, token id, prompt text or key in any of `texts`."""
+        forbidden = [TEXT_MARKER, str(TOKEN_ID_MARKER), API_KEY, "lorem"]
+        if server is not None:
+            for entry in server.state.requests:
+                prompt = (entry["body"] or {}).get("prompt") if isinstance(entry["body"], dict) \
+                    else None
+                if prompt:
+                    forbidden.append(prompt.split()[0])        # the nonce or the prompt's tag
+                    forbidden.append(" ".join(prompt.split()[1:6]))
+        for text in texts:
+            for marker in forbidden:
+                self.assertNotIn(marker, text, f"leaked {marker!r}")
+
+    def assert_clean(self, server: FakeServer | None, result: Result) -> None:
+        self.assert_no_leak(server, result.stdout, result.stderr, result.records_text)

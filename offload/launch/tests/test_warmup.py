@@ -1,0 +1,553 @@
+"""Tests of the warm-up helper: pure decisions called directly, runs against the fake server.
+
+Run: python3 -m unittest discover -s offload/launch/tests -v   (or pytest)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+from unittest import mock
+
+from support import API_KEY, WARMUP, WRAPPER, REPO, HelperCase, read_records, warmup
+from fake_vllm import tokenize
+
+GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
+        "n_choices": 1, "usage": True, "prompt_tokens": 5000, "cached_tokens": 0,
+        "completion_tokens": 32, "reasoning_tokens": None, "finish_reason": "length",
+        "stop_reason": None, "metrics": None, "speculative_decoding": None}
+
+
+def fields(**changes) -> dict:
+    return dict(GOOD, **changes)
+
+
+class TestPlan(unittest.TestCase):
+    def test_waves_parse_and_reject(self):
+        self.assertEqual(warmup.parse_waves("1,2,3,4,6,8"), (1, 2, 3, 4, 6, 8))
+        for bad in ("2,1", "1,1,2", "1,x", "", "1,0", "1,-2"):
+            with self.subTest(bad=bad), self.assertRaises(ValueError):
+                warmup.parse_waves(bad)
+
+    def test_bad_waves_is_a_usage_error(self):
+        with mock.patch("sys.stderr"), self.assertRaises(SystemExit) as cm:
+            warmup.main(["--waves", "2,3", "--dry-run"])
+        self.assertEqual(cm.exception.code, 2)
+
+    def test_completion_body_has_exactly_the_sampling_fields(self):
+        plan = warmup.Plan("r", (1, 2), 32, 20, 5000, 90, 60)
+        body = warmup.completion_body("m", "p", "warmup-r-B1-0", plan)
+        self.assertEqual(body, {"model": "m", "prompt": "p", "max_tokens": 32, "min_tokens": 32,
+                                "ignore_eos": True, "temperature": 0, "priority": 20,
+                                "stream": False, "request_id": "warmup-r-B1-0"})
+
+    def test_long_prompts_start_with_their_nonce_and_short_prompts_differ(self):
+        a, b = warmup.long_prompt("nonce-a", 50), warmup.long_prompt("nonce-b", 50)
+        self.assertTrue(a.startswith("nonce-a ") and b.startswith("nonce-b "))
+        shorts = {warmup.short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
+        self.assertEqual(len(shorts), 9)
+        self.assertEqual(len({s.split()[0] for s in shorts}), 9, "first words must differ")
+
+    def test_sizing_uses_the_count_and_stays_under_budget(self):
+        calls = []
+
+        def count(prompt):
+            calls.append(prompt)
+            return len(tokenize(prompt))       # about 1.6 tokens a word, not 1
+
+        prompt, counted = warmup.size_long_prompt(count, "nonce", 5000)
+        self.assertEqual(counted, len(tokenize(prompt)))
+        self.assertTrue(0.97 * 5000 <= counted <= 5000, counted)
+        self.assertLessEqual(len(calls), 6)
+
+    def test_sizing_without_a_count_estimates(self):
+        prompt, counted = warmup.size_long_prompt(lambda p: None, "nonce", 5000)
+        self.assertIsNone(counted)
+        self.assertGreaterEqual(len(prompt.split()), 5000)
+
+    def test_budget_leaves_room_for_the_completion(self):
+        self.assertEqual(warmup.b1_budget(5000, 32, None), 5000)
+        self.assertEqual(warmup.b1_budget(5000, 32, 5010), 4978)
+        with self.assertRaises(warmup.Fatal) as cm:
+            warmup.b1_budget(5000, 32, 4096)
+        self.assertIn("context too small", cm.exception.problem)
+
+
+class TestGuard(unittest.TestCase):
+    TEXT = "\n".join([
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+        "# TYPE vllm:num_requests_running gauge",
+        'vllm:num_requests_running{engine="0",model_name="m \\"x\\" \\\\ y"} 0.0',
+        'vllm:num_requests_running{engine="1",model_name="m"} 0.0 1700000000000',
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0.0',
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 5.0',
+        "vllm:gpu_cache_usage_perc NaN",
+        "vllm:something +Inf",
+        "not a sample line {",
+        "",
+    ])
+
+    def test_parse_labels_escapes_timestamps_and_special_values(self):
+        samples, bad = warmup.parse_prometheus(self.TEXT)
+        self.assertEqual(bad, 1)
+        by_name = {}
+        for name, labels, value in samples:
+            by_name.setdefault(name, []).append((labels, value))
+        self.assertEqual(by_name["vllm:num_requests_running"][0][0]["model_name"], 'm "x" \\ y')
+        self.assertEqual(len(by_name["vllm:num_requests_running"]), 2)
+        self.assertTrue(math.isnan(by_name["vllm:gpu_cache_usage_perc"][0][1]))
+        self.assertEqual(by_name["vllm:something"][0][1], math.inf)
+
+    def test_by_reason_gauge_is_not_the_waiting_gauge(self):
+        samples, _ = warmup.parse_prometheus(self.TEXT)
+        self.assertEqual(warmup.guard_problems(samples), [])
+
+    def test_any_engine_busy_or_nan_refuses(self):
+        text = self.TEXT.replace('engine="1",model_name="m"} 0.0', 'engine="1",model_name="m"} 2.0')
+        problems = warmup.guard_problems(warmup.parse_prometheus(text)[0])
+        self.assertEqual(len(problems), 1)
+        self.assertIn('vllm:num_requests_running{engine="1",model_name="m"} = 2.0', problems[0])
+        nan = warmup.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
+        self.assertIn("vllm:num_requests_waiting = nan", warmup.guard_problems(nan[0])[0])
+
+    def test_missing_gauge_is_named(self):
+        problems = warmup.guard_problems(warmup.parse_prometheus("vllm:num_requests_running 0")[0])
+        self.assertEqual(len(problems), 1)
+        self.assertIn("vllm:num_requests_waiting missing", problems[0])
+
+
+class TestJudge(unittest.TestCase):
+    def judge(self, long_prompt=False, **changes):
+        return warmup.judge_response(fields(**changes), tokens=32, long_prompt=long_prompt)
+
+    def test_good_response_passes(self):
+        self.assertEqual(self.judge(long_prompt=True), [])
+        self.assertEqual(self.judge(long_prompt=True, cached_tokens=None), [])
+
+    def test_one_token_response_is_named(self):
+        problems = self.judge(completion_tokens=1, finish_reason="stop", stop_reason=2)
+        self.assertIn("one-token response", problems[0])
+        self.assertIn("finish_reason 'stop', expected 'length'", problems)
+        self.assertIn("stop_reason 2, expected null", problems)
+
+    def test_wrong_counts_and_reasons(self):
+        self.assertEqual(self.judge(completion_tokens=31), ["completion_tokens 31, expected 32"])
+        self.assertEqual(self.judge(stop_reason="</s>"), ["stop_reason '</s>', expected null"])
+        self.assertEqual(self.judge(n_choices=2), ["response has 2 choices, expected 1"])
+        self.assertEqual(self.judge(usage=False), ["response has no usage object"])
+
+    def test_b1_checks_apply_to_b1_only(self):
+        self.assertIn("B1 prompt_tokens 4096", self.judge(long_prompt=True, prompt_tokens=4096)[0])
+        self.assertIn("B1 cached_tokens 4992", self.judge(long_prompt=True, cached_tokens=4992)[0])
+        self.assertEqual(self.judge(prompt_tokens=30, cached_tokens=16), [])
+
+    def test_errors_are_diagnosed(self):
+        said = self.judge(http_status=400, error="priority not allowed", error_param=None)[0]
+        self.assertIn("--scheduling-policy priority", said)
+        said = self.judge(http_status=400, error="This model's maximum context length is 8192 "
+                          "tokens.", error_param="input_tokens")[0]
+        self.assertIn("does not fit", said)
+        self.assertIn("8192", said)
+        said = self.judge(http_status=401, error="Unauthorized")[0]
+        self.assertIn("unauthorized: set VLLM_API_KEY (or --api-key-env)", said)
+        self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
+
+    def test_run_verdicts(self):
+        ok = {"ok": True, "wave": "B1", "index": 0, "problems": []}
+        bad = {"ok": False, "wave": "B2", "index": 1, "problems": ["x"]}
+        self.assertEqual(warmup.judge_run([ok] * 3, 3, [], [], 1.0, 90)[:2], ("pass", 0))
+        self.assertEqual(warmup.judge_run([ok, bad, ok], 3, [], [], 1, 90)[:2], ("fail", 1))
+        self.assertIn("B2#1: x", warmup.judge_run([ok, bad, ok], 3, [], [], 1, 90)[2])
+        late = warmup.judge_run([ok] * 3, 3, [], [], 91.0, 90)
+        self.assertEqual(late[:2], ("fail", 1))
+        self.assertIn("finished after the deadline", late[2][0])
+        self.assertEqual(warmup.judge_run([ok], 3, [], ["refused"], 1, 90)[:2], ("refused", 3))
+        self.assertEqual(warmup.judge_run([bad], 3, [], ["refused"], 1, 90)[:2], ("fail", 1))
+        self.assertEqual(warmup.judge_run([ok], 3, [], [], 1, 90)[:2], ("fail", 1))
+
+    def test_wave_judge(self):
+        ok = {"ok": True}
+        self.assertEqual(warmup.judge_wave([ok, ok], 2), [])
+        self.assertEqual(warmup.judge_wave([ok], 2), ["B2: 1 of 2 requests ran"])
+
+
+class TestSanitize(unittest.TestCase):
+    def test_fields_never_hold_text_or_ids(self):
+        body = json.dumps({"choices": [{"text": "SECRET TEXT", "finish_reason": "length",
+                                        "stop_reason": None, "token_ids": [987]}],
+                           "usage": {"prompt_tokens": 10, "completion_tokens": 32,
+                                     "prompt_tokens_details": None,
+                                     "completion_tokens_details": {"reasoning_tokens": 3}},
+                           "metrics": {"time_to_first_token_ms": 5, "mean_itl_ms": "x",
+                                       "speculative_decoding": {"num_drafts": 4, "note": "t"}}})
+        got = warmup.extract_fields(200, body.encode())
+        self.assertNotIn("SECRET", json.dumps(got))
+        self.assertNotIn("987", json.dumps(got))
+        self.assertIsNone(got["cached_tokens"])
+        self.assertEqual(got["reasoning_tokens"], 3)
+        self.assertEqual(got["metrics"]["time_to_first_token_ms"], 5)
+        self.assertIsNone(got["metrics"]["mean_itl_ms"])
+        self.assertEqual(got["speculative_decoding"], {"num_drafts": 4, "note": None})
+
+    def test_error_messages_are_short_single_line_and_redacted(self):
+        message = "bad\nthing\x1b[31m key=sk-123 " + "x" * 500
+        body = json.dumps({"error": {"message": message, "param": None, "code": 400}})
+        got = warmup.extract_fields(400, body.encode(), redact=("sk-123",))
+        self.assertLessEqual(len(got["error"]), 300)
+        self.assertNotIn("\n", got["error"])
+        self.assertNotIn("\x1b", got["error"])
+        self.assertNotIn("sk-123", got["error"])
+        self.assertTrue(got["error"].startswith("bad thing [31m key=[redacted]"))
+
+    def test_stop_reason_kept_and_cut(self):
+        self.assertEqual(warmup.clean_stop_reason(2), 2)
+        self.assertIsNone(warmup.clean_stop_reason(None))
+        self.assertEqual(len(warmup.clean_stop_reason("s" * 200)), 64)
+
+    def test_chunked_decoding(self):
+        self.assertEqual(warmup.decode_chunked(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde")
+        self.assertIsNone(warmup.decode_chunked(b"3\r\nabc\r\n"))
+
+
+class TestRuns(HelperCase):
+    def test_passing_run_end_to_end(self):
+        server = self.start_fake(prompt_tokens_details=True, latency_s=0.05)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        requests = result.requests
+        self.assertEqual(len(requests), 10)
+        self.assertEqual([r["wave"] for r in requests], ["B1"] + ["B2"] * 2 + ["B3"] * 3 + ["B4"] * 4)
+        b1 = requests[0]
+        self.assertGreater(b1["prompt_tokens"], 4096)
+        self.assertLessEqual(b1["prompt_tokens"], 5000)
+        self.assertEqual(b1["cached_tokens"], 0)
+        run_id = result.kind("run")[0]["run_id"]
+        for r in requests:
+            self.assertTrue(r["ok"], r)
+            self.assertEqual(r["request_id"], f"warmup-{run_id}-{r['wave']}-{r['index']}")
+            self.assertEqual((r["completion_tokens"], r["finish_reason"], r["stop_reason"]),
+                             (32, "length", None))
+            for key in ("prompt_tokens", "cached_tokens", "reasoning_tokens", "latency_s",
+                        "sent_at_s", "http_status", "problems"):
+                self.assertIn(key, r)
+        waves = result.kind("wave")
+        self.assertEqual([w["depth"] for w in waves], [1, 2, 3, 4])
+        self.assertTrue(all(isinstance(w["release_skew_ms"], float) for w in waves))
+        self.assertEqual(len(result.kind("gauges")), 4)
+        self.assertEqual(result.summary["verdict"], "pass")
+        self.assertEqual((result.summary["requests_ok"], result.summary["requests_total"]), (10, 10))
+        self.assertIn("PASS (exit 0)", result.stdout)
+        self.assertEqual(len([l for l in result.stdout.splitlines() if l[:2] in ("B1", "B2", "B3",
+                                                                                 "B4")]), 4)
+        # What the server received: the exact bodies, and each wave after the previous one.
+        sent = server.state.completions()
+        self.assertEqual(len(sent), 10)
+        for entry in sent:
+            body = entry["body"]
+            self.assertEqual((body["max_tokens"], body["min_tokens"], body["ignore_eos"],
+                              body["temperature"], body["priority"], body["stream"]),
+                             (32, 32, True, 0, 20, False))
+            self.assertFalse({"stop", "stop_token_ids", "logprobs"} & set(body))
+        order = [e["body"]["request_id"].split("-")[-2] for e in sent]
+        self.assertEqual(order, sorted(order, key=lambda w: int(w[1:])))
+        self.assert_clean(server, result)
+
+    def test_second_run_on_the_same_server_still_reports_no_cached_prefix(self):
+        server = self.start_fake(prompt_tokens_details=True)
+        first = self.run_helper(server)
+        os.remove(self.records_path)
+        second = self.run_helper(server)
+        self.assertEqual((first.code, second.code), (0, 0), second.stdout)
+        self.assertEqual(second.requests[0]["cached_tokens"], 0)
+
+    def test_one_token_reply_fails_and_is_named(self):
+        server = self.start_fake(fault="one_token", fault_match="-B3-")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        bad = [r for r in result.requests if not r["ok"]]
+        self.assertEqual([r["wave"] for r in bad], ["B3"] * 3)
+        self.assertEqual((bad[0]["completion_tokens"], bad[0]["finish_reason"],
+                          bad[0]["stop_reason"]), (1, "stop", 2))
+        self.assertIn("one-token response", bad[0]["problems"][0])
+        self.assertEqual(result.summary["verdict"], "fail")
+        self.assertIn("one-token response", " ".join(result.summary["problems"]))
+        self.assertIn("one-token response", result.stdout)
+        self.assertEqual(len(result.requests), 10, "later waves still run")
+        self.assert_clean(server, result)
+
+    def test_wrong_finish_and_stop_reason(self):
+        server = self.start_fake(fault="stop_string", fault_match="-B2-1")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        bad = [r for r in result.requests if not r["ok"]]
+        self.assertEqual(len(bad), 1)
+        self.assertEqual(bad[0]["stop_reason"], "</answer>")
+        self.assertIn("finish_reason 'stop', expected 'length'", bad[0]["problems"])
+
+    def test_b1_too_short_fails(self):
+        server = self.start_fake(fault="short_prompt_tokens", fault_match="-B1-")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertIn("B1 prompt_tokens 1000, expected more than 4096",
+                      result.requests[0]["problems"])
+
+    def test_cached_tokens_reported_non_zero_fails(self):
+        server = self.start_fake(prompt_tokens_details=True, fault="cache_hit", fault_match="-B1-")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertGreater(result.requests[0]["cached_tokens"], 0)
+        self.assertIn("B1 cached_tokens", result.summary["problems"][0])
+
+    def test_cached_not_reported_is_null_and_said(self):
+        server = self.start_fake(prompt_tokens_details=False)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0)
+        self.assertTrue(all(r["cached_tokens"] is None for r in result.requests))
+        self.assertTrue(all(r["reasoning_tokens"] is None for r in result.requests))
+        self.assertIn("cache check not made", result.summary["notes"][0])
+        self.assertIn("cache check not made", result.stdout)
+        self.assertIn('"cached_tokens": null', result.records_text)
+
+    def test_per_request_metrics_are_kept_as_numbers(self):
+        server = self.start_fake(per_request_metrics=True)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0)
+        b1 = result.requests[0]
+        self.assertEqual(b1["metrics"]["time_to_first_token_ms"], 12.5)
+        self.assertEqual(b1["speculative_decoding"]["accepted_per_position"], [7, 6, 5, 4, 3])
+
+    def test_busy_gauge_refuses_before_any_completion(self):
+        server = self.start_fake(gauge_values={("vllm:num_requests_running", "0"): 1.0})
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3)
+        self.assertEqual(result.summary["verdict"], "refused")
+        self.assertIn("vllm:num_requests_running", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+        self.assertIn("REFUSED (exit 3)", result.stdout)
+
+    def test_missing_gauge_refuses(self):
+        server = self.start_fake(metrics_mode="absent")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3)
+        self.assertIn("vllm:num_requests_running missing", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+
+    def test_by_reason_trap_does_not_refuse(self):
+        server = self.start_fake(waiting_by_reason=3.0)
+        self.assertEqual(self.run_helper(server).code, 0)
+
+    def test_second_engine_busy_refuses_naming_it(self):
+        server = self.start_fake(engines=2,
+                                 gauge_values={("vllm:num_requests_waiting", "1"): 2.0})
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3)
+        self.assertIn('engine="1"', result.summary["problems"][0])
+        self.assertIn("= 2.0", result.summary["problems"][0])
+
+    def test_context_too_small_fails_before_sending(self):
+        server = self.start_fake(max_model_len=4096)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertIn("context too small: max_model_len 4096", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+
+    def test_small_context_sizes_b1_to_fit(self):
+        server = self.start_fake(max_model_len=4600, prompt_tokens_details=True)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertLessEqual(result.requests[0]["prompt_tokens"] + 32, 4600)
+
+    def test_without_tokenize_the_prompt_is_estimated(self):
+        server = self.start_fake(tokenize=False)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.kind("run")[0]["plan"]["b1_sizing"], "estimate")
+        self.assertGreater(result.requests[0]["prompt_tokens"], 4096)
+
+    def test_api_key_sent_to_v1_only_and_never_printed(self):
+        server = self.start_fake(api_key=API_KEY)
+        result = self.run_helper(server, env={"VLLM_API_KEY": API_KEY})
+        self.assertEqual(result.code, 0, result.stdout)
+        for entry in server.state.requests:
+            sent = entry["headers"].get("Authorization")
+            if entry["path"].startswith("/v1/"):
+                self.assertEqual(sent, f"Bearer {API_KEY}")
+            else:
+                self.assertIsNone(sent, entry["path"])
+        self.assertTrue(result.kind("run")[0]["api_key_set"])
+        self.assert_clean(server, result)
+
+    def test_api_key_from_another_variable(self):
+        server = self.start_fake(api_key=API_KEY)
+        result = self.run_helper(server, "--api-key-env", "MY_KEY", env={"MY_KEY": API_KEY})
+        self.assertEqual(result.code, 0)
+
+    def test_missing_key_is_unauthorized(self):
+        server = self.start_fake(api_key=API_KEY)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertIn("unauthorized: set VLLM_API_KEY (or --api-key-env)",
+                      result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+
+    def test_priority_rejected_is_diagnosed(self):
+        server = self.start_fake(reject_priority=True)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertEqual(result.requests[0]["http_status"], 400)
+        self.assertIn("--scheduling-policy priority", result.requests[0]["problems"][0])
+        self.assertIn("priority", result.requests[0]["error"].lower())
+
+    def test_priority_zero_is_accepted_there(self):
+        server = self.start_fake(reject_priority=True)
+        self.assertEqual(self.run_helper(server, "--priority", "0").code, 0)
+
+    def test_server_error_500(self):
+        server = self.start_fake(fault="status", fault_status=500, fault_match="-B4-")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertIn("B4#0: HTTP 500: Internal server error", result.summary["problems"])
+
+    def test_truncated_json(self):
+        server = self.start_fake(fault="truncated_json", fault_match="-B1-")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertEqual(result.requests[0]["problems"], ["invalid JSON in the response body"])
+        self.assert_clean(server, result)
+
+    def test_deadline_passed_mid_wave_fails_and_later_waves_do_not_run(self):
+        server = self.start_fake(fault="slow", fault_match="-B2-")
+        result = self.run_helper(server, "--deadline-s", "2")
+        self.assertEqual(result.code, 1)
+        self.assertLess(result.elapsed, 3.5)
+        b2 = [r for r in result.requests if r["wave"] == "B2"]
+        self.assertTrue(all("deadline" in r["problems"][0] for r in b2), b2)
+        self.assertEqual({e["body"]["request_id"].split("-")[-2]
+                          for e in server.state.completions()}, {"B1", "B2"})
+        self.assertIn("deadline passed before B3: waves B3,B4 not run", result.summary["problems"])
+
+    def test_late_run_fails_even_with_every_response_correct(self):
+        server = self.start_fake(latency_s=0.6)
+        result = self.run_helper(server, "--deadline-s", "2.3")
+        self.assertEqual(result.code, 1)
+        self.assertTrue(any("deadline" in p for p in result.summary["problems"]))
+
+    def test_deeper_waves(self):
+        server = self.start_fake()
+        result = self.run_helper(server, "--waves", "1,2,3,4,6,8")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(len(result.requests), 24)
+        self.assertEqual(result.kind("wave")[-1]["wave"], "B8")
+
+    def test_several_models_is_a_usage_error_naming_them(self):
+        server = self.start_fake(model="a", extra_models=("b",))
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 2)
+        self.assertIn("serves 2 models (a, b); choose one with --model",
+                      result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+        self.assertEqual(self.run_helper(server, "--model", "b").code, 0)
+
+    def test_model_not_served_is_a_usage_error(self):
+        server = self.start_fake(model="a")
+        result = self.run_helper(server, "--model", "c")
+        self.assertEqual(result.code, 2)
+        self.assertIn("model 'c' is not served", result.summary["problems"][0])
+        self.assertIn("served: a", result.summary["problems"][0])
+
+    def test_json_summary_on_stdout(self):
+        server = self.start_fake()
+        result = self.run_helper(server, "--json")
+        self.assertEqual(result.code, 0)
+        self.assertEqual(json.loads(result.stdout)["verdict"], "pass")
+        self.assertIn("PASS", result.stderr)
+
+    def test_dry_run_makes_no_connection(self):
+        server = self.start_fake()
+        with mock.patch("socket.create_connection", side_effect=AssertionError("connected")):
+            result = self.run_helper(server, "--dry-run")
+        self.assertEqual(result.code, 0)
+        self.assertIn("B4   4 concurrent", result.stdout)
+        self.assertIn("320 completion tokens", result.stdout)
+        self.assertEqual(server.state.requests, [])
+        self.assertFalse(os.path.exists(self.records_path))
+
+    def test_help_documents_every_option_and_exit_code(self):
+        help_text = warmup.build_parser().format_help()
+        for word in ("--base-url", "--model", "--records", "--deadline-s", "--socket-cap-s",
+                     "--tokens", "--priority", "--api-key-env", "--waves", "--b1-tokens",
+                     "--dry-run", "--json", "WARMUP_BASE_URL", "WARMUP_MODEL",
+                     "WARMUP_RECORDS_DIR", "VLLM_API_KEY", "WARMUP_HARD_S", "143", "124"):
+            self.assertIn(word, help_text)
+
+
+class TestProcesses(HelperCase):
+    """The helper and the wrapper as real processes: signals and the hard bound."""
+
+    def test_sigterm_writes_a_killed_summary_and_exits_143(self):
+        server = self.start_fake(fault="hang", fault_match="-B2-")
+        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
+                                 "--records", self.records_path, "--deadline-s", "60"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 20
+        while len(server.state.completions()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+        self.assertLess(time.monotonic() - sent, 1.5)
+        self.assertEqual(proc.returncode, 143, err)
+        records, text = read_records(self.records_path)
+        summary = [r for r in records if r["record"] == "summary"]
+        self.assertEqual(len(summary), 1)
+        self.assertEqual(summary[0]["verdict"], "killed")
+        self.assertIn("terminated by SIGTERM during B2", summary[0]["problems"][0])
+        self.assertIn("KILLED (exit 143)", out)
+
+    def test_wrapper_kills_a_helper_stuck_on_a_trickling_server(self):
+        server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.5)
+        result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",
+                                   self.records_path, "--deadline-s", "60"],
+                                  env={"WARMUP_HARD_S": "2"}, timeout=30)
+        self.assertEqual(result.code, 124, result.stderr)
+        self.assertLess(result.elapsed, 6)
+        self.assertEqual(result.summary["verdict"], "killed")
+        self.assertIn("hard bound", result.stderr)
+
+    def test_wrapper_passes_arguments_and_status_through(self):
+        result = self.run_process(["bash", WRAPPER, "--waves", "2"], timeout=30)
+        self.assertEqual(result.code, 2)
+        self.assertIn("--waves must start with 1", result.stderr)
+        result = self.run_process(["bash", WRAPPER, "--dry-run"], timeout=30)
+        self.assertEqual(result.code, 0)
+        self.assertIn("hard bound 95 s", result.stdout)
+
+    def test_wrapper_rejects_a_bad_hard_bound(self):
+        for bad in ("abc", "0", "-5", "1e3", ""):
+            with self.subTest(bad=bad):
+                result = self.run_process(["bash", WRAPPER, "--dry-run"],
+                                          env={"WARMUP_HARD_S": bad}, timeout=30)
+                if bad == "":
+                    self.assertEqual(result.code, 0)    # empty means the default
+                    continue
+                self.assertEqual(result.code, 2)
+                self.assertIn("WARMUP_HARD_S must be a positive number", result.stderr)
+
+    def test_scripts_parse(self):
+        for script in (WRAPPER, os.path.join(REPO, "start.sh")):
+            if os.path.exists(script):
+                with self.subTest(script=script):
+                    subprocess.run(["bash", "-n", script], check=True, timeout=30)
+
+
+if __name__ == "__main__":
+    unittest.main()
