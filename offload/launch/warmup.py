@@ -950,7 +950,7 @@ def _lookup(run: Run, method: str, path: str, body: dict | None = None) -> tuple
     try:
         return fetch_json(run.target, run.clock, method, path, body, run.api_key)
     except TransportError as exc:
-        raise Fatal(exc.problem)
+        raise Fatal(exc.problem if exc.kind == "connect" else f"{method} {path}: {exc.problem}")
 
 
 def read_server_version(run: Run) -> None:

@@ -39,8 +39,8 @@ TOKEN_ID_MARKER = 987654321
 # Completion faults; each changes what the server answers for matching requests.
 FAULTS = ("", "one_token", "stop_string", "wrong_finish", "short_prompt_tokens", "cache_hit",
           "status", "truncated_json", "not_json", "no_usage", "no_choices", "hang", "trickle",
-          "headers_close", "oversized", "redirect", "slow")
-METRICS_MODES = ("normal", "404", "garbage", "absent")
+          "headers_close", "oversized", "oversized_stream", "redirect", "slow")
+METRICS_MODES = ("normal", "404", "garbage", "absent", "flaky_once")
 
 
 @dataclass
@@ -89,6 +89,7 @@ class FakeState:
         self.requests: list[dict] = []        # path, headers, body (parsed), arrived (monotonic)
         self.cache: set[int] = set()
         self.running = 0
+        self.metrics_failed = False
         self.counters: dict[tuple[str, tuple], float] = {}
 
     def log(self, entry: dict) -> None:
@@ -213,6 +214,10 @@ class Handler(BaseHTTPRequestHandler):
         cfg, st = self.state.config, self.state
         if cfg.metrics_mode == "404":
             return self.send_json(404, {"detail": "Not Found"})
+        if cfg.metrics_mode == "flaky_once" and not st.metrics_failed:
+            st.metrics_failed = True          # the first read: connection dropped, no answer
+            self.close_connection = True
+            return
         if cfg.metrics_mode == "garbage":
             return self.send_bytes(200, b"<html><body>metrics moved</body></html>", "text/html")
         with st.lock:
@@ -271,8 +276,9 @@ class Handler(BaseHTTPRequestHandler):
                                         "InternalServerError" if cfg.fault_status >= 500
                                         else "BadRequestError")
         if fault == "redirect":
+            host, port = self.server.server_address[:2]
             return self.send_bytes(307, b"", "text/plain",
-                                   {"location": "http://127.0.0.1:9/v1/completions"})
+                                   {"location": f"http://{host}:{port}/redirected"})
         cached = st.cached_prefix(ids)
         with st.lock:
             st.running += 1
@@ -361,6 +367,18 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             try:
                 for _ in range(size // 65536):
+                    self.wfile.write(b" " * 65536)
+            except OSError:
+                pass
+            self.close_connection = True
+            return
+        if fault == "oversized_stream":       # no length: the body runs until the close
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("connection", "close")
+            self.end_headers()
+            try:
+                for _ in range((10 << 20) // 65536):
                     self.wfile.write(b" " * 65536)
             except OSError:
                 pass

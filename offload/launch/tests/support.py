@@ -6,9 +6,11 @@ import contextlib
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 from dataclasses import dataclass
@@ -125,3 +127,41 @@ class HelperCase(unittest.TestCase):
 
     def assert_clean(self, server: FakeServer | None, result: Result) -> None:
         self.assert_no_leak(server, result.stdout, result.stderr, result.records_text)
+
+
+class SilentServer:
+    """Accepts connections on 127.0.0.1 and never answers (nor reads); closed at cleanup."""
+
+    def __init__(self):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.accepted = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self.accepted.append(conn)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        for conn in self.accepted:
+            conn.close()
+        self.listener.close()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

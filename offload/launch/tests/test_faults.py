@@ -1,0 +1,324 @@
+"""The fault and security matrix: one test per row, through real sockets and processes.
+
+MATRIX below is the source of the README's "Fault matrix" table; a test checks that
+the README shows exactly it, and that every row names a test that exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+import unittest
+
+from support import (API_KEY, REPO, WARMUP, HelperCase, SilentServer, free_port,
+                     read_records)
+
+# (fault, exit status, what the operator sees, the test that proves it)
+MATRIX = [
+    ("nothing listens on the port", "1", "`cannot connect to URL: Connection refused`, within 2 s",
+     "test_faults.TestFaults.test_nothing_listens"),
+    ("`/metrics` answers 404 or garbage", "3", "`guard cannot be read`, no completion sent",
+     "test_faults.TestFaults.test_metrics_404_or_garbage"),
+    ("request gauges absent (metrics collection off)", "3",
+     "`vllm:num_requests_running missing from /metrics`, no completion sent",
+     "test_faults.TestFaults.test_gauges_absent"),
+    ("a gauge non-zero on any engine", "3",
+     "gauge, labels and value (`…{engine=\"1\",…} = 2.0`), no completion sent",
+     "test_faults.TestFaults.test_gauge_busy_on_second_engine"),
+    ("`/metrics` drops the connection once", "0", "read again once; the run passes",
+     "test_faults.TestFaults.test_metrics_read_retried_once"),
+    ("server accepts and never answers", "1", "`no complete response by the deadline`, "
+     "within deadline + 1 s", "test_faults.TestFaults.test_server_never_answers"),
+    ("server trickles one byte per second", "1", "`no complete response by the deadline`, "
+     "within deadline + 1 s", "test_faults.TestFaults.test_trickling_server"),
+    ("response headers, then the connection closed", "1",
+     "`connection closed before the response was complete`; records intact",
+     "test_faults.TestFaults.test_headers_then_close"),
+    ("200 with truncated or non-JSON body", "1", "`invalid JSON in the response body`",
+     "test_faults.TestFaults.test_truncated_or_non_json"),
+    ("200 without `usage` or without `choices`", "1",
+     "`response has no usage object` / `response has no choices`",
+     "test_faults.TestFaults.test_missing_usage_or_choices"),
+    ("401 (key missing or wrong)", "1", "`unauthorized: set VLLM_API_KEY (or --api-key-env)`; "
+     "key never shown", "test_faults.TestFaults.test_unauthorized"),
+    ("400 naming priority", "1", "`the server lacks priority scheduling; start it with "
+     "--scheduling-policy priority`", "test_faults.TestFaults.test_priority_rejected"),
+    ("400 context length / min_tokens", "1", "`the long prompt does not fit the model's "
+     "context` and the server's limit", "test_faults.TestFaults.test_prompt_does_not_fit"),
+    ("500 / 503", "1", "`HTTP 500: <sanitized message>`",
+     "test_faults.TestFaults.test_server_errors"),
+    ("oversized body (10 MB)", "1", "`larger than the 4194304 bytes the helper reads`; "
+     "memory stays small", "test_faults.TestFaults.test_oversized_body"),
+    ("HTTP redirect", "1", "`HTTP 307 redirect not followed`",
+     "test_faults.TestFaults.test_redirect_not_followed"),
+    ("`http_proxy` / `HTTPS_PROXY` set", "0", "ignored for the server's address; the run "
+     "passes", "test_faults.TestFaults.test_proxy_variables_ignored"),
+    ("a completion fails", "1", "never retried: one request per planned request",
+     "test_faults.TestFaults.test_completion_never_retried"),
+    ("SIGTERM mid-wave", "143", "`summary` with verdict `killed`, within 1 s",
+     "test_faults.TestFaults.test_sigterm_mid_wave"),
+    ("SIGKILL mid-wave (the wrapper's KILL)", "137", "every record written before the kill "
+     "is intact", "test_faults.TestFaults.test_sigkill_mid_wave"),
+    ("records path not writable", "2", "`cannot write records to PATH`, before any request",
+     "test_faults.TestFaults.test_records_not_writable"),
+    ("`--base-url` with credentials", "0", "works; credentials appear nowhere",
+     "test_faults.TestFaults.test_credentials_in_url"),
+    ("generated text / token ids carry a marker", "0", "the marker appears nowhere: stdout, "
+     "stderr, records, start log", "test_start.TestStart.test_passing_start"),
+]
+
+
+def render_matrix() -> str:
+    lines = ["| fault | exit | what the operator sees | test |", "|---|---|---|---|"]
+    for fault, code, sees, test in MATRIX:
+        lines.append(f"| {fault} | {code} | {sees} | `{test}` |")
+    return "\n".join(lines)
+
+
+class TestMatrixIsDocumented(unittest.TestCase):
+    def test_readme_shows_the_matrix(self):
+        with open(os.path.join(REPO, "README.md"), encoding="utf-8") as handle:
+            readme = handle.read()
+        self.assertTrue(render_matrix() in readme,
+                        "README's fault matrix differs from MATRIX; paste:\n" + render_matrix())
+
+    def test_every_row_names_a_test(self):
+        for *_, name in MATRIX:
+            module, cls, method = name.split(".")
+            self.assertTrue(callable(getattr(getattr(importlib.import_module(module), cls),
+                                             method, None)), name)
+
+
+class TestFaults(HelperCase):
+    def assert_fails_with(self, result, code: int, text: str):
+        self.assertEqual(result.code, code, result.stdout + result.stderr)
+        self.assertIn(text, result.stdout)
+        self.assertIn(text, " ".join(result.summary["problems"]))
+
+    def test_nothing_listens(self):
+        url = f"http://127.0.0.1:{free_port()}"
+        result = self.run_helper(url)
+        self.assert_fails_with(result, 1, f"cannot connect to {url}: Connection refused")
+        self.assertLess(result.elapsed, 2)
+
+    def test_metrics_404_or_garbage(self):
+        for mode in ("404", "garbage"):
+            with self.subTest(mode=mode):
+                server = self.start_fake(metrics_mode=mode)
+                result = self.run_helper(server)
+                self.assert_fails_with(result, 3, "guard cannot be read")
+                self.assertEqual(server.state.completions(), [])
+                os.remove(self.records_path)
+
+    def test_gauges_absent(self):
+        server = self.start_fake(metrics_mode="absent")
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 3, "vllm:num_requests_running missing from /metrics")
+        self.assertIn("vllm:num_requests_waiting missing from /metrics", result.stdout)
+        self.assertEqual(server.state.completions(), [])
+
+    def test_gauge_busy_on_second_engine(self):
+        server = self.start_fake(engines=2,
+                                 gauge_values={("vllm:num_requests_running", "1"): 2.0})
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 3,
+                               'vllm:num_requests_running{engine="1",model_name="fake-model"} '
+                               '= 2.0')
+        self.assertEqual(server.state.completions(), [])
+        self.assertEqual(result.kind("gauges")[0]["ok"], False)
+
+    def test_metrics_read_retried_once(self):
+        server = self.start_fake(metrics_mode="flaky_once")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(len([r for r in server.state.requests if r["path"] == "/metrics"]), 5)
+
+    def test_server_never_answers(self):
+        silent = SilentServer()
+        self.addCleanup(silent.stop)
+        result = self.run_helper(silent.url, "--model", "m", "--deadline-s", "2")
+        self.assert_fails_with(result, 1, "no complete response by the deadline (2 s)")
+        self.assertLess(result.elapsed, 3)
+
+    def test_trickling_server(self):
+        server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=1.0)
+        result = self.run_helper(server, "--deadline-s", "3")
+        self.assert_fails_with(result, 1, "no complete response by the deadline (3 s)")
+        self.assertLess(result.elapsed, 4)
+
+    def test_headers_then_close(self):
+        server = self.start_fake(fault="headers_close", fault_match="-B2-0")
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 1, "connection closed before the response was complete")
+        self.assertEqual(len(result.requests), 10)
+        self.assertEqual(sum(not r["ok"] for r in result.requests), 1)
+
+    def test_truncated_or_non_json(self):
+        for fault in ("truncated_json", "not_json"):
+            with self.subTest(fault=fault):
+                server = self.start_fake(fault=fault, fault_match="-B3-1")
+                result = self.run_helper(server)
+                self.assert_fails_with(result, 1, "invalid JSON in the response body")
+                self.assert_clean(server, result)
+                os.remove(self.records_path)
+
+    def test_missing_usage_or_choices(self):
+        for fault, said in (("no_usage", "response has no usage object"),
+                            ("no_choices", "response has no choices")):
+            with self.subTest(fault=fault):
+                server = self.start_fake(fault=fault, fault_match="-B4-2")
+                self.assert_fails_with(self.run_helper(server), 1, said)
+                os.remove(self.records_path)
+
+    def test_unauthorized(self):
+        server = self.start_fake(api_key=API_KEY)
+        for env in ({}, {"VLLM_API_KEY": "sk-wrong-key-77"}):
+            with self.subTest(env=list(env)):
+                result = self.run_helper(server, env=env)
+                self.assert_fails_with(result, 1,
+                                       "unauthorized: set VLLM_API_KEY (or --api-key-env)")
+                self.assert_clean(server, result)
+                self.assertNotIn("sk-wrong-key-77", result.stdout + result.records_text)
+                os.remove(self.records_path)
+
+    def test_priority_rejected(self):
+        server = self.start_fake(reject_priority=True)
+        self.assert_fails_with(self.run_helper(server), 1,
+                               "the server lacks priority scheduling; start it with "
+                               "--scheduling-policy priority")
+
+    def test_prompt_does_not_fit(self):
+        # Without /tokenize the estimated prompt overshoots a 6000-token context.
+        server = self.start_fake(tokenize=False, max_model_len=6000)
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 1, "the long prompt does not fit the model's context")
+        self.assertIn("maximum context length is 6000 tokens", result.stdout)
+        os.remove(self.records_path)
+        server = self.start_fake(fault="status", fault_status=400, fault_match="-B1-",
+                                 fault_message="min_tokens must be less than or equal to "
+                                               "max_tokens=10, got 32.")
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 1, "the long prompt does not fit the model's context")
+        self.assertIn("max_tokens=10, got 32", result.stdout)
+
+    def test_server_errors(self):
+        for status in (500, 503):
+            with self.subTest(status=status):
+                server = self.start_fake(fault="status", fault_status=status,
+                                         fault_message="engine\ndead \x1b[0m", fault_match="-B2-")
+                result = self.run_helper(server)
+                self.assert_fails_with(result, 1, f"HTTP {status}: engine dead [0m")
+                os.remove(self.records_path)
+
+    def test_oversized_body(self):
+        for fault in ("oversized", "oversized_stream"):
+            with self.subTest(fault=fault):
+                server = self.start_fake(fault=fault, fault_match="-B1-")
+                tracemalloc.start()
+                try:
+                    result = self.run_helper(server)
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                self.assert_fails_with(result, 1, "larger than the 4194304 bytes the helper reads")
+                self.assertLess(peak, 16 << 20, "the read was not bounded")
+                os.remove(self.records_path)
+
+    def test_redirect_not_followed(self):
+        server = self.start_fake(fault="redirect", fault_match="-B1-")
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 1, "HTTP 307 redirect not followed")
+        self.assertNotIn("/redirected", [r["path"] for r in server.state.requests])
+
+    def test_proxy_variables_ignored(self):
+        server = self.start_fake()
+        dead = f"http://127.0.0.1:{free_port()}"
+        result = self.run_helper(server, env={"http_proxy": dead, "HTTP_PROXY": dead,
+                                              "https_proxy": dead, "HTTPS_PROXY": dead,
+                                              "no_proxy": "", "NO_PROXY": ""})
+        self.assertEqual(result.code, 0, result.stdout)
+
+    def test_completion_never_retried(self):
+        server = self.start_fake(fault="status", fault_status=503, fault_message="overloaded")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        self.assertEqual(len(server.state.completions()), 10)
+        self.assertEqual(len({e["body"]["request_id"] for e in server.state.completions()}), 10)
+
+    def start_helper_process(self, server, *args):
+        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
+                                 "--records", self.records_path, *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.kill)
+        self.addCleanup(proc.wait)
+        return proc
+
+    def wait_for_completions(self, server, count: int):
+        deadline = time.monotonic() + 20
+        while len(server.state.completions()) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertGreaterEqual(len(server.state.completions()), count)
+        time.sleep(0.2)
+
+    def test_sigterm_mid_wave(self):
+        server = self.start_fake(fault="hang", fault_match="-B3-")
+        proc = self.start_helper_process(server, "--deadline-s", "60")
+        self.wait_for_completions(server, 6)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=10)
+        self.assertLess(time.monotonic() - sent, 1.5)
+        self.assertEqual(proc.returncode, 143)
+        records, _ = read_records(self.records_path)
+        self.assertEqual(records[-1]["record"], "summary")
+        self.assertEqual(records[-1]["verdict"], "killed")
+        self.assertEqual(records[-1]["exit_code"], 143)
+        self.assertIn("during B3", records[-1]["problems"][0])
+
+    def test_sigkill_mid_wave(self):
+        server = self.start_fake(fault="hang", fault_match="-B3-")
+        proc = self.start_helper_process(server, "--deadline-s", "60")
+        self.wait_for_completions(server, 6)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+        self.assertEqual(proc.returncode, -signal.SIGKILL)
+        with open(self.records_path, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertTrue(text.endswith("\n"))
+        records, _ = read_records(self.records_path)      # every line parses
+        kinds = [r["record"] for r in records]
+        self.assertEqual(kinds[0], "run")
+        self.assertEqual(kinds.count("request"), 3)
+        self.assertEqual(kinds.count("wave"), 2)
+        self.assertNotIn("summary", kinds)
+
+    def test_records_not_writable(self):
+        server = self.start_fake()
+        blocker = os.path.join(self.tmp, "a-file")
+        open(blocker, "w").close()
+        self.records_path = os.path.join(blocker, "records.jsonl")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 2)
+        self.assertIn(f"cannot write records to {self.records_path}", result.stderr)
+        self.assertEqual(server.state.requests, [])
+
+    def test_credentials_in_url(self):
+        server = self.start_fake()
+        url = server.url.replace("http://", "http://opsuser:pw-CREDMARK-31@")
+        result = self.run_helper(url)
+        self.assertEqual(result.code, 0, result.stdout)
+        for text in (result.stdout, result.stderr, result.records_text):
+            self.assertNotIn("CREDMARK", text)
+            self.assertNotIn("opsuser", text)
+        self.assertEqual(result.kind("run")[0]["base_url"], server.url)
+        for entry in server.state.requests:
+            self.assertNotIn("CREDMARK", str(entry["headers"]))
+
+
+if __name__ == "__main__":
+    unittest.main()
