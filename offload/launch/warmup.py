@@ -1296,12 +1296,11 @@ def main(argv: list[str] | None = None) -> int:
             execute(run, args.model)
             summary = summarize(run)
         except Fatal as exc:
-            verdict = "fail" if exc.exit_code == EXIT_FAIL else "error"
+            problem = [clean_text(exc.problem, 500, run.redact)]
             if exc.exit_code == EXIT_FAIL:
-                summary = summarize(run, extra=[clean_text(exc.problem, 500, run.redact)])
-            else:
-                summary = summarize(run, verdict, exc.exit_code,
-                                    [clean_text(exc.problem, 500, run.redact)])
+                summary = summarize(run, extra=problem)
+            else:                       # a configuration error found on the server: exit 2
+                summary = summarize(run, "fail", exc.exit_code, problem)
         except Terminated as exc:
             code = EXIT_TERMINATED if exc.signum == signal.SIGTERM else EXIT_INTERRUPTED
             where = f" during {run.current_wave}" if run.current_wave else ""

@@ -28,9 +28,18 @@ main() {
   local python="${WARMUP_PYTHON:-python3}"
   command -v "${python}" >/dev/null || die "'${python}' not found (set WARMUP_PYTHON)"
 
-  local status=0
-  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" "${HERE}/warmup.py" "$@" \
-    || status=$?
+  # timeout runs in its own process group, so a TERM to this script is forwarded
+  # to it (and from it to the helper, which writes its 'killed' summary).
+  local status=0 child
+  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" "${HERE}/warmup.py" "$@" &
+  child=$!
+  trap 'kill -TERM "${child}" 2>/dev/null || true' TERM INT
+  wait "${child}" || status=$?
+  while kill -0 "${child}" 2>/dev/null; do   # the wait was interrupted by a signal
+    status=0
+    wait "${child}" || status=$?
+  done
+  trap - TERM INT
   case "${status}" in
     124) echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2 ;;
     137) echo "warmup_serve.sh: warm-up killed by the hard bound (KILL at ${hard}+${KILL_AFTER_S} s, exit 137)" >&2 ;;

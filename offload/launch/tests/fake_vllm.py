@@ -67,6 +67,7 @@ class FakeConfig:
     health_delay_s: float = 0.0           # /health answers 503 until this long after start
     trickle_interval_s: float = 1.0
     echo_error_text: str = ""             # appended to error messages (leak tests)
+    compile_lines: int = 0                # log lines like vLLM's JIT monitor, first completion
 
 
 def tokenize(text: str) -> list[int]:
@@ -282,6 +283,10 @@ class Handler(BaseHTTPRequestHandler):
         cached = st.cached_prefix(ids)
         with st.lock:
             st.running += 1
+            compile_lines, cfg.compile_lines = cfg.compile_lines, 0
+        for _ in range(compile_lines):
+            print("WARNING [monitor.py] JIT compilation during inference: a kernel was "
+                  "compiled for a new shape", flush=True)
         try:
             st.stop.wait(cfg.latency_s + (5.0 if fault == "slow" else 0.0))
             if fault == "hang":
@@ -456,7 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="report this many running requests on engine 0")
     parser.add_argument("--prompt-tokens-details", action="store_true")
     parser.add_argument("--per-request-metrics", action="store_true")
-    parser.add_argument("--health-delay-s", type=float, default=0.0)
+    parser.add_argument("--health-delay-s", type=float, default=0.0,
+                        help="/health answers 503 for this long after start")
+    parser.add_argument("--compile-lines", type=int, default=0,
+                        help="print this many JIT-compilation log lines at the first completion")
+    parser.add_argument("--exit-after-s", type=float, default=0.0,
+                        help="exit with status 3 this long after start (a dying server)")
     parser.add_argument("--demo", action="store_true",
                         help="serve on a free port, run warmup_serve.sh against it, stop; "
                              "exits with the warm-up's status")
@@ -484,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
                         fault_match=args.fault_match, metrics_mode=args.metrics_mode,
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,
-                        health_delay_s=args.health_delay_s,
+                        health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
     server = FakeServer(config, 0 if args.demo else args.port).start()
@@ -494,8 +504,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
-    done.wait()
+    died = not done.wait(args.exit_after_s or None)     # a timeout means --exit-after-s
     server.stop()
+    if died:
+        print("fake vLLM: engine died (--exit-after-s)", flush=True)
+        return 3
     return 0
 
 

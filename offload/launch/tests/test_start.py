@@ -1,0 +1,181 @@
+"""start.sh as a real process, with the fake server (itself a real process) as the server.
+
+Every test stops every process it started: the server's process group is killed at
+cleanup from the pid start.sh recorded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from support import FAKE, START, HelperCase, free_port, read_records
+from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class TestStart(HelperCase):
+    def setUp(self):
+        super().setUp()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logs = os.path.join(self.tmp, "logs")
+        self.ready = os.path.join(self.tmp, "ready")
+        self.addCleanup(self.stop_server)
+
+    def stop_server(self):
+        pid_file = os.path.join(self.logs, "server.pid")
+        if os.path.exists(pid_file):
+            with open(pid_file) as handle:
+                pid = int(handle.read().strip() or 0)
+            if pid and group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+    def server_pid(self) -> int:
+        with open(os.path.join(self.logs, "server.pid")) as handle:
+            return int(handle.read())
+
+    def fake(self, *args: str) -> list[str]:
+        return [sys.executable, FAKE, "--port", str(self.port), "--latency-s", "0.01", *args]
+
+    def start(self, *args: str, server: list[str], env: dict | None = None, timeout=90):
+        command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs, *args, "--",
+                   *server]
+        return self.run_process(command, env=dict({"START_POLL_S": "0.2",
+                                                   "START_STOP_GRACE_S": "3"}, **(env or {})),
+                                timeout=timeout, records=self.records())
+
+    def records(self) -> str:
+        if not os.path.isdir(self.logs):
+            return os.path.join(self.tmp, "none")
+        found = sorted(f for f in os.listdir(self.logs) if f.startswith("warmup-"))
+        return os.path.join(self.logs, found[-1]) if found else os.path.join(self.tmp, "none")
+
+    def start_log(self) -> str:
+        with open(os.path.join(self.logs, "start.log"), encoding="utf-8") as handle:
+            return handle.read()
+
+    def test_passing_start(self):
+        result = self.start("--ready-file", self.ready,
+                            server=self.fake("--compile-lines", "2"))
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("OK: warm-up passed (2 compile lines during warm-up); records: ", result.stdout)
+        pid = self.server_pid()
+        self.assertTrue(group_alive(pid), "the server must keep running after start.sh")
+        self.assertTrue(os.path.exists(self.ready))
+        records, text = read_records(self.records())
+        self.assertEqual(records[-1]["verdict"], "pass")
+        log = self.start_log()
+        for step in ("launch pid", "ready after", "warm-up ended: exit 0, verdict pass",
+                     "OK: warm-up passed", "exit 0: server pid"):
+            self.assertIn(step, log)
+        self.assertRegex(log.splitlines()[0], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
+        for output in (result.stdout, result.stderr, log, text):
+            self.assertNotIn(TEXT_MARKER, output)
+            self.assertNotIn(str(TOKEN_ID_MARKER), output)
+
+    def test_failing_warmup_warns_and_still_succeeds(self):
+        with open(self.ready, "w") as handle:
+            handle.write("old")
+        result = self.start("--ready-file", self.ready, server=self.fake("--fault", "one_token"))
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertRegex(result.stdout, r"WARN: warm-up failed \(exit 1, verdict fail\); records: "
+                                        r"\S+\.jsonl — inspect before releasing HOLD")
+        self.assertFalse(os.path.exists(self.ready), "a failed warm-up must not leave a ready file")
+        self.assertTrue(group_alive(self.server_pid()))
+        self.assertIn("WARN: warm-up failed", self.start_log())
+
+    def test_warmup_settings_reach_the_helper(self):
+        result = self.start(server=self.fake(), env={"WARMUP_MODEL": "not-served"})
+        self.assertEqual(result.code, 0)
+        self.assertIn("WARN: warm-up failed (exit 2, verdict fail)", result.stdout)
+        self.assertIn("model 'not-served' is not served", result.stdout)
+
+    def test_server_that_exits_at_once(self):
+        result = self.start(server=["bash", "-c", "echo boom-from-server; exit 7"], timeout=30)
+        self.assertEqual(result.code, 1)
+        self.assertIn("server exited with status 7", result.stderr)
+        self.assertIn("boom-from-server", result.stderr)
+        self.assertLess(result.elapsed, 10)
+
+    def test_server_that_dies_while_starting(self):
+        result = self.start(server=self.fake("--health-delay-s", "100", "--exit-after-s", "1"),
+                            timeout=30)
+        self.assertEqual(result.code, 1)
+        self.assertIn("server exited with status 3", result.stderr)
+        self.assertIn("engine died", result.stderr)
+
+    def test_server_never_healthy_is_stopped_at_the_guard(self):
+        result = self.start("--start-guard-s", "2", server=self.fake("--health-delay-s", "1000"),
+                            timeout=30)
+        self.assertEqual(result.code, 1)
+        self.assertIn("within the 2 s start guard", result.stderr)
+        self.assertLess(result.elapsed, 2 + 8)
+        self.assertFalse(group_alive(self.server_pid()), "the server's group must be stopped")
+        self.assertIn("server process group", self.start_log())
+
+    def test_live_pid_file_is_refused(self):
+        sleeper = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(sleeper.wait)
+        self.addCleanup(sleeper.kill)
+        os.makedirs(self.logs)
+        with open(os.path.join(self.logs, "server.pid"), "w") as handle:
+            handle.write(f"{sleeper.pid}\n")
+        result = self.start(server=self.fake(), timeout=30)
+        self.assertEqual(result.code, 1)
+        self.assertIn(f"names pid {sleeper.pid}, which is still alive", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.logs, "server.log")))
+
+    def test_no_warmup(self):
+        result = self.start("--no-warmup", server=self.fake())
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("warm-up skipped", result.stdout)
+        self.assertFalse([f for f in os.listdir(self.logs) if f.startswith("warmup-")])
+
+    def test_secrets_in_the_server_command_are_not_logged(self):
+        result = self.start("--no-warmup", server=self.fake("--api-key", "sk-CMDKEY-1"))
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("--api-key [redacted]", self.start_log())
+        self.assertNotIn("sk-CMDKEY-1", self.start_log() + result.stdout)
+
+    def test_term_while_waiting_stops_the_server(self):
+        proc = subprocess.Popen(["bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                                 "--", *self.fake("--health-delay-s", "1000")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, START_POLL_S="0.2", START_STOP_GRACE_S="3"))
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(self.logs, "server.pid")) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        pid = self.server_pid()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        self.assertEqual(proc.returncode, 143)
+        self.assertIn("interrupted by TERM", err)
+        self.assertFalse(group_alive(pid))
+
+    def test_usage_errors(self):
+        for args in (["--start-guard-s", "soon", "--", "true"], ["--bogus"], []):
+            with self.subTest(args=args):
+                result = self.run_process(["bash", START, *args], timeout=30)
+                self.assertEqual(result.code, 2)
+                self.assertIn("start.sh:", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
