@@ -13,16 +13,13 @@ The contract is SPEC.md; the README explains the options and the records.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
 import random
 import re
-import secrets
 import signal
 import socket
-import ssl
 import sys
 import threading
 import time
@@ -111,7 +108,7 @@ def parse_waves(text: str) -> tuple[int, ...]:
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
 
 
 def request_id(run_id: str, depth: int, index: int) -> str:
@@ -144,8 +141,8 @@ def long_prompt(nonce: str, n_words: int) -> str:
 
 def short_prompt(run_id: str, depth: int, index: int) -> str:
     """A distinct prompt of a few tens of tokens; its first word differs per request."""
-    tag = hashlib.sha256(f"{run_id}/{depth}/{index}".encode()).hexdigest()[:12]
-    rng = random.Random(tag)
+    rng = random.Random(f"{run_id}/{depth}/{index}")
+    tag = f"{rng.getrandbits(48):012x}"
     return tag + " " + " ".join(rng.choice(_WORDS) for _ in range(24))
 
 
@@ -294,8 +291,7 @@ def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
 
 
 def format_sample(name: str, labels: dict, value: float) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    return f"{name}{{{inner}}} = {value!r}" if labels else f"{name} = {value!r}"
+    return f"{series_key(name, labels)} = {value!r}"
 
 
 def guard_problems(samples: list[tuple[str, dict, float]]) -> list[str]:
@@ -310,6 +306,108 @@ def guard_problems(samples: list[tuple[str, dict, float]]) -> list[str]:
             if value != 0:
                 problems.append(f"{format_sample(gauge, labels, value)}: the server is not idle")
     return problems
+
+
+# ---------------------------------------------------------------------------
+# Counters and status files: what moved during the warm-up (pure).
+# ---------------------------------------------------------------------------
+
+COUNTER_MEANING = ("engine-wide counts over the warm-up window (from the /metrics read before "
+                   "the first wave to the read after the last); attributable to the warm-up only "
+                   "as far as the guards saw an idle server at each wave; not a count of worker "
+                   "rounds")
+HIGHLIGHTS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+              "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+              "vllm:prefix_cache_hits_total")
+SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+STATUS_IDENTITY = ("pid", "session", "session_id", "boot_id", "started_at", "start_time")
+
+
+def series_key(name: str, labels: dict) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}" if labels else name
+
+
+def counters(samples: list[tuple[str, dict, float]]) -> dict[str, float]:
+    """Every counter series (`*_total`) by name and label set."""
+    return {series_key(n, labels): v for n, labels, v in samples if n.endswith("_total")}
+
+
+def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float | None]:
+    """after - before for every series; None where a side lacks it or the counter went back."""
+    before, after = before or {}, after or {}
+    deltas = {}
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        ok = b is not None and a is not None and math.isfinite(a - b) and a >= b
+        deltas[key] = json_number(a - b) if ok else None
+    return deltas
+
+
+def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
+    """The series an operator looks at; a highlighted counter absent everywhere is None."""
+    shown = {k: v for k, v in deltas.items()
+             if k.split("{")[0] in HIGHLIGHTS or k.startswith(SPEC_DECODE_PREFIX)}
+    names = {k.split("{")[0] for k in shown}
+    for name in HIGHLIGHTS:
+        if name not in names:
+            shown[name] = None
+    if not any(n.startswith(SPEC_DECODE_PREFIX) for n in names):
+        shown[SPEC_DECODE_PREFIX + "*"] = None
+    return shown
+
+
+def _sum_of(deltas: dict, name: str) -> float | None:
+    values = [v for k, v in deltas.items() if k.split("{")[0] == name]
+    if not values or any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return sum(values)
+
+
+def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
+    """Counter deltas against the records; a mismatch is a warning, never a failure."""
+    warnings = []
+    generated = _sum_of(deltas, "vllm:generation_tokens_total")
+    completed = sum(r["completion_tokens"] or 0 for r in requests)
+    if generated is None:
+        warnings.append("cross-check not made: vllm:generation_tokens_total absent")
+    elif generated != completed:
+        warnings.append(f"generation tokens delta {generated:g} differs from the records' "
+                        f"{completed} completion tokens (foreign traffic or a counting difference)")
+    succeeded = _sum_of(deltas, "vllm:request_success_total")
+    answered = sum(1 for r in requests if r["http_status"] == 200)
+    if succeeded is None:
+        warnings.append("cross-check not made: vllm:request_success_total absent")
+    elif succeeded != answered:
+        warnings.append(f"request success delta {succeeded:g} differs from the {answered} "
+                        f"requests answered 200 (foreign traffic or a counting difference)")
+    return warnings
+
+
+def flatten_numbers(doc, prefix: str = "") -> dict[str, float]:
+    """A status document's numeric fields as dotted keys (booleans are not numbers)."""
+    found = {}
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            found.update(flatten_numbers(value, f"{prefix}{clean_text(str(key), 64)}."))
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool) and math.isfinite(doc):
+        found[prefix[:-1]] = doc
+    return found
+
+
+def status_delta(before: dict | None, after: dict | None, why_missing: str | None = None) -> dict:
+    """Numeric deltas of a status file; 'invalid' when its identity (pid, session) changed."""
+    if before is None or after is None:
+        return {"state": "incomplete", "why": why_missing or "no snapshot", "delta": None}
+    changed = [f"{k} changed ({clean_text(str(before.get(k)), 40)} -> "
+               f"{clean_text(str(after.get(k)), 40)})"
+               for k in STATUS_IDENTITY if before.get(k) != after.get(k)]
+    b, a = flatten_numbers(before), flatten_numbers(after)
+    delta = {k: json_number(a[k] - b[k]) if k in a and k in b else None
+             for k in sorted(set(a) | set(b)) if k.split(".")[0] not in STATUS_IDENTITY}
+    if changed:
+        return {"state": "invalid", "why": "; ".join(changed), "delta": delta}
+    return {"state": "valid", "why": None, "delta": delta}
 
 
 # ---------------------------------------------------------------------------
@@ -331,24 +429,29 @@ class Target:
         return f"{self.scheme}://{host}:{self.port}{self.path}"
 
 
-def parse_base_url(text: str) -> Target:
+def parse_url(text: str, option: str = "--base-url") -> Target:
     """http(s)://[user:pass@]host[:port][/path] -> Target; UsageError otherwise."""
     try:
         parts = urllib.parse.urlsplit(text.strip())
         port = parts.port
     except ValueError as exc:
-        raise UsageError(f"--base-url is not a valid URL: {exc}")
+        raise UsageError(f"{option} is not a valid URL: {exc}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError("--base-url must look like http://HOST:PORT (the server's address, "
-                         "without /v1)")
+        raise UsageError(f"{option} must look like http://HOST:PORT/PATH")
     if parts.query or parts.fragment:
-        raise UsageError("--base-url must not carry a query or a fragment")
-    path = parts.path.rstrip("/")
-    if path.endswith("/v1"):
-        path = path[:-3]
+        raise UsageError(f"{option} must not carry a query or a fragment")
     creds = parts.netloc.rpartition("@")[0] or None
     return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
-                  path, creds)
+                  parts.path.rstrip("/"), creds)
+
+
+def parse_base_url(text: str) -> Target:
+    """The server's address; a trailing /v1 is dropped (the helper adds its paths)."""
+    target = parse_url(text)
+    if target.path.endswith("/v1"):
+        target = Target(target.scheme, target.host, target.port, target.path[:-3],
+                        target.credentials)
+    return target
 
 
 @dataclass(frozen=True)
@@ -392,6 +495,7 @@ class Response:
     status: int
     headers: dict
     body: bytes
+    watched_at: float | None = None     # when `watch` first matched the raw body (streams)
 
 
 def encode_request(target: Target, method: str, path: str, body: dict | None,
@@ -414,6 +518,7 @@ def connect(target: Target, clock: Clock) -> socket.socket:
     try:
         sock = socket.create_connection((target.host, target.port), timeout=clock.timeout())
         if target.scheme == "https":
+            import ssl                  # only https needs it; it costs start-up time
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=target.host)
     except TransportError:
         raise
@@ -443,11 +548,21 @@ def _timeout_problem(clock: Clock, doing: str) -> str:
     return f"no progress for {clock.cap_s:g} s (socket cap) while {doing}"
 
 
-def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BYTES) -> Response:
-    """Read one HTTP/1.1 response; the whole read ends by the deadline, however it trickles."""
+def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BYTES,
+                  watch: re.Pattern | None = None) -> Response:
+    """Read one HTTP/1.1 response; the whole read ends by the deadline, however it trickles.
+
+    With `watch`, also note (in the clock's time) when the pattern first arrives in the
+    body: the first generated text of a stream, for time-to-first-token.
+    """
     buf = bytearray()
     head = None
+    watched_at, searched = None, 0
     while True:
+        if watch is not None and watched_at is None and head is not None:
+            if watch.search(buf, max(searched - 64, 0)):
+                watched_at = clock.elapsed()
+            searched = len(buf)
         if head is None:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
@@ -458,7 +573,7 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
         if head is not None:
             body = _complete_body(head, buf, max_body)
             if body is not None:
-                return Response(head[0], head[1], body)
+                return Response(head[0], head[1], body, watched_at)
         try:
             sock.settimeout(clock.timeout())
             chunk = sock.recv(65536)
@@ -469,7 +584,7 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
                                  f"({exc.strerror or type(exc).__name__})")
         if not chunk:
             if head is not None and _reads_to_close(head[1]):
-                return Response(head[0], head[1], bytes(buf))
+                return Response(head[0], head[1], bytes(buf), watched_at)
             raise TransportError("closed", "connection closed before the response was complete")
         buf += chunk
 
@@ -568,6 +683,7 @@ class Slot:
     done_at: float | None = None
     response: Response | None = None
     error: TransportError | None = None
+    stream: bool = False                # a probe's streaming request: note its first token
 
 
 def _client(target: Target, clock: Clock, slot: Slot, barrier: threading.Barrier) -> None:
@@ -582,7 +698,7 @@ def _client(target: Target, clock: Clock, slot: Slot, barrier: threading.Barrier
             return
         slot.sent_at = clock.elapsed()
         send_all(sock, slot.payload, clock)
-        slot.response = read_response(sock, clock)
+        slot.response = read_response(sock, clock, watch=FIRST_TEXT if slot.stream else None)
     except threading.BrokenBarrierError:
         slot.error = slot.error or TransportError(
             "barrier", "not released: a sibling client did not get ready by the deadline")
@@ -607,10 +723,14 @@ def run_wave(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]:
     for thread, slot in zip(threads, slots):
         if thread.is_alive():        # still reading at the deadline: abandon it
             slot = Slot(slot.index, slot.request_id, b"", slot.sent_at, clock.elapsed(),
-                        None, TransportError("deadline", clock.deadline_problem()))
+                        None, TransportError("deadline", clock.deadline_problem()), slot.stream)
             barrier.abort()
         finished.append(slot)
     return finished
+
+
+# A server-sent event whose choice carries non-empty text: the first token has arrived.
+FIRST_TEXT = re.compile(rb'"text":\s*"(?:[^"\\]|\\.)')
 
 
 def release_skew_ms(slots: list[Slot]) -> float | None:
@@ -788,7 +908,8 @@ def judge_run(requests: list[dict], planned: int, problems: list[str], refusal: 
     problems = list(problems)
     failed = [r for r in requests if not r["ok"]]
     for r in failed:
-        problems += [f"{r['wave']}#{r['index']}: {p}" for p in r["problems"]]
+        label = r.get("wave") or f"{r.get('item')} round {r.get('round')}"
+        problems += [f"{label}#{r['index']}: {p}" for p in r["problems"]]
     late = elapsed_s > deadline_s
     if late:
         problems.append(f"finished after the deadline ({elapsed_s:.2f} s > {deadline_s:g} s)")
@@ -912,7 +1033,16 @@ class Run:
     problems: list = field(default_factory=list)
     refusal: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
     current_wave: str | None = None
+    metrics_urls: list = field(default_factory=list)      # more Prometheus endpoints (Targets)
+    status_files: list = field(default_factory=list)
+    status_wait_s: float = 15.0
+    before: dict = field(default_factory=dict)            # source -> (counters or None, why)
+    before_status: dict = field(default_factory=dict)     # path -> (document or None, why)
+    counter_highlights: dict | None = None
+    planned: int | None = None                            # requests planned, when not the waves'
+    probe_plan: dict | None = None                        # the probe's plan, recorded instead
 
     @property
     def redact(self) -> tuple[str, ...]:
@@ -965,7 +1095,7 @@ def read_server_version(run: Run) -> None:
 def size_b1(run: Run) -> None:
     """Size the long prompt with the server's tokenizer when it has /tokenize, else estimate."""
     budget = b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len)
-    nonce = "warmup-" + secrets.token_hex(12)
+    nonce = "warmup-" + os.urandom(12).hex()
 
     def count(prompt: str) -> int | None:
         status, doc = _lookup(run, "POST", "/tokenize", {"model": run.model, "prompt": prompt})
@@ -992,11 +1122,12 @@ def write_run_record(run: Run) -> None:
     if run.run_written:
         return
     run.run_written = True
-    plan = plan_description(run.plan)
+    plan = run.probe_plan or plan_description(run.plan)
     plan["b1_prompt_tokens_counted"] = run.b1_counted
     plan["b1_sizing"] = "tokenize" if run.b1_counted is not None else "estimate"
     run.write({
         "record": "run", "run_id": run.plan.run_id,
+        "mode": "probe" if run.probe_plan else "warmup",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "base_url": run.target.display, "model": run.model,
         "max_model_len": run.max_model_len, "plan": plan,
@@ -1026,6 +1157,8 @@ def check_guard(run: Run, depth: int) -> bool:
         problems = guard_problems(samples)
         if bad and not samples:
             problems.insert(0, "guard cannot be read: /metrics is not Prometheus text")
+        if depth == run.plan.waves[0] and samples:
+            run.before[metrics_source(run.target, "/metrics")] = (counters(samples), None)
     run.write({
         "record": "gauges", "run_id": run.plan.run_id, "wave": name,
         "at_s": round(run.clock.elapsed(), 4), "ok": not problems,
@@ -1101,6 +1234,14 @@ def execute(run: Run, wanted_model: str | None) -> None:
             f"{','.join(wave_name(d) for d in run.plan.waves)} ({run.plan.requests_total} "
             f"requests), B1 prompt {run.b1_counted or 'estimated'} tokens, deadline "
             f"{run.plan.deadline_s:g} s")
+    snapshot_before(run)
+    run_waves(run)
+    if run.requests:
+        snapshot_after(run)
+
+
+def run_waves(run: Run) -> None:
+    """Guard, then wave, in order; stops at a refusal or at the deadline."""
     for position, depth in enumerate(run.plan.waves):
         if run.clock.remaining() <= 0:
             rest = ",".join(wave_name(d) for d in run.plan.waves[position:])
@@ -1112,12 +1253,109 @@ def execute(run: Run, wanted_model: str | None) -> None:
         run_one_wave(run, depth, first=(position == 0))
 
 
+def metrics_source(target: Target, path: str = "") -> str:
+    return target.display + path
+
+
+def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str | None]:
+    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
+    try:
+        response = fetch(target, run.clock, "GET", path)
+    except TransportError as exc:
+        return None, exc.problem
+    if response.status != 200:
+        return None, f"HTTP {response.status}"
+    samples, _ = parse_prometheus(response.body.decode("utf-8", "replace"))
+    return (counters(samples), None) if samples else (None, "not Prometheus text")
+
+
+def wait_for_status(run: Run, path: str) -> tuple[dict | None, str | None]:
+    """The status file once rewritten after this moment, within --status-wait-s and the deadline."""
+    asked = time.time()
+    limit = time.monotonic() + min(run.status_wait_s, max(run.clock.remaining() - 1, 0))
+    while True:
+        try:
+            if os.stat(path).st_mtime > asked:
+                with open(path, encoding="utf-8") as handle:
+                    doc = json.load(handle)
+                if isinstance(doc, dict):
+                    return doc, None
+        except FileNotFoundError:
+            if time.monotonic() >= limit:
+                return None, "missing"
+        except (OSError, ValueError):
+            pass                                # being rewritten: read it again
+        if time.monotonic() >= limit:
+            return None, (f"stale: not rewritten within {run.status_wait_s:g} s "
+                          f"(or the time left to the deadline)")
+        time.sleep(0.1)
+
+
+def snapshot_before(run: Run) -> None:
+    for target in run.metrics_urls:
+        run.before[metrics_source(target)] = read_counters(run, target, "")
+    for path in run.status_files:
+        run.before_status[path] = wait_for_status(run, path)
+
+
+def snapshot_after(run: Run) -> None:
+    """Read every counter source and status file again; record deltas and cross-checks."""
+    main = metrics_source(run.target, "/metrics")
+    sources = [(main, run.target, "/metrics")] + [(metrics_source(t), t, "")
+                                                   for t in run.metrics_urls]
+    for source, target, path in sources:
+        before, why_before = run.before.get(source, (None, "not read before the first wave"))
+        after, why_after = read_counters(run, target, path)
+        deltas = counter_deltas(before, after)
+        why = why_before or why_after
+        record = {"record": "metrics", "run_id": run.plan.run_id, "source": source,
+                  "state": "incomplete" if why else "complete",
+                  "why": None if not why else f"{'before' if why_before else 'after'}: {why}",
+                  "meaning": COUNTER_MEANING, "deltas": deltas, "highlights": highlighted(deltas)}
+        if source == main:
+            run.counter_highlights = record["highlights"]
+            record["warnings"] = [] if why else cross_check(deltas, run.requests)
+            run.warnings += record["warnings"]
+            if why:
+                run.warnings.append(f"counter deltas incomplete: {record['why']}")
+        run.write(record)
+    for path in run.status_files:
+        before, why_before = run.before_status.get(path, (None, "not read"))
+        after, why_after = wait_for_status(run, path)
+        why = (f"before: {why_before}" if why_before else None) or \
+            (f"after: {why_after}" if why_after else None)
+        result = status_delta(before, after, why)
+        run.write(dict({"record": "status", "run_id": run.plan.run_id, "path": path}, **result))
+        if result["state"] != "valid":
+            run.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
+    run.say(counters_line(run.counter_highlights))
+
+
+def counters_line(highlights: dict | None) -> str:
+    """One line: each highlighted counter summed over engines; success by reason when it moved."""
+    if not highlights:
+        return "counters: not read"
+    totals: dict[str, float | None] = {}
+    for key, value in highlights.items():
+        name = key.split("{")[0].replace("vllm:", "").replace("_total", "")
+        reason = re.search(r'finished_reason="([^"]*)"', key)
+        if reason:
+            if not value:
+                continue
+            name += f"[{reason.group(1)}]"
+        previous = totals.get(name, 0)
+        totals[name] = None if value is None or previous is None else previous + value
+    return "counters over the warm-up: " + ", ".join(
+        f"{k} {'n/a' if v is None else f'+{v:g}'}" for k, v in totals.items())
+
+
 def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None,
               extra: list[str] = ()) -> dict:
     """Write the summary record from what the run has; returns it."""
     elapsed = run.clock.elapsed()
+    planned = run.planned or run.plan.requests_total
     if verdict is None:
-        verdict, exit_code, problems = judge_run(run.requests, run.plan.requests_total,
+        verdict, exit_code, problems = judge_run(run.requests, planned,
                                                  run.problems + list(extra), run.refusal,
                                                  elapsed, run.plan.deadline_s)
     else:
@@ -1126,9 +1364,10 @@ def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None
     summary = {
         "record": "summary", "run_id": run.plan.run_id, "verdict": verdict,
         "exit_code": exit_code, "requests_ok": sum(r["ok"] for r in run.requests),
-        "requests_total": run.plan.requests_total, "requests_ran": len(run.requests),
+        "requests_total": planned, "requests_ran": len(run.requests),
         "elapsed_s": round(elapsed, 4), "deadline_s": run.plan.deadline_s,
-        "problems": problems, "notes": run.notes,
+        "problems": problems, "notes": run.notes, "warnings": run.warnings,
+        "counters": run.counter_highlights,
     }
     run.write(summary)
     return summary
@@ -1142,7 +1381,323 @@ def verdict_line(summary: dict, records_path: str) -> str:
     if len(summary["problems"]) > 5:
         reasons.append(f"and {len(summary['problems']) - 5} more in the records")
     notes = "".join(f"\nnote: {n}" for n in summary["notes"])
+    notes += "".join(f"\nwarning: {w}" for w in summary.get("warnings", []))
     return head + "".join(f"\n  - {p}" for p in reasons) + notes + f"\nrecords: {records_path}"
+
+
+# ---------------------------------------------------------------------------
+# report: read a records file back (also one cut short by a kill).
+# ---------------------------------------------------------------------------
+
+def load_records(path: str) -> tuple[list[dict], list[str]]:
+    """Parse a records file; stop at the first damaged line and say where the file ends."""
+    records, issues = [], []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        text = handle.read()
+    lines = text.split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            issues.append(f"line {number} is not valid JSON: the file ends there "
+                          f"(cut short by a kill?)")
+            break
+        if isinstance(record, dict) and "record" in record:
+            records.append(record)
+    if text and not text.endswith("\n") and not issues:
+        issues.append("the last line has no newline: the file was cut short")
+    return records, issues
+
+
+def build_report(records: list[dict], issues: list[str]) -> dict:
+    """A records file as one object: plan, requests, waves, counters, problems, verdict."""
+    by_kind: dict[str, list[dict]] = {}
+    for record in records:
+        by_kind.setdefault(record["record"], []).append(record)
+    summaries = by_kind.get("summary", [])
+    summary = summaries[-1] if summaries else None
+    ends = "summary" if summary else (
+        f"no summary: the file ends after a '{records[-1]['record']}' record (the run was "
+        f"killed, or is still running)" if records else "no records")
+    problems = list(summary["problems"]) if summary else []
+    for record in by_kind.get("request", []):
+        if not summary and not record.get("ok"):
+            problems += [f"{record['wave']}#{record['index']}: {p}" for p in record["problems"]]
+    return {
+        "run": (by_kind.get("run") or [None])[-1],
+        "requests": [{k: r.get(k) for k in ("wave", "index", "request_id", "http_status",
+                                            "prompt_tokens", "cached_tokens",
+                                            "completion_tokens", "finish_reason", "stop_reason",
+                                            "latency_s", "ok")}
+                     for r in by_kind.get("request", [])],
+        "waves": [{k: w.get(k) for k in ("wave", "depth", "release_skew_ms", "duration_s", "ok")}
+                  for w in by_kind.get("wave", [])],
+        "metrics": [{k: m.get(k) for k in ("source", "state", "why", "highlights", "warnings")}
+                    for m in by_kind.get("metrics", [])],
+        "status": [{k: r.get(k) for k in ("path", "state", "why", "delta")}
+                   for r in by_kind.get("status", [])],
+        "probe": [{k: r.get(k) for k in ("item", "round", "index", "ttft_s", "total_s", "ok")}
+                  for r in by_kind.get("probe", [])],
+        "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
+        "problems": problems,
+        "verdict": summary["verdict"] if summary else None,
+        "exit_code": summary["exit_code"] if summary else None,
+        "ends": ends,
+        "issues": issues,
+    }
+
+
+def _cell(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def format_report(report: dict) -> str:
+    lines = []
+    run = report["run"]
+    if run and run.get("mode") == "probe":
+        plan = run.get("plan") or {}
+        lines.append(f"probe {run.get('run_id')}: {run.get('base_url')} model {run.get('model')} "
+                     f"(server {(run.get('versions') or {}).get('server')}), "
+                     f"{plan.get('rounds')} rounds of "
+                     f"{', '.join(i['item'] for i in plan.get('items', []))}, "
+                     f"{plan.get('requests_total')} requests, deadline {plan.get('deadline_s')} s")
+    elif run:
+        plan = run.get("plan") or {}
+        waves = ",".join(w["wave"] for w in plan.get("waves", []))
+        lines.append(f"run {run.get('run_id')}: {run.get('base_url')} model {run.get('model')} "
+                     f"(server {(run.get('versions') or {}).get('server')}), waves {waves}, "
+                     f"{plan.get('requests_total')} requests, B1 "
+                     f"{plan.get('b1_prompt_tokens_counted') or 'estimated'} tokens, deadline "
+                     f"{plan.get('deadline_s')} s")
+    if report["requests"]:
+        columns = ("wave", "request_id", "http_status", "prompt_tokens", "cached_tokens",
+                   "completion_tokens", "finish_reason", "stop_reason", "latency_s", "ok")
+        heads = ("wave", "id", "status", "prompt", "cached", "completion", "finish", "stop",
+                 "latency", "ok")
+        rows = [heads] + [tuple(_cell(r[c]) for c in columns) for r in report["requests"]]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
+        lines += ["", *("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
+                        for row in rows)]
+    if report["waves"]:
+        lines.append("")
+        lines += [f"{w['wave']:<4} depth {w['depth']}  skew {_cell(w['release_skew_ms'])} ms  "
+                  f"{_cell(w['duration_s'])} s  {'ok' if w['ok'] else 'FAILED'}"
+                  for w in report["waves"]]
+    for m in report["metrics"]:
+        lines += ["", f"counter deltas from {m['source']} ({m['state']}"
+                  f"{': ' + m['why'] if m['why'] else ''}):"]
+        lines += [f"  {k} {_cell(v)}" for k, v in (m["highlights"] or {}).items()]
+        lines += [f"  warning: {w}" for w in m.get("warnings") or []]
+    for st in report["status"]:
+        lines.append(f"status file {st['path']}: {st['state']}"
+                     f"{': ' + st['why'] if st['why'] else ''}")
+    if report["probe_summary"]:
+        lines += ["", "probe (first round against the median of later rounds):"]
+        lines += [probe_line(item) for item in report["probe_summary"]["items"]]
+    if report["problems"]:
+        lines += ["", "problems:"] + [f"  - {p}" for p in report["problems"]]
+    lines.append("")
+    lines += [f"note: {issue}" for issue in report["issues"]]
+    verdict = report["verdict"]
+    lines.append(f"verdict: {verdict} (exit {report['exit_code']})" if verdict
+                 else f"verdict: none ({report['ends']})")
+    return "\n".join(lines).lstrip("\n")
+
+
+def report_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="warmup.py report",
+        description="Print a readable report of a warm-up (or probe) records file, also one cut "
+                    "short by a kill. Exit status: the run's own (0 pass), 1 when the file has "
+                    "no summary, 2 when it cannot be read.")
+    parser.add_argument("records", help="the JSON Lines records file")
+    parser.add_argument("--json", action="store_true", help="the report as one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        records, issues = load_records(args.records)
+    except OSError as exc:
+        print(f"warmup.py report: cannot read {args.records}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    report = build_report(records, issues)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return report["exit_code"] if report["exit_code"] is not None else EXIT_FAIL
+
+
+# ---------------------------------------------------------------------------
+# probe: time to first token, first round against later rounds (did the warm-up work?).
+# ---------------------------------------------------------------------------
+
+PROBE_ITEMS = (("single", 1), ("burst3", 3), ("burst4", 4))
+
+
+def probe_body(model: str, prompt: str, rid: str, plan: Plan) -> dict:
+    """A warm-up request, streamed with usage in the last event (the text is never kept)."""
+    return dict(completion_body(model, prompt, rid, plan), stream=True,
+                stream_options={"include_usage": True})
+
+
+def stream_usage(body: bytes) -> tuple[dict | None, bool]:
+    """(the last usage object, whether the stream ended with [DONE]) of an SSE body."""
+    usage, done = None, False
+    for line in body.split(b"\n"):
+        line = line.strip()
+        if line == b"data: [DONE]":
+            done = True
+        elif line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                doc = json.loads(line[6:])
+            except ValueError:
+                continue
+            if isinstance(doc.get("usage"), dict):
+                usage = doc["usage"]
+    return usage, done
+
+
+def probe_record(run_id: str, item: str, round_no: int, slot: Slot, tokens: int,
+                 redact: tuple[str, ...]) -> dict:
+    """One streamed request: when its first token and its end came; counts only, no text."""
+    problems, usage = [], None
+    response = slot.response
+    if response is None:
+        problems.append(slot.error.problem if slot.error else "no response")
+    elif response.status != 200:
+        fields = extract_fields(response.status, response.body, redact)
+        problems.append(diagnose_http_error(response.status, fields["error"],
+                                            fields["error_param"], "VLLM_API_KEY"))
+    else:
+        usage, done = stream_usage(response.body)
+        if not done:
+            problems.append("stream did not end with [DONE]")
+        if usage is None:
+            problems.append("stream carried no usage")
+        elif _count(usage.get("completion_tokens")) != tokens:
+            problems.append(f"completion_tokens {usage.get('completion_tokens')!r}, "
+                            f"expected {tokens}")
+        if response.watched_at is None:
+            problems.append("no token text arrived")
+    sent = slot.sent_at
+    first = response.watched_at if response is not None else None
+    return {
+        "record": "probe", "run_id": run_id, "item": item, "round": round_no,
+        "index": slot.index, "request_id": slot.request_id,
+        "http_status": response.status if response is not None else None,
+        "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
+        "total_s": round(slot.done_at - sent, 4) if sent is not None and slot.done_at else None,
+        "prompt_tokens": _count((usage or {}).get("prompt_tokens")),
+        "completion_tokens": _count((usage or {}).get("completion_tokens")),
+        "ok": not problems, "problems": problems,
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _slowest(values: list[float | None]) -> float | None:
+    """A burst is as slow as its slowest request; a missing time makes the round unknown."""
+    return None if not values or None in values else max(values)
+
+
+def probe_summary(records: list[dict]) -> list[dict]:
+    """Per item: round 1 against the median of later rounds (each round: its slowest request),
+    for TTFT and total; a ratio, never a verdict."""
+    items = []
+    for item in dict.fromkeys(r["item"] for r in records):
+        rounds: dict[int, list[dict]] = {}
+        for r in records:
+            if r["item"] == item:
+                rounds.setdefault(r["round"], []).append(r)
+        per_round = {n: (_slowest([r["ttft_s"] for r in rs]), _slowest([r["total_s"] for r in rs]))
+                     for n, rs in rounds.items()}
+        first = per_round.get(1, (None, None))
+        later = [v for n, v in per_round.items() if n > 1]
+        entry = {"item": item, "rounds": len(per_round)}
+        for i, name in enumerate(("ttft", "total")):
+            warm = _median([v[i] for v in later])
+            entry[f"{name}_first_s"] = first[i]
+            entry[f"{name}_later_median_s"] = warm
+            entry[f"{name}_ratio"] = round(first[i] / warm, 2) if first[i] and warm else None
+        items.append(entry)
+    return items
+
+
+def probe_line(entry: dict) -> str:
+    def ms(v):
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+    return (f"  {entry['item']:<7} TTFT first {ms(entry['ttft_first_s'])} vs later "
+            f"{ms(entry['ttft_later_median_s'])} (x{_cell(entry['ttft_ratio'])}); total first "
+            f"{ms(entry['total_first_s'])} vs later {ms(entry['total_later_median_s'])} "
+            f"(x{_cell(entry['total_ratio'])})")
+
+
+def run_probe(run: Run, rounds: int, long_tokens: int) -> list[dict]:
+    """Rounds of single, burst3, burst4 (and long); each item behind the guard, like a wave."""
+    items = list(PROBE_ITEMS) + ([("long", 1)] if long_tokens else [])
+    records = []
+    for round_no in range(1, rounds + 1):
+        for item, depth in items:
+            if run.clock.remaining() <= 0:
+                run.problems.append(f"deadline passed before round {round_no} {item}")
+                return records
+            if not check_guard(run, depth):
+                return records
+            run.current_wave = f"{item} round {round_no}"
+            slots = []
+            for index in range(depth):
+                rid = f"probe-{run.plan.run_id}-{item}-r{round_no}-{index}"
+                prompt = run.b1_prompt if item == "long" else \
+                    short_prompt(f"{run.plan.run_id}-{round_no}", depth, index)
+                payload = encode_request(run.target, "POST", "/v1/completions",
+                                         probe_body(run.model, prompt, rid, run.plan),
+                                         run.api_key)
+                slots.append(Slot(index, rid, payload, stream=True))
+            for slot in run_wave(run.target, run.clock, slots):
+                record = probe_record(run.plan.run_id, item, round_no, slot, run.plan.tokens,
+                                      run.redact)
+                run.write(record)
+                records.append(record)
+            run.current_wave = None
+    return records
+
+
+def probe_main(argv: list[str]) -> int:
+    """warmup.py probe: the same connection options, guards, bounds and records as the warm-up."""
+    args = parse_args(argv, probe=True)
+    plan = Plan(new_run_id(), (1,), args.tokens, args.priority, max(args.long_tokens,
+                                                                    MIN_B1_PROMPT_TOKENS),
+                args.deadline_s, args.socket_cap_s)
+    if args.dry_run:
+        print(f"probe plan for {args.target.display}: {args.rounds} rounds of single, burst3, "
+              f"burst4{', long (' + str(args.long_tokens) + ' tokens)' if args.long_tokens else ''}"
+              f"; streaming, {plan.tokens} tokens each; deadline {plan.deadline_s:g} s")
+        return EXIT_PASS
+    return run_with_records(args, plan, lambda run: execute_probe(run, args))
+
+
+def execute_probe(run: Run, args: argparse.Namespace) -> None:
+    resolve_model(run, args.model)
+    read_server_version(run)
+    if args.long_tokens:
+        size_b1(run)
+    write_run_record(run)
+    run.say(f"probe {run.plan.run_id}: {run.target.display} model {run.model}, {args.rounds} "
+            f"rounds, deadline {run.plan.deadline_s:g} s")
+    records = run_probe(run, args.rounds, args.long_tokens)
+    run.requests = records          # judged like warm-up requests: every one must be ok
+    items = probe_summary(records)
+    run.write({"record": "probe_summary", "run_id": run.plan.run_id, "items": items,
+               "meaning": "first round against the median of later rounds; a ratio, "
+                          "not a verdict on the warm-up"})
+    run.say("probe (first round against the median of later rounds):")
+    for entry in items:
+        run.say(probe_line(entry))
 
 
 # ---------------------------------------------------------------------------
@@ -1184,13 +1739,23 @@ def waves_arg(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(probe: bool = False) -> argparse.ArgumentParser:
     env = os.environ
-    parser = argparse.ArgumentParser(
-        prog="warmup.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Warm up a freshly started vLLM server (waves B1..B4 of raw completions: "
-                    "a ~5K-token prefill, then batch depths 2-4), check every response, and "
-                    "write JSON Lines records that prove the warm-up ran.")
+    if probe:
+        parser = argparse.ArgumentParser(
+            prog="warmup.py probe", epilog=EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description="Did the warm-up work? Measure time to first token and total time with "
+                        "streamed completions: a single request, a burst of 3 and a burst of 4 "
+                        "(and a long prompt), repeated --rounds times; report the first round "
+                        "against the median of the later ones. A ratio, never a verdict.")
+    else:
+        parser = argparse.ArgumentParser(
+            prog="warmup.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+            description="Warm up a freshly started vLLM server (waves B1..B4 of raw completions: "
+                        "a ~5K-token prefill, then batch depths 2-4), check every response, and "
+                        "write JSON Lines records that prove the warm-up ran. Also: "
+                        "'warmup.py report RECORDS' and 'warmup.py probe' (see their --help).")
     parser.add_argument("--base-url", default=env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
                         help="the server's address, without /v1 (default: $WARMUP_BASE_URL, "
                              "else %(default)s); credentials in it are never printed")
@@ -1214,6 +1779,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "traffic at 0 goes first (default: %(default)s)")
     parser.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="NAME",
                         help="environment variable holding the API key (default: %(default)s)")
+    if probe:
+        parser.add_argument("--rounds", type=int, default=3,
+                            help="rounds of single, burst3, burst4 (default: %(default)s)")
+        parser.add_argument("--long-tokens", type=int, default=0, metavar="N",
+                            help="also a long request of N prompt tokens (more than 4096), "
+                                 "sized with /tokenize (default: none)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="print the plan and exit 0 without touching the network")
+        parser.add_argument("--json", action="store_true",
+                            help="print the summary record as JSON on stdout")
+        return parser
     parser.add_argument("--waves", type=waves_arg, default=DEFAULT_WAVES, metavar="1,2,3,4",
                         help="the concurrency of each wave, in order; the first must be 1 "
                              "(B1, the long prompt), e.g. 1,2,3,4,6,8 (default: 1,2,3,4)")
@@ -1221,6 +1797,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="target size of B1's long prompt in tokens, more than 4096; "
                              "counted with the server's /tokenize when it has one "
                              "(default: %(default)s)")
+    parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
+                        help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
+                             "deltas over the warm-up are recorded; repeatable")
+    parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
+                        help="a JSON status file another process rewrites on a timer; its "
+                             "numeric deltas over the warm-up are recorded (invalid when pid "
+                             "or session changed); repeatable")
+    parser.add_argument("--status-wait-s", type=positive_float, default=15.0,
+                        help="how long to wait for each status file to be rewritten, before "
+                             "the first wave and after the last (default: %(default)g)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")
@@ -1231,10 +1817,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv: list[str] | None, probe: bool = False) -> argparse.Namespace:
+    parser = build_parser(probe)
     args = parser.parse_args(argv)
-    if args.b1_tokens < MIN_B1_PROMPT_TOKENS:
+    if probe:
+        if args.rounds < 2:
+            parser.error("--rounds must be at least 2 (the first round is compared with later ones)")
+        if args.long_tokens and args.long_tokens < MIN_B1_PROMPT_TOKENS:
+            parser.error(f"--long-tokens must be more than {MIN_B1_PROMPT_TOKENS - 1}")
+        args.metrics_url, args.status_file, args.status_wait_s = [], [], 15.0
+    elif args.b1_tokens < MIN_B1_PROMPT_TOKENS:
         parser.error(f"--b1-tokens must be more than {MIN_B1_PROMPT_TOKENS - 1}")
     if args.tokens < 2:
         parser.error("--tokens must be at least 2 (a one-token reply is the fault this finds)")
@@ -1242,6 +1834,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--api-key-env must name an environment variable")
     try:
         args.target = parse_base_url(args.base_url)
+        args.metrics_targets = [parse_url(url, "--metrics-url") for url in args.metrics_url]
     except UsageError as exc:
         parser.error(str(exc))
     return args
@@ -1270,11 +1863,21 @@ def dry_run(plan: Plan, target: Target, as_json: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        return report_main(argv[1:])
+    if argv[:1] == ["probe"]:
+        return probe_main(argv[1:])
     args = parse_args(argv)
     plan = Plan(new_run_id(), args.waves, args.tokens, args.priority, args.b1_tokens,
                 args.deadline_s, args.socket_cap_s)
     if args.dry_run:
         return dry_run(plan, args.target, args.json)
+    return run_with_records(args, plan, lambda run: execute(run, args.model))
+
+
+def run_with_records(args: argparse.Namespace, plan: Plan, body) -> int:
+    """Open the records, run `body(run)` under the signal handlers, write the summary."""
     clock = Clock.start(plan.deadline_s, plan.socket_cap_s)
     path = args.records or default_records_path(plan.run_id)
     try:
@@ -1289,11 +1892,21 @@ def main(argv: list[str] | None = None) -> int:
         print(line, file=human, flush=True)
 
     run = Run(plan, args.target, clock, records, say,
-              os.environ.get(args.api_key_env) or None, args.api_key_env)
+              os.environ.get(args.api_key_env) or None, args.api_key_env,
+              metrics_urls=args.metrics_targets, status_files=args.status_file,
+              status_wait_s=args.status_wait_s)
+    if getattr(args, "rounds", None):
+        items = list(PROBE_ITEMS) + ([("long", 1)] if args.long_tokens else [])
+        run.planned = args.rounds * sum(depth for _, depth in items)
+        run.probe_plan = {"items": [{"item": i, "depth": d} for i, d in items],
+                          "rounds": args.rounds, "requests_total": run.planned,
+                          "long_tokens": args.long_tokens or None, "tokens": plan.tokens,
+                          "priority": plan.priority, "stream": True,
+                          "deadline_s": plan.deadline_s, "socket_cap_s": plan.socket_cap_s}
     previous = _install_handlers()
     try:
         try:
-            execute(run, args.model)
+            body(run)
             summary = summarize(run)
         except Fatal as exc:
             problem = [clean_text(exc.problem, 500, run.redact)]

@@ -68,6 +68,7 @@ class FakeConfig:
     trickle_interval_s: float = 1.0
     echo_error_text: str = ""             # appended to error messages (leak tests)
     compile_lines: int = 0                # log lines like vLLM's JIT monitor, first completion
+    cold_s: float = 0.0                   # extra time for the first request of each shape
 
 
 def tokenize(text: str) -> list[int]:
@@ -91,7 +92,18 @@ class FakeState:
         self.cache: set[int] = set()
         self.running = 0
         self.metrics_failed = False
+        self.warm_shapes: set = set()          # concurrency levels (and "long") already served
         self.counters: dict[tuple[str, tuple], float] = {}
+        # Like vLLM, every counter series exists from the start, at 0.
+        names = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
+        if config.speculative:
+            names += ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+                      "vllm:spec_decode_num_accepted_tokens_total"]
+        for name in names:
+            self.count(name, 0)
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            self.count("vllm:request_success_total", 0, finished_reason=reason)
 
     def log(self, entry: dict) -> None:
         with self.lock:
@@ -169,9 +181,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_json(401, {"error": "Unauthorized"})
         return False
 
+    def handle_one_request(self):
+        self.entry = None
+        super().handle_one_request()
+        if self.entry is not None and self.entry["done"] is None:
+            self.entry["done"] = time.monotonic()
+
     def note(self, body) -> None:
-        self.state.log({"path": self.path, "method": self.command, "headers": dict(self.headers),
-                        "body": body, "arrived": time.monotonic()})
+        """Log the request; `arrived` is when its headers were read, `done` when answered."""
+        self.entry = {"path": self.path, "method": self.command, "headers": dict(self.headers),
+                      "body": body, "arrived": time.monotonic(), "done": None}
+        self.state.log(self.entry)
 
     # -- endpoints --------------------------------------------------------
     def do_GET(self):
@@ -284,11 +304,18 @@ class Handler(BaseHTTPRequestHandler):
         with st.lock:
             st.running += 1
             compile_lines, cfg.compile_lines = cfg.compile_lines, 0
+            # A shape not served before is cold: the first batch at a depth, the first long prefill.
+            shapes = {st.running} | ({"long"} if n_prompt > 4096 else set())
+            cold = cfg.cold_s * len(shapes - st.warm_shapes)
+            st.warm_shapes |= shapes
         for _ in range(compile_lines):
             print("WARNING [monitor.py] JIT compilation during inference: a kernel was "
                   "compiled for a new shape", flush=True)
+        streaming = bool(body.get("stream"))
         try:
-            st.stop.wait(cfg.latency_s + (5.0 if fault == "slow" else 0.0))
+            # A stream is answered as it decodes; a plain request after the whole latency.
+            st.stop.wait(cold + (0.2 if streaming else 1.0) * cfg.latency_s
+                         + (5.0 if fault == "slow" else 0.0))
             if fault == "hang":
                 st.stop.wait(600)
                 self.close_connection = True
@@ -317,6 +344,9 @@ class Handler(BaseHTTPRequestHandler):
             st.count("vllm:spec_decode_num_draft_tokens_total", 5 * math.ceil(n_out / 5))
             st.count("vllm:spec_decode_num_accepted_tokens_total", n_out - math.ceil(n_out / 5))
         doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
+        if streaming:
+            return self.send_stream(doc, bool((body.get("stream_options") or {})
+                                              .get("include_usage")))
         if fault == "no_usage":
             del doc["usage"]
         if fault == "no_choices":
@@ -354,6 +384,39 @@ class Handler(BaseHTTPRequestHandler):
                       "completion_tokens_details": None},
             "kv_transfer_params": None, "ec_transfer_params": None, "metrics": metrics,
         }
+
+    def send_stream(self, doc: dict, include_usage: bool) -> None:
+        """Server-sent events in chunked transfer coding, one token an event, as vLLM streams."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        choice = doc["choices"][0]
+        n_out = doc["usage"]["completion_tokens"]
+        pause = 0.8 * self.state.config.latency_s / max(n_out, 1)
+
+        def event(payload) -> None:
+            data = b"data: " + (payload if isinstance(payload, bytes)
+                                else json.dumps(payload).encode()) + b"\n\n"
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        try:
+            for i in range(n_out):
+                last = i == n_out - 1
+                text = TEXT_MARKER if i == 0 else " lorem"
+                event(dict(doc, usage=None, choices=[{
+                    "index": 0, "text": text, "logprobs": None,
+                    "finish_reason": choice["finish_reason"] if last else None,
+                    "stop_reason": choice["stop_reason"] if last else None}]))
+                if not last and pause:
+                    self.state.stop.wait(pause)
+            if include_usage:
+                event(dict(doc, choices=[]))
+            event(b"[DONE]")
+            self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            self.close_connection = True
 
     def send_completion(self, fault: str, data: bytes) -> None:
         if fault == "headers_close":
@@ -463,6 +526,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--per-request-metrics", action="store_true")
     parser.add_argument("--health-delay-s", type=float, default=0.0,
                         help="/health answers 503 for this long after start")
+    parser.add_argument("--cold-s", type=float, default=0.0,
+                        help="extra time for the first request of each batch depth and the "
+                             "first long prompt (what a warm-up pays)")
     parser.add_argument("--compile-lines", type=int, default=0,
                         help="print this many JIT-compilation log lines at the first completion")
     parser.add_argument("--exit-after-s", type=float, default=0.0,
@@ -495,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,
                         health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,
+                        cold_s=args.cold_s,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
     server = FakeServer(config, 0 if args.demo else args.port).start()
