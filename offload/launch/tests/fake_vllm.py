@@ -69,6 +69,7 @@ class FakeConfig:
     echo_error_text: str = ""             # appended to error messages (leak tests)
     compile_lines: int = 0                # log lines like vLLM's JIT monitor, first completion
     cold_s: float = 0.0                   # extra time for the first request of each shape
+    counter_skew: int = 0                 # generation tokens counted beyond those sent (foreign)
 
 
 def tokenize(text: str) -> list[int]:
@@ -335,7 +336,7 @@ class Handler(BaseHTTPRequestHandler):
             cached = n_prompt - n_prompt % BLOCK
         reported_prompt = 1000 if fault == "short_prompt_tokens" else n_prompt
         st.count("vllm:prompt_tokens_total", n_prompt)
-        st.count("vllm:generation_tokens_total", n_out)
+        st.count("vllm:generation_tokens_total", n_out + cfg.counter_skew)
         st.count("vllm:request_success_total", 1, finished_reason=finish)
         st.count("vllm:prefix_cache_queries_total", n_prompt)
         st.count("vllm:prefix_cache_hits_total", cached)

@@ -86,9 +86,12 @@ class HelperCase(unittest.TestCase):
         return server
 
     def run_helper(self, server_or_url, *args: str, env: dict | None = None) -> Result:
-        """warmup.main() in this process, stdout and stderr captured."""
+        """A warm-up against the server, in this process, records in the test's file."""
         url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
-        argv = ["--base-url", url, "--records", self.records_path, *args]
+        return self.run_argv(["--base-url", url, "--records", self.records_path, *args], env)
+
+    def run_argv(self, argv: list[str], env: dict | None = None) -> Result:
+        """warmup.main(argv) in this process, stdout and stderr captured."""
         out, err = io.StringIO(), io.StringIO()
         started = time.monotonic()
         with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \

@@ -1,0 +1,300 @@
+"""Qualification tools: counter deltas, status files, `report` and `probe` (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+from support import WARMUP, HelperCase, warmup
+
+SERIES = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}'
+
+
+class TestCounterDeltas(unittest.TestCase):
+    def test_deltas_by_label_set_with_absent_and_reset_counters(self):
+        before = {SERIES: 4.0, "vllm:prompt_tokens_total": 100.0, "gone_total": 5.0,
+                  "reset_total": 9.0}
+        after = {SERIES: 14.0, "vllm:prompt_tokens_total": 5100.0, "new_total": 3.0,
+                 "reset_total": 1.0}
+        deltas = warmup.counter_deltas(before, after)
+        self.assertEqual(deltas[SERIES], 10.0)
+        self.assertEqual(deltas["vllm:prompt_tokens_total"], 5000.0)
+        self.assertIsNone(deltas["gone_total"])
+        self.assertIsNone(deltas["new_total"])
+        self.assertIsNone(deltas["reset_total"])
+        self.assertTrue(all(v is None for v in warmup.counter_deltas(None, after).values()))
+
+    def test_counters_are_total_series_only(self):
+        samples, _ = warmup.parse_prometheus(
+            'vllm:num_requests_running{engine="0"} 0\n'
+            'vllm:generation_tokens_total{engine="0"} 7\n'
+            'vllm:generation_tokens_total{engine="1"} 3\n')
+        self.assertEqual(warmup.counters(samples),
+                         {'vllm:generation_tokens_total{engine="0"}': 7.0,
+                          'vllm:generation_tokens_total{engine="1"}': 3.0})
+
+    def test_highlights_name_absent_counters_as_null(self):
+        shown = warmup.highlighted({SERIES: 10.0, "other_total": 1.0})
+        self.assertEqual(shown[SERIES], 10.0)
+        self.assertNotIn("other_total", shown)
+        self.assertIsNone(shown["vllm:generation_tokens_total"])
+        self.assertIsNone(shown["vllm:spec_decode_*"])
+        with_spec = warmup.highlighted({"vllm:spec_decode_num_drafts_total": 7.0})
+        self.assertNotIn("vllm:spec_decode_*", with_spec)
+
+    def test_cross_check_warns_on_mismatch_only(self):
+        requests = [{"completion_tokens": 32, "http_status": 200}] * 10
+        good = {'vllm:generation_tokens_total{engine="0"}': 300.0,
+                'vllm:generation_tokens_total{engine="1"}': 20.0, SERIES: 10.0}
+        self.assertEqual(warmup.cross_check(good, requests), [])
+        bad = dict(good, **{'vllm:generation_tokens_total{engine="1"}': 52.0})
+        warnings = warmup.cross_check(bad, requests)
+        self.assertEqual(len(warnings), 1)
+        self.assertIn("generation tokens delta 352 differs from the records' 320", warnings[0])
+        self.assertIn("absent", warmup.cross_check({}, requests)[0])
+
+
+class TestStatusDelta(unittest.TestCase):
+    def test_numeric_fields_only_and_identity_checked(self):
+        before = {"pid": 10, "session": "a", "steps": 5, "workers": {"drafted_requests": 2},
+                  "ready": True, "name": "w"}
+        after = {"pid": 10, "session": "a", "steps": 9, "workers": {"drafted_requests": 12},
+                 "ready": False, "name": "w"}
+        result = warmup.status_delta(before, after)
+        self.assertEqual(result["state"], "valid")
+        self.assertEqual(result["delta"], {"steps": 4, "workers.drafted_requests": 10})
+        changed = warmup.status_delta(before, dict(after, pid=11))
+        self.assertEqual(changed["state"], "invalid")
+        self.assertIn("pid changed (10 -> 11)", changed["why"])
+        missing = warmup.status_delta(None, after, "before: missing")
+        self.assertEqual((missing["state"], missing["delta"]), ("incomplete", None))
+
+
+class TestReportPieces(unittest.TestCase):
+    def test_truncated_file_is_read_up_to_the_cut(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        path = os.path.join(tmp.name, "cut.jsonl")
+        with open(path, "w") as handle:
+            handle.write(json.dumps({"record": "run", "run_id": "r", "plan": {}}) + "\n")
+            handle.write(json.dumps({"record": "request", "wave": "B1", "index": 0, "ok": True,
+                                     "problems": []}) + "\n")
+            handle.write('{"record": "wave", "wa')
+        records, issues = warmup.load_records(path)
+        self.assertEqual(len(records), 2)
+        self.assertIn("line 3 is not valid JSON", issues[0])
+        report = warmup.build_report(records, issues)
+        self.assertIsNone(report["verdict"])
+        self.assertIn("ends after a 'request' record", report["ends"])
+        self.assertIn("verdict: none", warmup.format_report(report))
+
+    def test_probe_summary_compares_first_round_with_later_ones(self):
+        def rec(item, rnd, ttft, total, index=0):
+            return {"item": item, "round": rnd, "index": index, "ttft_s": ttft, "total_s": total}
+        records = [rec("single", 1, 0.5, 1.0), rec("single", 2, 0.1, 0.6),
+                   rec("single", 3, 0.1, 0.4),
+                   rec("burst3", 1, 0.1, 0.5), rec("burst3", 1, 0.4, 0.9, 1),
+                   rec("burst3", 2, 0.1, 0.5), rec("burst3", 2, 0.1, 0.5, 1)]
+        single, burst = warmup.probe_summary(records)
+        self.assertEqual((single["ttft_first_s"], single["ttft_later_median_s"]), (0.5, 0.1))
+        self.assertEqual(single["ttft_ratio"], 5.0)
+        self.assertEqual(single["total_ratio"], 2.0)
+        self.assertEqual(burst["ttft_first_s"], 0.4, "a burst is as slow as its slowest request")
+
+    def test_stream_usage(self):
+        body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
+                b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
+        self.assertEqual(warmup.stream_usage(body), ({"completion_tokens": 32}, True))
+
+
+class StatusWriter:
+    """Rewrites a JSON status file on a timer, like a worker's; stopped at cleanup."""
+
+    def __init__(self, path: str, period_s: float = 0.1):
+        self.path, self.period_s = path, period_s
+        self.doc = {"pid": 100, "session": "s1", "steps": 0, "proxy": {"rounds": 0}}
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stopped.wait(self.period_s):
+            self.doc["steps"] += 3
+            self.doc["proxy"]["rounds"] += 1
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as handle:
+                json.dump(self.doc, handle)
+            os.replace(tmp, self.path)
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=5)
+
+
+class TestQualificationRuns(HelperCase):
+    def test_warmup_records_counter_deltas_that_match_the_records(self):
+        server = self.start_fake()
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        (metrics,) = result.kind("metrics")
+        self.assertEqual(metrics["state"], "complete")
+        self.assertIn("not a count of worker rounds", metrics["meaning"])
+        gen = 'vllm:generation_tokens_total{engine="0",model_name="fake-model"}'
+        ok = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="fake-model"}'
+        self.assertEqual(metrics["deltas"][gen], 320.0)
+        self.assertEqual(metrics["highlights"][ok], 10.0)
+        self.assertGreater(metrics["highlights"][
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="fake-model"}'], 0)
+        self.assertEqual(metrics["warnings"], [])
+        self.assertEqual(result.summary["counters"][gen], 320.0)
+        self.assertIn("counters over the warm-up: generation_tokens +320", result.stdout)
+
+    def test_counting_difference_is_a_warning_not_a_failure(self):
+        server = self.start_fake(counter_skew=1)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0)
+        self.assertIn("generation tokens delta 330 differs", result.summary["warnings"][0])
+        self.assertIn("warning: generation tokens delta 330", result.stdout)
+
+    def test_absent_counters_are_null(self):
+        server = self.start_fake(speculative=False)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0)
+        self.assertIsNone(result.summary["counters"]["vllm:spec_decode_*"])
+
+    def test_more_metrics_endpoints(self):
+        server, proxy = self.start_fake(), self.start_fake()
+        result = self.run_helper(server, "--metrics-url", proxy.url + "/metrics")
+        self.assertEqual(result.code, 0, result.stdout)
+        sources = {m["source"]: m for m in result.kind("metrics")}
+        self.assertEqual(set(sources), {server.url + "/metrics", proxy.url + "/metrics"})
+        self.assertEqual(sources[proxy.url + "/metrics"]["state"], "complete")
+        self.assertEqual([r["path"] for r in proxy.state.requests], ["/metrics", "/metrics"])
+
+    def test_status_file_delta(self):
+        path = os.path.join(self.tmp, "status.json")
+        writer = StatusWriter(path)
+        self.addCleanup(writer.stop)
+        server = self.start_fake(latency_s=0.1)
+        result = self.run_helper(server, "--status-file", path, "--status-wait-s", "3")
+        self.assertEqual(result.code, 0, result.stdout)
+        (status,) = result.kind("status")
+        self.assertEqual(status["state"], "valid")
+        self.assertGreater(status["delta"]["steps"], 0)
+        self.assertGreater(status["delta"]["proxy.rounds"], 0)
+        self.assertNotIn("pid", status["delta"])
+
+    def test_status_file_identity_change_invalidates(self):
+        path = os.path.join(self.tmp, "status.json")
+        writer = StatusWriter(path)
+        self.addCleanup(writer.stop)
+        server = self.start_fake(latency_s=0.2)
+
+        def restart_worker():
+            while not server.state.completions() and not writer.stopped.is_set():
+                time.sleep(0.01)
+            writer.doc["pid"] = 101
+        threading.Thread(target=restart_worker, daemon=True).start()
+        result = self.run_helper(server, "--status-file", path, "--status-wait-s", "3")
+        self.assertEqual(result.code, 0)
+        (status,) = result.kind("status")
+        self.assertEqual(status["state"], "invalid")
+        self.assertIn("pid changed (100 -> 101)", status["why"])
+        self.assertIn("status file", " ".join(result.summary["warnings"]))
+
+    def test_missing_or_stale_status_file_is_incomplete(self):
+        server = self.start_fake()
+        stale = os.path.join(self.tmp, "stale.json")
+        with open(stale, "w") as handle:
+            json.dump({"pid": 1, "steps": 5}, handle)
+        missing = os.path.join(self.tmp, "missing.json")
+        result = self.run_helper(server, "--status-file", stale, "--status-file", missing,
+                                 "--status-wait-s", "0.5")
+        self.assertEqual(result.code, 0)
+        states = {r["path"]: r for r in result.kind("status")}
+        self.assertEqual(states[stale]["state"], "incomplete")
+        self.assertIn("stale", states[stale]["why"])
+        self.assertEqual(states[missing]["state"], "incomplete")
+        self.assertIn("missing", states[missing]["why"])
+        self.assertIsNone(states[stale]["delta"])
+
+    def report(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, WARMUP, "report", *args], capture_output=True,
+                              text=True, timeout=30)
+
+    def test_report_of_a_full_run(self):
+        server = self.start_fake(prompt_tokens_details=True)
+        self.assertEqual(self.run_helper(server).code, 0)
+        shown = self.report(self.records_path)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        for text in ("wave  id", "warmup-", "length", "B4   depth 4  skew", "counter deltas from",
+                     "verdict: pass (exit 0)"):
+            self.assertIn(text, shown.stdout)
+        as_json = json.loads(self.report(self.records_path, "--json").stdout)
+        self.assertEqual(len(as_json["requests"]), 10)
+        self.assertEqual(as_json["verdict"], "pass")
+
+    def test_report_of_a_failed_run_exits_with_its_status(self):
+        server = self.start_fake(fault="one_token", fault_match="-B2-0")
+        self.assertEqual(self.run_helper(server).code, 1)
+        shown = self.report(self.records_path)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("B2#0: one-token response", shown.stdout)
+
+    def test_report_of_a_killed_run(self):
+        server = self.start_fake(fault="hang", fault_match="-B3-")
+        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url, "--records",
+                                 self.records_path], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait)
+        deadline = time.monotonic() + 20
+        while len(server.state.completions()) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        proc.kill()
+        proc.wait(timeout=10)
+        shown = self.report(self.records_path)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("verdict: none (no summary", shown.stdout)
+        self.assertEqual(self.report(os.path.join(self.tmp, "nope.jsonl")).returncode, 2)
+
+    def test_probe_finds_what_a_warm_up_leaves_cold(self):
+        server = self.start_fake(cold_s=0.5, latency_s=0.05)
+        cold = self.run_probe(server)
+        self.assertEqual(cold.code, 0, cold.stdout)
+        self.assertEqual(len(cold.kind("probe")), 24)
+        summary = {e["item"]: e for e in cold.kind("probe_summary")[0]["items"]}
+        self.assertEqual(set(summary), {"single", "burst3", "burst4"})
+        self.assertGreater(summary["single"]["ttft_first_s"], 0.4)
+        self.assertGreater(summary["single"]["ttft_ratio"], 2)
+        self.assertIn("single  TTFT first", cold.stdout)
+        self.assert_clean(server, cold)
+        # A fresh server warmed up first: the probe's first round is no longer cold.
+        warmed = self.start_fake(cold_s=0.5, latency_s=0.05)
+        os.remove(self.records_path)
+        self.assertEqual(self.run_helper(warmed).code, 0)
+        os.remove(self.records_path)
+        after = self.run_probe(warmed)
+        self.assertEqual(after.code, 0)
+        for entry in after.kind("probe_summary")[0]["items"]:
+            self.assertLess(entry["ttft_first_s"], 0.4, entry)
+
+    def test_probe_respects_the_guard(self):
+        server = self.start_fake(gauge_values={("vllm:num_requests_waiting", "0"): 1.0})
+        result = self.run_probe(server)
+        self.assertEqual(result.code, 3)
+        self.assertEqual(server.state.completions(), [])
+
+    def run_probe(self, server, *args: str):
+        return self.run_argv(["probe", "--base-url", server.url, "--records", self.records_path,
+                              "--rounds", "3", *args])
+
+
+if __name__ == "__main__":
+    unittest.main()
