@@ -559,10 +559,6 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
     head = None
     watched_at, searched = None, 0
     while True:
-        if watch is not None and watched_at is None and head is not None:
-            if watch.search(buf, max(searched - 64, 0)):
-                watched_at = clock.elapsed()
-            searched = len(buf)
         if head is None:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
@@ -570,6 +566,10 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
                 del buf[:end + 4]
             elif len(buf) > MAX_HEADER_BYTES:
                 raise TransportError("malformed", "malformed HTTP response: headers too large")
+        if watch is not None and watched_at is None and head is not None:
+            if watch.search(buf, max(searched - 64, 0)):
+                watched_at = clock.elapsed()
+            searched = len(buf)
         if head is not None:
             body = _complete_body(head, buf, max_body)
             if body is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -106,6 +107,23 @@ class TestReportPieces(unittest.TestCase):
         self.assertEqual(single["ttft_ratio"], 5.0)
         self.assertEqual(single["total_ratio"], 2.0)
         self.assertEqual(burst["ttft_first_s"], 0.4, "a burst is as slow as its slowest request")
+
+    def test_first_token_time_is_when_it_arrives_not_the_next_read(self):
+        # Headers and the first event in one packet, the rest 0.5 s later.
+        left, right = socket.socketpair()
+        self.addCleanup(left.close)
+        self.addCleanup(right.close)
+        first = b'data: {"choices":[{"text":"a"}]}\n\n'
+        right.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                      + f"{len(first):x}\r\n".encode() + first + b"\r\n")
+        later = threading.Timer(0.5, right.sendall, [b"0\r\n\r\n"])
+        later.start()
+        self.addCleanup(later.cancel)
+        clock = warmup.Clock.start(10, 10)
+        response = warmup.read_response(left, clock, watch=warmup.FIRST_TEXT)
+        self.assertLess(response.watched_at, 0.3)
+        self.assertGreaterEqual(clock.elapsed(), 0.45)
+        self.assertEqual(response.body, first)
 
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
