@@ -1101,21 +1101,14 @@ def size_b1(run: Run) -> None:
         status, doc = _lookup(run, "POST", "/tokenize", {"model": run.model, "prompt": prompt})
         if status != 200 or not isinstance(doc, dict) or _count(doc.get("count")) is None:
             return None
-        if run.max_model_len is None and _count(doc.get("max_model_len")):
-            run.max_model_len = doc["max_model_len"]
-            if b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len) < budget:
-                raise _Resize()
+        if run.max_model_len is None:
+            run.max_model_len = _count(doc.get("max_model_len"))
         return doc["count"]           # only the count: the ids are dropped with `doc`
 
-    try:
-        run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, budget)
-    except _Resize:
-        budget = b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len)
-        run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, budget)
-
-
-class _Resize(Exception):
-    """/tokenize revealed a smaller context than assumed: size again."""
+    run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, budget)
+    tighter = b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len)
+    if tighter < budget:              # /tokenize told a smaller context than /v1/models did
+        run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, tighter)
 
 
 def write_run_record(run: Run) -> None:
@@ -1129,7 +1122,8 @@ def write_run_record(run: Run) -> None:
         "record": "run", "run_id": run.plan.run_id,
         "mode": "probe" if run.probe_plan else "warmup",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "base_url": run.target.display, "model": run.model,
+        "base_url": run.target.display,
+        "model": clean_text(run.model, 200, run.redact) if run.model else None,
         "max_model_len": run.max_model_len, "plan": plan,
         "versions": {"helper": __version__, "python": sys.version.split()[0],
                      "server": run.server_version},

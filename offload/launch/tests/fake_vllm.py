@@ -56,6 +56,7 @@ class FakeConfig:
     engines: int = 1
     latency_s: float = 0.0                # engine time of one completion
     tokenize: bool = True                 # /tokenize answers (404 when False)
+    models_report_len: bool = True        # /v1/models carries max_model_len
     reject_priority: bool = False         # like versions that refuse priority under fcfs
     fault: str = ""
     fault_match: str = ""                 # the fault hits request ids containing this ("" = all)
@@ -211,7 +212,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"object": "list", "data": [{
                 "id": name, "object": "model", "created": int(time.time()),
                 "owned_by": "vllm", "root": f"/models/{name}", "parent": None,
-                "max_model_len": cfg.max_model_len,
+                **({"max_model_len": cfg.max_model_len} if cfg.models_report_len else {}),
                 "permission": [{"id": "modelperm-0", "object": "model_permission"}]}
                 for name in (cfg.model, *cfg.extra_models)]})
         self.send_json(404, {"detail": "Not Found"})

@@ -363,6 +363,13 @@ class TestRuns(HelperCase):
         self.assertEqual(result.code, 0, result.stdout)
         self.assertLessEqual(result.requests[0]["prompt_tokens"] + 32, 4600)
 
+    def test_context_known_only_from_tokenize_is_respected(self):
+        server = self.start_fake(max_model_len=4600, models_report_len=False)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertLessEqual(result.requests[0]["prompt_tokens"] + 32, 4600)
+        self.assertEqual(result.kind("run")[0]["max_model_len"], 4600)
+
     def test_without_tokenize_the_prompt_is_estimated(self):
         server = self.start_fake(tokenize=False)
         result = self.run_helper(server)
