@@ -324,7 +324,8 @@ STATUS_IDENTITY = ("pid", "session", "session_id", "boot_id", "started_at", "sta
 
 
 def series_key(name: str, labels: dict) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    """name{k="v",...} with sorted labels; label values come from the server, so cleaned."""
+    inner = ",".join(f'{k}="{clean_text(v, 200)}"' for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}" if labels else name
 
 
@@ -1151,13 +1152,14 @@ def check_guard(run: Run, depth: int) -> bool:
         problems = guard_problems(samples)
         if bad and not samples:
             problems.insert(0, "guard cannot be read: /metrics is not Prometheus text")
-        if depth == run.plan.waves[0] and samples:
-            run.before[metrics_source(run.target, "/metrics")] = (counters(samples), None)
+        source = metrics_source(run.target, "/metrics")
+        if samples and source not in run.before:      # the read before the first wave
+            run.before[source] = (counters(samples), None)
     run.write({
         "record": "gauges", "run_id": run.plan.run_id, "wave": name,
         "at_s": round(run.clock.elapsed(), 4), "ok": not problems,
-        "samples": [{"name": n, "labels": lab, "value": json_number(v)}
-                    for n, lab, v in samples if n in GAUGES],
+        "samples": [{"name": n, "labels": {k: clean_text(v, 200) for k, v in lab.items()},
+                     "value": json_number(v)} for n, lab, v in samples if n in GAUGES],
         "unparsed_lines": bad, "problems": problems,
     })
     if problems:
@@ -1292,8 +1294,19 @@ def snapshot_before(run: Run) -> None:
         run.before_status[path] = wait_for_status(run, path)
 
 
+AFTER_READS_MIN_LEFT_S = 1.0   # the reads after the last wave must not make a run late
+
+
 def snapshot_after(run: Run) -> None:
-    """Read every counter source and status file again; record deltas and cross-checks."""
+    """Read every counter source and status file again; record deltas and cross-checks.
+
+    Skipped (and said) when less than a second is left: a run that finished its waves in
+    time must not become late for the sake of its counters.
+    """
+    if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
+        run.warnings.append("counter deltas and status files not read after the last wave: "
+                            "less than 1 s left to the deadline")
+        return
     main = metrics_source(run.target, "/metrics")
     sources = [(main, run.target, "/metrics")] + [(metrics_source(t), t, "")
                                                    for t in run.metrics_urls]

@@ -186,6 +186,14 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(result.code, 0)
         self.assertIsNone(result.summary["counters"]["vllm:spec_decode_*"])
 
+    def test_counters_are_skipped_rather_than_making_the_run_late(self):
+        # Four waves of 0.5 s leave 0.9 s of a 2.9 s deadline: too little for the reads after.
+        server = self.start_fake(latency_s=0.5)
+        result = self.run_helper(server, "--deadline-s", "2.9")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.kind("metrics"), [])
+        self.assertIn("not read after the last wave", result.summary["warnings"][0])
+
     def test_more_metrics_endpoints(self):
         server, proxy = self.start_fake(), self.start_fake()
         result = self.run_helper(server, "--metrics-url", proxy.url + "/metrics")

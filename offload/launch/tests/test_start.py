@@ -164,7 +164,16 @@ class TestStart(HelperCase):
         time.sleep(0.5)
         pid = self.server_pid()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        try:
+            _, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            tree = subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,args", "--forest"],
+                                  capture_output=True, text=True).stdout
+            with open(f"/proc/{proc.pid}/status") as handle:
+                status = [l for l in handle if l.startswith(("SigIgn", "SigCgt", "State"))]
+            proc.kill()
+            out, err = proc.communicate()
+            self.fail(f"start.sh did not end after TERM\n{status}\n{out}\n{err}\n{tree}")
         self.assertEqual(proc.returncode, 143)
         self.assertIn("interrupted by TERM", err)
         self.assertFalse(group_alive(pid))
