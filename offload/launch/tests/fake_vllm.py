@@ -421,55 +421,31 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def send_completion(self, fault: str, data: bytes) -> None:
-        if fault == "headers_close":
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.flush()
-            self.close_connection = True
-            return
-        if fault == "oversized":
-            size = 10 << 20
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(size))
-            self.end_headers()
-            try:
-                for _ in range(size // 65536):
-                    self.wfile.write(b" " * 65536)
-            except OSError:
-                pass
-            self.close_connection = True
-            return
-        if fault == "oversized_stream":       # no length: the body runs until the close
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
+        """The 200 answer; a body fault sends the headers, then misbehaves and closes."""
+        if fault not in ("headers_close", "oversized", "oversized_stream", "trickle"):
+            return self.send_bytes(200, data, "application/json")
+        length = {"oversized": 10 << 20, "oversized_stream": None}.get(fault, len(data))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        if length is None:                  # no length: the body runs until the close
             self.send_header("connection", "close")
-            self.end_headers()
-            try:
+        else:
+            self.send_header("content-length", str(length))
+        self.end_headers()
+        self.close_connection = True
+        try:
+            if fault.startswith("oversized"):
                 for _ in range((10 << 20) // 65536):
                     self.wfile.write(b" " * 65536)
-            except OSError:
-                pass
-            self.close_connection = True
-            return
-        if fault == "trickle":
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            try:
+            elif fault == "trickle":
                 for i in range(len(data)):
                     if self.state.stop.wait(self.state.config.trickle_interval_s):
                         break
                     self.wfile.write(data[i:i + 1])
                     self.wfile.flush()
-            except OSError:
-                pass
-            self.close_connection = True
-            return
-        self.send_bytes(200, data, "application/json")
+            self.wfile.flush()              # headers_close: the headers, and nothing more
+        except OSError:
+            pass
 
 
 class _Server(ThreadingHTTPServer):
