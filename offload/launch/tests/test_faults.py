@@ -167,6 +167,9 @@ class TestFaults(HelperCase):
                 server = self.start_fake(fault=fault, fault_match="-B3-1")
                 result = self.run_helper(server)
                 self.assert_fails_with(result, 1, "invalid JSON in the response body")
+                bad = [r for r in result.requests if not r["ok"]]
+                self.assertEqual([r["problems"] for r in bad],
+                                 [["invalid JSON in the response body"]])
                 self.assert_clean(server, result)
                 os.remove(self.records_path)
 
@@ -191,9 +194,11 @@ class TestFaults(HelperCase):
 
     def test_priority_rejected(self):
         server = self.start_fake(reject_priority=True)
-        self.assert_fails_with(self.run_helper(server), 1,
-                               "the server lacks priority scheduling; start it with "
-                               "--scheduling-policy priority")
+        result = self.run_helper(server)
+        self.assert_fails_with(result, 1, "the server lacks priority scheduling; start it with "
+                                          "--scheduling-policy priority")
+        self.assertEqual(result.requests[0]["http_status"], 400)
+        self.assertIn("priority", result.requests[0]["error"].lower())
 
     def test_prompt_does_not_fit(self):
         # Without /tokenize the estimated prompt overshoots a 6000-token context.
@@ -277,6 +282,7 @@ class TestFaults(HelperCase):
         out, _ = proc.communicate(timeout=10)
         self.assertLess(time.monotonic() - sent, 1.5)
         self.assertEqual(proc.returncode, 143)
+        self.assertIn("KILLED (exit 143)", out)
         records, _ = read_records(self.records_path)
         self.assertEqual(records[-1]["record"], "summary")
         self.assertEqual(records[-1]["verdict"], "killed")
