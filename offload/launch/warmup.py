@@ -1564,7 +1564,7 @@ def stream_usage(body: bytes) -> tuple[dict | None, bool]:
 
 
 def probe_record(run_id: str, item: str, round_no: int, slot: Slot, tokens: int,
-                 redact: tuple[str, ...]) -> dict:
+                 api_key_env: str, redact: tuple[str, ...]) -> dict:
     """One streamed request: when its first token and its end came; counts only, no text."""
     problems, usage = [], None
     response = slot.response
@@ -1573,7 +1573,7 @@ def probe_record(run_id: str, item: str, round_no: int, slot: Slot, tokens: int,
     elif response.status != 200:
         fields = extract_fields(response.status, response.body, redact)
         problems.append(diagnose_http_error(response.status, fields["error"],
-                                            fields["error_param"], "VLLM_API_KEY"))
+                                            fields["error_param"], api_key_env))
     else:
         usage, done = stream_usage(response.body)
         if not done:
@@ -1667,7 +1667,7 @@ def run_probe(run: Run, rounds: int, long_tokens: int) -> list[dict]:
                 slots.append(Slot(index, rid, payload, stream=True))
             for slot in run_wave(run.target, run.clock, slots):
                 record = probe_record(run.plan.run_id, item, round_no, slot, run.plan.tokens,
-                                      run.redact)
+                                      run.api_key_env, run.redact)
                 run.write(record)
                 records.append(record)
             run.current_wave = None

@@ -125,6 +125,15 @@ class TestReportPieces(unittest.TestCase):
         self.assertGreaterEqual(clock.elapsed(), 0.45)
         self.assertEqual(response.body, first)
 
+    def test_probe_record_names_the_key_variable(self):
+        slot = warmup.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
+                           response=warmup.Response(401, {}, b'{"error":"Unauthorized"}'),
+                           stream=True)
+        record = warmup.probe_record("r", "single", 1, slot, 32, "OPS_KEY", ())
+        self.assertFalse(record["ok"])
+        self.assertIn("unauthorized: set OPS_KEY (or --api-key-env)", record["problems"][0])
+        self.assertIsNone(record["ttft_s"])
+
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
                 b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
