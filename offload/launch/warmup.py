@@ -1763,31 +1763,31 @@ def build_parser(probe: bool = False) -> argparse.ArgumentParser:
                         "a ~5K-token prefill, then batch depths 2-4), check every response, and "
                         "write JSON Lines records that prove the warm-up ran. Also: "
                         "'warmup.py report RECORDS' and 'warmup.py probe' (see their --help).")
-    parser.add_argument("--base-url", default=env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
+    parser.add_argument("--base-url", metavar="URL", default=env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
                         help="the server's address, without /v1 (default: $WARMUP_BASE_URL, "
                              "else %(default)s); credentials in it are never printed")
-    parser.add_argument("--model", default=env.get("WARMUP_MODEL") or None,
+    parser.add_argument("--model", metavar="NAME", default=env.get("WARMUP_MODEL") or None,
                         help="model name (default: $WARMUP_MODEL, else the only model in "
                              "GET /v1/models)")
     parser.add_argument("--records", metavar="PATH",
                         help="JSON Lines records file, appended to (default: a new "
                              "warmup-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
-    parser.add_argument("--deadline-s", type=positive_float, default=90.0,
+    parser.add_argument("--deadline-s", metavar="S", type=positive_float, default=90.0,
                         help="the helper's deadline from its start; no wave starts after it "
                              "and a run that ends after it fails (default: %(default)g)")
-    parser.add_argument("--socket-cap-s", type=positive_float, default=60.0,
+    parser.add_argument("--socket-cap-s", metavar="S", type=positive_float, default=60.0,
                         help="the longest any one connect, send or read waits, within the "
                              "deadline (default: %(default)g)")
-    parser.add_argument("--tokens", type=int, default=32,
+    parser.add_argument("--tokens", metavar="N", type=int, default=32,
                         help="completion tokens per request: max_tokens = min_tokens "
                              "(default: %(default)s)")
-    parser.add_argument("--priority", type=int, default=20,
+    parser.add_argument("--priority", metavar="N", type=int, default=20,
                         help="request priority; with --scheduling-policy priority, real "
                              "traffic at 0 goes first (default: %(default)s)")
     parser.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="NAME",
                         help="environment variable holding the API key (default: %(default)s)")
     if probe:
-        parser.add_argument("--rounds", type=int, default=3,
+        parser.add_argument("--rounds", metavar="N", type=int, default=3,
                             help="rounds of single, burst3, burst4 (default: %(default)s)")
         parser.add_argument("--long-tokens", type=int, default=0, metavar="N",
                             help="also a long request of N prompt tokens (more than 4096), "
@@ -1800,7 +1800,7 @@ def build_parser(probe: bool = False) -> argparse.ArgumentParser:
     parser.add_argument("--waves", type=waves_arg, default=DEFAULT_WAVES, metavar="1,2,3,4",
                         help="the concurrency of each wave, in order; the first must be 1 "
                              "(B1, the long prompt), e.g. 1,2,3,4,6,8 (default: 1,2,3,4)")
-    parser.add_argument("--b1-tokens", type=int, default=5000,
+    parser.add_argument("--b1-tokens", metavar="N", type=int, default=5000,
                         help="target size of B1's long prompt in tokens, more than 4096; "
                              "counted with the server's /tokenize when it has one "
                              "(default: %(default)s)")
@@ -1811,7 +1811,7 @@ def build_parser(probe: bool = False) -> argparse.ArgumentParser:
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
                              "or session changed); repeatable")
-    parser.add_argument("--status-wait-s", type=positive_float, default=15.0,
+    parser.add_argument("--status-wait-s", metavar="S", type=positive_float, default=15.0,
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
     parser.add_argument("--dry-run", action="store_true",
