@@ -329,6 +329,11 @@ def series_key(name: str, labels: dict) -> str:
     return f"{name}{{{inner}}}" if labels else name
 
 
+def series_name(key: str) -> str:
+    """The metric name of a series key made by series_key."""
+    return key.split("{")[0]
+
+
 def counters(samples: list[tuple[str, dict, float]]) -> dict[str, float]:
     """Every counter series (`*_total`) by name and label set."""
     return {series_key(n, labels): v for n, labels, v in samples if n.endswith("_total")}
@@ -348,8 +353,8 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
 def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     """The series an operator looks at; a highlighted counter absent everywhere is None."""
     shown = {k: v for k, v in deltas.items()
-             if k.split("{")[0] in HIGHLIGHTS or k.startswith(SPEC_DECODE_PREFIX)}
-    names = {k.split("{")[0] for k in shown}
+             if series_name(k) in HIGHLIGHTS or k.startswith(SPEC_DECODE_PREFIX)}
+    names = {series_name(k) for k in shown}
     for name in HIGHLIGHTS:
         if name not in names:
             shown[name] = None
@@ -359,7 +364,7 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
 
 
 def _sum_of(deltas: dict, name: str) -> float | None:
-    values = [v for k, v in deltas.items() if k.split("{")[0] == name]
+    values = [v for k, v in deltas.items() if series_name(k) == name]
     if not values or any(not isinstance(v, (int, float)) for v in values):
         return None
     return sum(values)
@@ -903,14 +908,19 @@ def judge_wave(requests: list[dict], depth: int) -> list[str]:
     return problems
 
 
+def request_label(record: dict) -> str:
+    """How problems name a request: B2#1 for a warm-up wave, 'single round 1#0' for a probe."""
+    where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
+    return f"{where}#{record.get('index')}"
+
+
 def judge_run(requests: list[dict], planned: int, problems: list[str], refusal: list[str],
               elapsed_s: float, deadline_s: float) -> tuple[str, int, list[str]]:
     """The run's verdict: pass only with every planned request passed, in time, unrefused."""
     problems = list(problems)
     failed = [r for r in requests if not r["ok"]]
     for r in failed:
-        label = r.get("wave") or f"{r.get('item')} round {r.get('round')}"
-        problems += [f"{label}#{r['index']}: {p}" for p in r["problems"]]
+        problems += [f"{request_label(r)}: {p}" for p in r["problems"]]
     late = elapsed_s > deadline_s
     if late:
         problems.append(f"finished after the deadline ({elapsed_s:.2f} s > {deadline_s:g} s)")
@@ -1344,7 +1354,7 @@ def counters_line(highlights: dict | None) -> str:
         return "counters: not read"
     totals: dict[str, float | None] = {}
     for key, value in highlights.items():
-        name = key.split("{")[0].replace("vllm:", "").replace("_total", "")
+        name = series_name(key).replace("vllm:", "").replace("_total", "")
         reason = re.search(r'finished_reason="([^"]*)"', key)
         if reason:
             if not value:
@@ -1429,9 +1439,10 @@ def build_report(records: list[dict], issues: list[str]) -> dict:
         f"no summary: the file ends after a '{records[-1]['record']}' record (the run was "
         f"killed, or is still running)" if records else "no records")
     problems = list(summary["problems"]) if summary else []
-    for record in by_kind.get("request", []):
-        if not summary and not record.get("ok"):
-            problems += [f"{record['wave']}#{record['index']}: {p}" for p in record["problems"]]
+    if not summary:                   # cut short: name what failed before the cut
+        for record in by_kind.get("request", []) + by_kind.get("probe", []):
+            if not record.get("ok"):
+                problems += [f"{request_label(record)}: {p}" for p in record["problems"]]
     return {
         "run": (by_kind.get("run") or [None])[-1],
         "requests": [{k: r.get(k) for k in ("wave", "index", "request_id", "http_status",

@@ -95,6 +95,13 @@ class TestReportPieces(unittest.TestCase):
         self.assertIn("ends after a 'request' record", report["ends"])
         self.assertIn("verdict: none", warmup.format_report(report))
 
+    def test_cut_short_probe_names_its_failed_requests(self):
+        records = [{"record": "run", "run_id": "r", "mode": "probe", "plan": {}},
+                   {"record": "probe", "item": "burst3", "round": 2, "index": 1, "ok": False,
+                    "problems": ["HTTP 500"]}]
+        report = warmup.build_report(records, [])
+        self.assertEqual(report["problems"], ["burst3 round 2#1: HTTP 500"])
+
     def test_probe_summary_compares_first_round_with_later_ones(self):
         def rec(item, rnd, ttft, total, index=0):
             return {"item": item, "round": rnd, "index": index, "ttft_s": ttft, "total_s": total}
@@ -284,16 +291,10 @@ class TestQualificationRuns(HelperCase):
 
     def test_report_of_a_killed_run(self):
         server = self.start_fake(fault="hang", fault_match="-B3-")
-        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url, "--records",
-                                 self.records_path], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        self.addCleanup(proc.wait)
-        deadline = time.monotonic() + 20
-        while len(server.state.completions()) < 6 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.2)
+        proc = self.start_helper_process(server)
+        self.wait_for_completions(server, 6)
         proc.kill()
-        proc.wait(timeout=10)
+        proc.communicate(timeout=10)
         shown = self.report(self.records_path)
         self.assertEqual(shown.returncode, 1)
         self.assertIn("verdict: none (no summary", shown.stdout)
