@@ -114,6 +114,23 @@ class HelperCase(unittest.TestCase):
         found, text = read_records(records or self.records_path)
         return Result(proc.returncode, proc.stdout, proc.stderr, found, elapsed, text)
 
+    def start_helper_process(self, server: FakeServer, *args: str) -> subprocess.Popen:
+        """The helper as a real process against `server`; killed and reaped at cleanup."""
+        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
+                                 "--records", self.records_path, *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.addCleanup(proc.communicate)      # cleanups run last-first: kill, then reap
+        self.addCleanup(proc.kill)
+        return proc
+
+    def wait_for_completions(self, server: FakeServer, count: int) -> None:
+        """Until the server has received `count` completions (20 s at most), then a moment."""
+        deadline = time.monotonic() + 20
+        while len(server.state.completions()) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.assertGreaterEqual(len(server.state.completions()), count)
+        time.sleep(0.2)
+
     def assert_no_leak(self, server: FakeServer | None, *texts: str) -> None:
         """No generated text, token id, prompt text or key in any of `texts`."""
         forbidden = [TEXT_MARKER, str(TOKEN_ID_MARKER), API_KEY, "lorem"]

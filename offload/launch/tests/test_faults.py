@@ -9,13 +9,11 @@ from __future__ import annotations
 import importlib
 import os
 import signal
-import subprocess
-import sys
 import time
 import tracemalloc
 import unittest
 
-from support import (API_KEY, REPO, WARMUP, HelperCase, SilentServer, free_port,
+from support import (API_KEY, REPO, HelperCase, SilentServer, free_port,
                      read_records)
 
 # (fault, exit status, what the operator sees, the test that proves it)
@@ -257,21 +255,6 @@ class TestFaults(HelperCase):
         self.assertEqual(result.code, 1)
         self.assertEqual(len(server.state.completions()), 10)
         self.assertEqual(len({e["body"]["request_id"] for e in server.state.completions()}), 10)
-
-    def start_helper_process(self, server, *args):
-        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
-                                 "--records", self.records_path, *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.addCleanup(proc.kill)
-        self.addCleanup(proc.wait)
-        return proc
-
-    def wait_for_completions(self, server, count: int):
-        deadline = time.monotonic() + 20
-        while len(server.state.completions()) < count and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.assertGreaterEqual(len(server.state.completions()), count)
-        time.sleep(0.2)
 
     def test_sigterm_mid_wave(self):
         server = self.start_fake(fault="hang", fault_match="-B3-")
