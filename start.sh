@@ -216,7 +216,7 @@ child_pid=""
     fi
     left=$((guard_s - (SECONDS - started)))
     if ((left <= 0)); then
-      error "server not ready: /health did not answer 200 within the ${guard_s} s start guard"
+      error "server not ready: ${base_url%/}/health did not answer 200 within the ${guard_s} s start guard (is --base-url the server's address?)"
       show_log_tail
       stop_server
       exit 1

@@ -122,7 +122,8 @@ class TestStart(HelperCase):
         result = self.start("--start-guard-s", "2", server=self.fake("--health-delay-s", "1000"),
                             timeout=30)
         self.assertEqual(result.code, 1)
-        self.assertIn("within the 2 s start guard", result.stderr)
+        self.assertIn(f"{self.url}/health did not answer 200 within the 2 s start guard",
+                      result.stderr)
         self.assertLess(result.elapsed, 2 + 8)
         self.assertFalse(group_alive(self.server_pid()), "the server's group must be stopped")
         self.assertIn("server process group", self.start_log())
