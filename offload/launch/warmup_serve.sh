@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the warm-up helper under a hard wall-clock bound (SPEC section 6).
+# Run the warm-up helper under a hard wall-clock bound (offload/launch/CONTRACT.md, section 6).
 #
 # The helper keeps its own deadline (90 s by default), but a trickling read or a
 # stuck thread could outlive it; coreutils timeout makes the bound absolute: TERM
@@ -12,10 +12,25 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly HERE
 readonly KILL_AFTER_S=5
+child=""     # pid of timeout, once started
+pending=0    # 1 when a TERM/INT came before timeout started
+
+# The helper's entry point; argv[1] is the folder that holds warmup.py.
+readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup; sys.exit(warmup.main())'
 
 die() {
   echo "warmup_serve.sh: $*" >&2
   exit 2
+}
+
+# Forward a TERM/INT to the helper's timeout, or remember it until timeout runs.
+# Globals: child (pid of timeout, or empty), pending (set to 1 when no child yet).
+forward_term() {
+  if [[ -n "${child}" ]]; then
+    kill -TERM "${child}" 2>/dev/null || true
+  else
+    pending=1
+  fi
 }
 
 main() {
@@ -28,12 +43,26 @@ main() {
   local python="${WARMUP_PYTHON:-python3}"
   command -v "${python}" >/dev/null || die "'${python}' not found (set WARMUP_PYTHON)"
 
-  # timeout runs in its own process group, so a TERM to this script is forwarded
-  # to it (and from it to the helper, which writes its 'killed' summary).
-  local status=0 child
-  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" "${HERE}/warmup.py" "$@" &
+  # timeout runs in its own process group, so a TERM to this script does not reach
+  # it: the trap forwards it (and timeout to the helper, which writes its 'killed'
+  # summary). The trap is set BEFORE timeout starts: a TERM in between would end
+  # this script and leave timeout running to the hard bound. A signal that comes
+  # before the child exists is remembered and forwarded as soon as it does.
+  local status=0
+  trap forward_term TERM INT
+  # The helper runs as an imported module, not as a script: a script is compiled
+  # on every start, an imported module's bytecode is cached (in __pycache__ beside
+  # it when that is writable; it still runs when it is not). -I keeps the caller's
+  # environment (PYTHON*) and the current directory out, so a stray json.py where
+  # the operator stands cannot shadow the standard library; -S skips site-packages,
+  # which the helper (standard library only) does not need. `python3 warmup.py`
+  # works as well.
+  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" -I -S -c "${RUN_HELPER}" \
+    "${HERE}" "$@" &
   child=$!
-  trap 'kill -TERM "${child}" 2>/dev/null || true' TERM INT
+  if ((pending)); then
+    forward_term
+  fi
   wait "${child}" || status=$?
   while kill -0 "${child}" 2>/dev/null; do   # the wait was interrupted by a signal
     status=0

@@ -7,13 +7,15 @@ cleanup from the pid start.sh recorded.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import unittest
 
-from support import FAKE, START, HelperCase, free_port, read_records
+from support import FAKE, START, WARMUP, WRAPPER, HelperCase, SilentServer, free_port, \
+    read_records
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
 
@@ -185,6 +187,111 @@ class TestStart(HelperCase):
                 result = self.run_process(["bash", START, *args], timeout=30)
                 self.assertEqual(result.code, 2)
                 self.assertIn("start.sh:", result.stderr)
+
+
+def processes_naming(marker: str, program: str = "") -> list[int]:
+    """Pids of live processes whose command line holds `marker` (a test's unique path),
+    and whose program is `program` when given."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+            if marker.encode() in b" ".join(argv) and \
+                    os.path.basename(argv[0].decode()).startswith(program):
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+class TestWrapper(HelperCase):
+    """warmup_serve.sh as a real process: its signal handling and how it starts the helper."""
+
+    def kill_leftovers(self):
+        for pid in processes_naming(self.records_path):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def test_trap_is_set_before_the_helper_starts(self):
+        result = self.run_process(["bash", "-x", WRAPPER, "--dry-run"], timeout=30)
+        self.assertEqual(result.code, 0, result.stderr)
+        trace = result.stderr.splitlines()
+        trap = next(i for i, line in enumerate(trace) if line.startswith("+ trap ")
+                    and "TERM" in line)
+        # `child=<pid>` is traced by the wrapper itself right after it started timeout
+        # (the `+ timeout` line comes from the child, in no fixed order).
+        launched = next(i for i, line in enumerate(trace) if line.startswith("+ child=")
+                        and line[8:].isdigit())
+        self.assertLess(trap, launched, "a TERM before the trap would leave timeout running")
+
+    def test_term_right_after_start_ends_everything(self):
+        silent = SilentServer()
+        self.addCleanup(silent.stop)
+        self.addCleanup(self.kill_leftovers)
+        for when in ("at once", "once the helper runs"):
+            with self.subTest(when=when):
+                proc = subprocess.Popen(["bash", WRAPPER, "--base-url", silent.url, "--records",
+                                         self.records_path],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                        env=dict(os.environ, WARMUP_HARD_S="60"))
+                self.addCleanup(proc.wait)
+                self.addCleanup(proc.kill)
+                if when != "at once":
+                    deadline = time.monotonic() + 10
+                    while not processes_naming(self.records_path, "timeout") and \
+                            time.monotonic() < deadline:
+                        time.sleep(0.005)
+                started = time.monotonic()
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=15)
+                deadline = time.monotonic() + 5
+                while processes_naming(self.records_path) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                self.assertEqual(processes_naming(self.records_path), [],
+                                 "timeout or the helper outlived the wrapper's TERM")
+                self.assertLess(time.monotonic() - started, 10)
+
+    def copy_launch(self, name: str) -> str:
+        """warmup.py and warmup_serve.sh alone in a new folder (as on a host)."""
+        folder = os.path.join(self.tmp, name)
+        os.makedirs(folder)
+        for source in (WARMUP, WRAPPER):
+            shutil.copy(source, folder)
+        return folder
+
+    def test_helper_runs_as_a_cached_module_isolated_from_the_caller(self):
+        folder = self.copy_launch("writable")
+        stray = os.path.join(self.tmp, "stray")
+        os.makedirs(stray)
+        for name in ("json.py", "warmup.py"):
+            with open(os.path.join(stray, name), "w") as handle:
+                handle.write("raise SystemExit('shadowed by a stray module')\n")
+        proc = subprocess.run(["bash", os.path.join(folder, "warmup_serve.sh"), "--dry-run"],
+                              capture_output=True, text=True, timeout=30, cwd=stray,
+                              env=dict(os.environ, PYTHONPATH=stray))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("plan for", proc.stdout)
+        cache = os.path.join(folder, "__pycache__")
+        self.assertTrue([f for f in os.listdir(cache) if f.startswith("warmup.")],
+                        "an imported helper leaves its bytecode cached")
+
+    def test_helper_runs_where_its_bytecode_cannot_be_cached(self):
+        folder = self.copy_launch("readonly")
+        with open(os.path.join(folder, "__pycache__"), "w") as handle:
+            handle.write("a file where the cache folder would go\n")   # blocks even root
+        os.chmod(folder, 0o555)
+        self.addCleanup(os.chmod, folder, 0o755)
+        result = self.run_process(["bash", os.path.join(folder, "warmup_serve.sh"), "--dry-run"],
+                                  timeout=30)
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("plan for", result.stdout)
+        self.assertEqual(sorted(os.listdir(folder)), ["__pycache__", "warmup.py",
+                                                      "warmup_serve.sh"])
 
 
 if __name__ == "__main__":
