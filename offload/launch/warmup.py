@@ -1,13 +1,25 @@
 #!/usr/bin/env python3
-"""Warm up a freshly started vLLM server, and leave records that prove it ran.
+"""Warm up a freshly started vLLM server, and leave records of what the warm-up did.
 
 The first requests a new server sees pay one-time costs (a long chunked prefill,
-decode and speculative draft/verify at batch depths 1-4, lazily compiled kernels).
-This helper pays them on purpose, in waves B1..B4, inside hard time bounds, and
-writes JSON Lines records that an operator reads before releasing producers.
+decode and speculative draft/verify at client concurrency 1-4, lazily compiled
+kernels). This helper pays them on purpose, in waves B1..B4, inside hard time bounds,
+and writes JSON Lines records that an operator reads before releasing producers.
 
-Standard library only: copy this one file onto a host and run it with python3 3.10+.
-The contract is SPEC.md; the README explains the options and the records.
+The run, in order (each step is a function right below):
+
+  main()              options -> Settings and a Plan (--dry-run prints the plan)
+  run_session()       records open, signals handled, exactly one summary, exit code
+    warm_up()         the warm-up's steps:
+      learn_server()    model, context length, engines, B1 sized with /tokenize
+      warm_waves()      for each wave: guarded_batch() (guard -> slots -> release ->
+                        collect), then request_record() judges each response
+      read_after()      counter deltas and status files over the warm-up
+    summarize()       judge_run() -> the summary record and the verdict line
+
+Then the sections in that order: the plan, the guard, counters, HTTP, one batch, the
+judge, the records. Standard library only: copy this one file onto a host and run it
+with python3 3.10+. The contract is CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import queue
 import random
 import re
 import signal
@@ -26,24 +39,34 @@ import time
 import urllib.parse
 from dataclasses import dataclass, field
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_REFUSED = 3
-EXIT_TERMINATED = 143
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
+EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
+# Every terminating signal the helper catches ends in one 'killed' summary, 128 + signum.
+CAUGHT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_WAVES = (1, 2, 3, 4)
+MAX_WAVE_DEPTH = 64
 MIN_B1_PROMPT_TOKENS = 4097          # B1 must prefill more than 4096 tokens
+MAX_B1_TOKENS = 1 << 20              # the largest B1 asked for; the context caps it further
+MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
 MAX_BODY_BYTES = 4 << 20             # no answer we read is larger; a bigger one is an error
 MAX_HEADER_BYTES = 64 << 10
-ERROR_TEXT_LIMIT = 300
+MAX_JSON_DEPTH = 64                  # deeper JSON from a server is an error, not a crash
+ERROR_TEXT_LIMIT = 300               # a server's message, cut
+PROBLEM_LIMIT = 300                  # one problem string, cut
 STOP_REASON_LIMIT = 64
 METRICS_RETRY_PAUSE_S = 0.25
+SETTLE_POLL_S = 0.1
+AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+ENGINE_HEADER = "X-data-parallel-rank"
 REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
                          "mean_itl_ms", "tokens_per_second")
 
@@ -61,12 +84,292 @@ class Fatal(Exception):
         self.exit_code = exit_code
 
 
+class RecordsError(Exception):
+    """The records file cannot be written: the run cannot leave evidence, so it stops."""
+
+
 class Terminated(BaseException):
-    """Raised in the main thread by the SIGTERM/SIGINT handler."""
+    """Raised in the main thread by the handler of a terminating signal."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+# ---------------------------------------------------------------------------
+# The run: settings in, one summary out.
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    """What the command line asked for; fixed for the whole run."""
+    plan: Plan
+    target: Target
+    api_key: str | None
+    api_key_env: str
+    model: str | None                     # the model asked for; None: the only one served
+    records_path: str
+    engines: str = "auto"                 # "auto" or a list such as "0,2"
+    settle_s: float = 2.0
+    metrics_targets: tuple = ()           # more Prometheus endpoints (Targets)
+    status_files: tuple = ()
+    status_wait_s: float = 15.0
+    json: bool = False
+    debug: bool = False
+    mode: str = "warmup"                  # the run record's mode: warmup, probe, gate
+    plan_record: dict | None = None       # the plan as recorded, when not the waves'
+    planned: int | None = None            # requests planned, when not the waves'
+    prog: str = "warmup.py"
+
+
+@dataclass
+class Server:
+    """What the run learned from the server before the first wave."""
+    model: str | None = None
+    max_model_len: int | None = None
+    version: str | None = None
+    engines: tuple[int, ...] | None = None   # None: one engine, no routing header
+    b1_prompts: dict = field(default_factory=dict)   # engine -> B1 prompt (text never recorded)
+    b1_counted: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What the run has collected so far; only the main thread touches it."""
+    requests: list = field(default_factory=list)     # request (or probe) records
+    problems: list = field(default_factory=list)
+    refusal: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    current: str | None = None                       # the wave (or round) in flight
+    counters_before: dict = field(default_factory=dict)   # source -> (counters or None, why)
+    status_before: dict = field(default_factory=dict)     # path -> (document or None, why)
+    counter_highlights: dict | None = None
+    settled_s: list = field(default_factory=list)
+    run_written: bool = False
+    summary_extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Run:
+    """One run: its settings, what it learned, what it collected, its clock and outputs."""
+    settings: Settings
+    clock: Clock
+    sink: object                          # the records file, opened for appending
+    say: object                           # one human line -> the terminal (never blocks)
+    server: Server = field(default_factory=Server)
+    outcome: Outcome = field(default_factory=Outcome)
+
+    @property
+    def redact(self) -> tuple[str, ...]:
+        """Exact strings no output may hold: the key, URL credentials, our prompts' nonces."""
+        found = [self.settings.api_key, self.settings.target.credentials]
+        found += [prompt.split(" ", 1)[0] for prompt in self.server.b1_prompts.values()]
+        return tuple(s for s in found if s)
+
+    def write(self, record: dict) -> None:
+        try:
+            append_record(self.sink, record)
+        except (OSError, ValueError) as exc:
+            raise RecordsError(f"cannot write records to {self.settings.records_path}: "
+                               f"{getattr(exc, 'strerror', None) or exc}")
+
+
+def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
+    """The warm-up's command line; returns the exit status."""
+    try:
+        settings = parse_settings(sys.argv[1:] if argv is None else argv, prog)
+    except SystemExit as exc:             # argparse: --help, --version, a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if settings is None:
+        return EXIT_PASS
+    return run_session(settings, warm_up)
+
+
+def warm_up(run: Run) -> None:
+    """Everything the warm-up sends, in order; Fatal ends it early."""
+    learn_server(run, size_b1=True)
+    write_run_record(run)
+    plan, server = run.settings.plan, run.server
+    engines = "" if server.engines is None else \
+        f", engines {','.join(map(str, server.engines))}"
+    run.say(f"warm-up {plan.run_id}: {run.settings.target.display} model "
+            f"{clean_text(server.model or '', 80)}{engines}, waves "
+            f"{','.join(wave_name(d) for d in plan.waves)} ({requests_planned(run)} requests), "
+            f"B1 prompt {server.b1_counted or 'estimated'} tokens, deadline "
+            f"{plan.deadline_s:g} s")
+    read_before(run)
+    warm_waves(run)
+    if run.outcome.requests:
+        read_after(run)
+
+
+def learn_server(run: Run, size_b1: bool) -> None:
+    """The model and its context (/v1/models), the version, the engines, B1's prompt."""
+    resolve_model(run)
+    read_server_version(run)
+    run.server.engines = choose_engines(run)
+    if size_b1:
+        size_b1_prompts(run)
+
+
+def warm_waves(run: Run) -> None:
+    """Guard, then wave, in order; stops at a refusal or at the deadline."""
+    waves = run.settings.plan.waves
+    for position, depth in enumerate(waves):
+        if run.clock.remaining() <= 0:
+            rest = ",".join(wave_name(d) for d in waves[position:])
+            run.outcome.problems.append(f"deadline passed before {wave_name(depth)}: waves "
+                                        f"{rest} not run")
+            return
+        if not warm_wave(run, depth, first=(position == 0)):
+            return
+
+
+def warm_wave(run: Run, depth: int, first: bool) -> bool:
+    """One wave on every engine at once; False when the guard refused it."""
+    name = wave_name(depth)
+    slots = wave_slots(run, depth, first)
+    started = run.clock.elapsed()
+    finished = guarded_batch(run, name, slots, first=first)
+    if finished is None:
+        return False
+    duration = run.clock.elapsed() - started
+    records = [request_record(run, depth, slot, first) for slot in finished]
+    for record in records:
+        run.write(record)
+    run.outcome.requests += records
+    for engine in engines_of(run):
+        mine = [r for r in records if r["engine"] == engine]
+        skew = release_skew_ms([s for s in finished if s.engine == engine])
+        problems = judge_wave(mine, depth, engine)
+        run.write({"record": "wave", "run_id": run.settings.plan.run_id, "wave": name,
+                   "depth": depth, "engine": engine,
+                   "release_skew_ms": skew, "batch_release_skew_ms": release_skew_ms(finished),
+                   "duration_s": round(duration, 4), "started_at_s": round(started, 4),
+                   "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
+                   "problems": problems})
+        run.say(wave_line(name, engine, mine, skew, duration, first))
+    if first and records and records[0]["http_status"] == 200 \
+            and records[0]["cached_tokens"] is None:
+        run.outcome.notes.append("B1 cache check not made: the server does not report cached "
+                                 "tokens (start it with --enable-prompt-tokens-details to check)")
+    return True
+
+
+def guarded_batch(run: Run, label: str, slots: list[Slot], first: bool) -> list[Slot] | None:
+    """The step every wave and probe round shares: guard, release the slots together, collect.
+
+    None when the guard refused (nothing was sent). After one of our own batches a busy
+    gauge may be ours not yet counted out, so it is read again for --settle-s.
+    """
+    if not check_guard(run, label, settle=not first):
+        return None
+    run.outcome.current = label
+    finished = release_batch(run.settings.target, run.clock, slots)
+    run.outcome.current = None
+    return finished
+
+
+def run_session(settings: Settings, steps) -> int:
+    """Open the records, run `steps(run)` under the signal handlers, write one summary.
+
+    Whatever goes wrong inside, the run ends with a summary record and the contract's
+    exit code; an unexpected exception is a 'fail' with its reason in one line.
+    """
+    path = settings.records_path
+    try:
+        sink = open_records(path)
+    except OSError as exc:
+        print(f"{settings.prog}: cannot write records to {path}: {exc.strerror or exc}; "
+              f"choose a writable regular file with --records PATH or WARMUP_RECORDS_DIR",
+              file=sys.stderr)
+        return EXIT_USAGE
+    printer = Printer(sys.stderr if settings.json else sys.stdout)
+    run = Run(settings, Clock.start(settings.plan.deadline_s, settings.plan.socket_cap_s),
+              sink, printer.say)
+    previous, summary = {}, None
+    try:
+        previous = install_signal_handlers()
+        summary = conclude(run, steps)
+    except RecordsError as exc:
+        printer.say(f"{settings.prog}: {exc}; the run stopped (exit {EXIT_USAGE})",
+                    stream=sys.stderr)
+    finally:
+        _terminating.set()           # from here on a signal changes nothing: ignore it
+        restore_signal_handlers(previous)
+        try:
+            sink.close()
+        except OSError:
+            pass
+    if summary is not None:
+        printer.say(verdict_line(summary, path))
+        if settings.json:
+            printer.say(json.dumps(summary), stream=sys.stdout)
+    if not printer.close(max(min(run.clock.remaining(), 2.0), 0.2)):
+        _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
+    return summary["exit_code"] if summary is not None else EXIT_USAGE
+
+
+def conclude(run: Run, steps) -> dict:
+    """Run the steps; turn how they ended (normally, Fatal, a signal, a bug) into a summary."""
+    try:
+        steps(run)
+        return summarize(run)
+    except Fatal as exc:
+        problem = [clean_text(exc.problem, 500, run.redact)]
+        if exc.exit_code == EXIT_FAIL:
+            return summarize(run, extra=problem)
+        return summarize(run, "fail", exc.exit_code, problem)   # configuration: exit 2
+    except Terminated as exc:
+        return summarize(run, "killed", 128 + exc.signum, [killed_problem(run, exc.signum)])
+    except RecordsError:
+        raise
+    except Exception as exc:             # a defect or an input nobody planned for
+        if run.settings.debug:
+            import traceback
+            traceback.print_exc()
+        where = f" during {run.outcome.current}" if run.outcome.current else ""
+        return summarize(run, "fail", EXIT_FAIL, [
+            f"internal error{where}: {type(exc).__name__}: "
+            f"{clean_text(str(exc), 200, run.redact)} (run with --debug for the traceback)"])
+
+
+def killed_problem(run: Run, signum: int) -> str:
+    where = f" during {run.outcome.current}" if run.outcome.current else ""
+    return f"terminated by {signal.Signals(signum).name}{where}"
+
+
+def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None,
+              extra: list[str] = ()) -> dict:
+    """Write the summary record from what the run has; returns it."""
+    _terminating.set()               # one summary: a signal from now on is ignored
+    elapsed = run.clock.elapsed()
+    outcome, planned = run.outcome, requests_planned(run)
+    if verdict is None:
+        verdict, exit_code, problems = judge_run(
+            requests=outcome.requests, planned=planned, problems=outcome.problems + list(extra),
+            refusal=outcome.refusal, elapsed_s=elapsed, deadline_s=run.settings.plan.deadline_s)
+    else:
+        problems = outcome.problems + outcome.refusal + list(extra)
+    write_run_record(run)
+    summary = {
+        "record": "summary", "run_id": run.settings.plan.run_id, "verdict": verdict,
+        "exit_code": exit_code, "requests_ok": sum(r["ok"] for r in outcome.requests),
+        "requests_total": planned, "requests_ran": len(outcome.requests),
+        "elapsed_s": round(elapsed, 4), "deadline_s": run.settings.plan.deadline_s,
+        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+        "notes": outcome.notes, "warnings": outcome.warnings,
+        "counters": outcome.counter_highlights, **outcome.summary_extra,
+    }
+    run.write(summary)
+    return summary
+
+
+def requests_planned(run: Run) -> int:
+    if run.settings.planned is not None:
+        return run.settings.planned
+    return run.settings.plan.requests_total * len(engines_of(run))
 
 
 # ---------------------------------------------------------------------------
@@ -85,6 +388,7 @@ class Plan:
 
     @property
     def requests_total(self) -> int:
+        """Requests per engine."""
         return sum(self.waves)
 
 
@@ -93,17 +397,17 @@ def wave_name(depth: int) -> str:
 
 
 def parse_waves(text: str) -> tuple[int, ...]:
-    """'1,2,3,4' -> (1, 2, 3, 4); distinct positive depths, the first of them 1."""
+    """'1,2,3,4' -> (1, 2, 3, 4); distinct depths of 1 to 64, the first of them 1."""
     try:
         depths = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ValueError(f"--waves wants depths separated by commas, such as 1,2,3,4; got {text!r}")
-    if any(d < 1 or d > 64 for d in depths):
-        raise ValueError(f"--waves depths must be between 1 and 64; got {text!r}")
+        raise ValueError(f"wants depths separated by commas, such as 1,2,3,4; got {text!r}")
+    if any(d < 1 or d > MAX_WAVE_DEPTH for d in depths):
+        raise ValueError(f"depths must be between 1 and {MAX_WAVE_DEPTH}; got {text!r}")
     if len(set(depths)) != len(depths):
-        raise ValueError(f"--waves depths must be distinct; got {text!r}")
+        raise ValueError(f"depths must be distinct; got {text!r}")
     if depths[0] != 1:
-        raise ValueError(f"--waves must start with 1 (B1, the long-prompt wave); got {text!r}")
+        raise ValueError(f"must start with 1 (B1, the long-prompt wave); got {text!r}")
     return depths
 
 
@@ -111,13 +415,15 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
 
 
-def request_id(run_id: str, depth: int, index: int) -> str:
-    return f"warmup-{run_id}-{wave_name(depth)}-{index}"
+def request_id(run_id: str, depth: int, index: int, engine: int | None = None) -> str:
+    """warmup-<run>-B2-1; with several engines warmup-<run>-e1-B2-1."""
+    where = "" if engine is None else f"e{engine}-"
+    return f"warmup-{run_id}-{where}{wave_name(depth)}-{index}"
 
 
 # Common short English words: about one token each in the usual BPE vocabularies, so
 # an unsized prompt of N words is N to 1.5 N tokens.
-_WORDS = (
+FILLER_WORDS = (
     "the of and to in is was for on are with as by at from or an be this which have "
     "time year people way day man thing woman life child world school state family "
     "group country problem hand part place case week company system program question "
@@ -131,23 +437,24 @@ _WORDS = (
     "simple quiet rapid gentle mountain station letter silver forest island bridge"
 ).split()
 EST_WORDS_PER_TOKEN = 1.0     # sizing without /tokenize: one word per token, never fewer tokens
+SHORT_PROMPT_WORDS = 24
 
 
-def long_prompt(nonce: str, n_words: int) -> str:
-    """B1's prompt: the run's nonce first (so no cached prefix matches), then filler."""
+def make_long_prompt(nonce: str, n_words: int) -> str:
+    """B1's prompt: the nonce first (so no cached prefix matches), then filler words."""
     rng = random.Random(nonce)
-    return nonce + " " + " ".join(rng.choice(_WORDS) for _ in range(n_words))
+    return nonce + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(n_words))
 
 
-def short_prompt(run_id: str, depth: int, index: int) -> str:
+def make_short_prompt(seed: str, depth: int, index: int) -> str:
     """A distinct prompt of a few tens of tokens; its first word differs per request."""
-    rng = random.Random(f"{run_id}/{depth}/{index}")
+    rng = random.Random(f"{seed}/{depth}/{index}")
     tag = f"{rng.getrandbits(48):012x}"
-    return tag + " " + " ".join(rng.choice(_WORDS) for _ in range(24))
+    return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
 
 
 def completion_body(model: str, prompt: str, rid: str, plan: Plan) -> dict:
-    """The exact sampling fields of SPEC section 3: greedy, min = max tokens, EOS ignored."""
+    """The exact sampling fields of one warm-up request: greedy, min = max, EOS ignored."""
     return {
         "model": model,
         "prompt": prompt,
@@ -173,26 +480,35 @@ def b1_budget(b1_tokens: int, tokens: int, max_model_len: int | None) -> int:
     return min(b1_tokens, room)
 
 
+SIZING_ROUNDS = 6
+
+
 def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
     """Size B1 to `budget` tokens with `count(prompt) -> int | None` (the server's /tokenize).
 
     Returns the prompt and its counted size, or an estimated prompt and None when the
-    server cannot count. Never returns a counted prompt above the budget.
+    server cannot count. Never returns a counted prompt above the budget; the word count
+    stays within [budget / 8, 2 * budget] whatever the server answers, and a count that
+    is not a positive integer is not believed.
     """
+    low_words, high_words = max(1, budget // 8), 2 * budget
     n_words = max(1, math.ceil(budget * EST_WORDS_PER_TOKEN))
     low = max(MIN_B1_PROMPT_TOKENS, int(budget * 0.97))
     best = None
-    for _ in range(6):
-        prompt = long_prompt(nonce, n_words)
+    for _ in range(SIZING_ROUNDS):
+        prompt = make_long_prompt(nonce, n_words)
         counted = count(prompt)
         if counted is None:
             return prompt, None
+        if not isinstance(counted, int) or counted < 1:
+            raise Fatal(f"could not size the B1 prompt: /tokenize answered count "
+                        f"{clean_text(repr(counted), 40)}; no completion was sent")
         if counted <= budget:
             best = (prompt, counted)
             if counted >= low:
                 return best
         # Tokens grow about linearly in words: aim just under the budget.
-        n_words = max(1, int(n_words * (budget - 8) / max(counted, 1)))
+        n_words = min(high_words, max(low_words, int(n_words * (budget - 8) / counted)))
     if best is not None and best[1] >= MIN_B1_PROMPT_TOKENS:
         return best
     raise Fatal(f"could not size the B1 prompt between {MIN_B1_PROMPT_TOKENS} and {budget} "
@@ -210,7 +526,7 @@ def plan_description(plan: Plan) -> dict:
         "priority": plan.priority,
         "b1_target_tokens": plan.b1_tokens,
         "b1_min_prompt_tokens": MIN_B1_PROMPT_TOKENS,
-        "short_prompt_words": 25,
+        "short_prompt_words": SHORT_PROMPT_WORDS + 1,
         "deadline_s": plan.deadline_s,
         "socket_cap_s": plan.socket_cap_s,
         "max_body_bytes": MAX_BODY_BYTES,
@@ -218,42 +534,231 @@ def plan_description(plan: Plan) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# The guard: parse Prometheus text, decide whether the server is idle.
+# Learning the server: model, version, engines, B1's prompt.
+# ---------------------------------------------------------------------------
+
+def resolve_model(run: Run) -> None:
+    """Find the model (and its max_model_len) in GET /v1/models."""
+    wanted, display = run.settings.model, run.settings.target.display
+    status, doc = lookup(run, "GET", "/v1/models")
+    if status == 401:
+        raise Fatal(diagnose_http_error(401, None, None, run.settings.api_key_env,
+                                        bool(run.settings.api_key)))
+    entries = doc.get("data") if status == 200 and isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        if wanted:
+            run.server.model = wanted
+            return
+        raise Fatal(f"cannot find the model: GET /v1/models answered HTTP {status} without a "
+                    f"model list; pass --model or set WARMUP_MODEL", EXIT_USAGE)
+    served = {e["id"]: e for e in entries
+              if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]}
+    names = ", ".join(clean_text(n, 80) for n in sorted(served)[:10])
+    if wanted and wanted not in served:
+        raise Fatal(f"model {clean_text(wanted, 80)!r} is not served at {display}; "
+                    f"served: {names or 'none'}", EXIT_USAGE)
+    if not wanted and len(served) != 1:
+        raise Fatal(f"the server serves {len(served)} models ({names or 'none with an id'}); "
+                    f"choose one with --model", EXIT_USAGE)
+    run.server.model = wanted or next(iter(served))
+    run.server.max_model_len = positive_int(served[run.server.model].get("max_model_len"))
+
+
+def lookup(run: Run, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+    """(status, parsed JSON or None) of one small request before the waves; Fatal on transport."""
+    try:
+        response = fetch(run.settings.target, run.clock, method, path, body,
+                         run.settings.api_key)
+    except TransportError as exc:
+        raise Fatal(exc.problem if exc.kind == "connect" else f"{method} {path}: {exc.problem}")
+    doc, _ = decode_json(response.body)
+    return response.status, doc
+
+
+def read_server_version(run: Run) -> None:
+    try:
+        status, doc = lookup(run, "GET", "/version")
+    except Fatal:
+        return
+    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
+        run.server.version = clean_text(doc["version"], 64)
+
+
+def choose_engines(run: Run) -> tuple[int, ...] | None:
+    """The engines to warm: every engine /metrics shows (auto) or the ones asked for.
+
+    None means one engine and no routing header: exactly the single-engine warm-up.
+    """
+    wanted = run.settings.engines
+    if wanted == "auto":
+        served = read_engines(run)
+        return served if served and len(served) > 1 else None
+    asked = parse_engines(wanted)
+    served = read_engines(run)
+    missing = [e for e in asked if e not in (served or (0,))]
+    if missing:
+        raise Fatal(f"--engines {wanted}: engine {','.join(map(str, missing))} is not served "
+                    f"at {run.settings.target.display} (its /metrics shows engines "
+                    f"{','.join(map(str, served or ())) or 'none'})", EXIT_USAGE)
+    return asked
+
+
+def read_engines(run: Run) -> tuple[int, ...] | None:
+    """Engine indexes in the `engine` label of vllm:* series; None when there is none."""
+    try:
+        response = fetch(run.settings.target, run.clock, "GET", "/metrics")
+    except TransportError:
+        return None
+    if response.status != 200:
+        return None
+    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
+    return engines_in(exposition.samples) or None
+
+
+def size_b1_prompts(run: Run) -> None:
+    """One B1 prompt per engine, each with its own nonce, sized with the server's /tokenize."""
+    plan, server = run.settings.plan, run.server
+    budget = b1_budget(plan.b1_tokens, plan.tokens, server.max_model_len)
+
+    def count(prompt: str) -> int | None:
+        status, doc = lookup(run, "POST", "/tokenize", {"model": server.model, "prompt": prompt})
+        if status != 200:
+            return None                   # no /tokenize here: estimate
+        if not isinstance(doc, dict) or not isinstance(doc.get("count"), int) \
+                or isinstance(doc.get("count"), bool):
+            raise Fatal("could not size the B1 prompt: /tokenize answered without an integer "
+                        "count; no completion was sent")
+        if server.max_model_len is None:
+            server.max_model_len = positive_int(doc.get("max_model_len"))
+        return doc["count"]           # only the count: the ids are dropped with `doc`
+
+    counts = []
+    for engine in engines_of(run):
+        nonce = "warmup-" + os.urandom(12).hex()
+        prompt, counted = size_long_prompt(count, nonce, budget)
+        tighter = b1_budget(plan.b1_tokens, plan.tokens, server.max_model_len)
+        if tighter < budget:          # /tokenize told a smaller context than /v1/models did
+            budget = tighter
+            prompt, counted = size_long_prompt(count, nonce, budget)
+        server.b1_prompts[engine] = prompt
+        counts.append(counted)
+    server.b1_counted = None if None in counts else min(counts)
+
+
+def engines_of(run: Run) -> tuple:
+    """The engines a batch covers: (None,) for one engine without routing."""
+    return run.server.engines or (None,)
+
+
+def wave_slots(run: Run, depth: int, first: bool) -> list[Slot]:
+    """The wave's requests on every engine, encoded before any client connects."""
+    plan, server = run.settings.plan, run.server
+    slots = []
+    for engine in engines_of(run):
+        for index in range(depth):
+            rid = request_id(plan.run_id, depth, index, engine)
+            prompt = server.b1_prompts[engine] if first else \
+                make_short_prompt(f"{plan.run_id}/{engine}", depth, index)
+            slots.append(make_slot(run, index, rid, engine,
+                                   completion_body(server.model, prompt, rid, plan)))
+    return slots
+
+
+def make_slot(run: Run, index: int, rid: str, engine: int | None, body: dict,
+              stream: bool = False, path: str = "/v1/completions") -> Slot:
+    """One request, encoded now: the routing header only when engines are routed."""
+    headers = {} if engine is None else {ENGINE_HEADER: str(engine)}
+    payload = encode_request(run.settings.target, "POST", path, body, run.settings.api_key,
+                             headers)
+    return Slot(index, rid, payload, engine=engine, stream=stream)
+
+
+def write_run_record(run: Run) -> None:
+    """The run record, once: plan, model, versions (never prompt text or the key)."""
+    outcome, server, settings = run.outcome, run.server, run.settings
+    if outcome.run_written:
+        return
+    outcome.run_written = True
+    plan = dict(settings.plan_record or plan_description(settings.plan))
+    plan["b1_prompt_tokens_counted"] = server.b1_counted
+    plan["b1_sizing"] = "tokenize" if server.b1_counted is not None else "estimate"
+    run.write({
+        "record": "run", "run_id": settings.plan.run_id, "mode": settings.mode,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "base_url": settings.target.display,
+        "model": clean_text(server.model, 200, run.redact) if server.model else None,
+        "max_model_len": server.max_model_len, "engines": list(server.engines or []) or None,
+        "plan": plan,
+        "versions": {"helper": __version__, "python": sys.version.split()[0],
+                     "server": server.version},
+        "api_key_env": settings.api_key_env, "api_key_set": bool(settings.api_key),
+        "pid": os.getpid(),
+    })
+
+
+# ---------------------------------------------------------------------------
+# The guard: parse Prometheus text exactly, decide whether the server is idle, fail closed.
 # ---------------------------------------------------------------------------
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _LABEL_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+_VALUE = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)")
+_TIMESTAMP = re.compile(r"-?[0-9]{1,19}")
+# Characters no sample line of ours may hold raw: they split or hide lines for some readers.
+_LINE_BREAKERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029\ufeff]")
+_NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
 
 
-def parse_prometheus(text: str) -> tuple[list[tuple[str, dict, float]], int]:
-    """Prometheus text format 0.0.4 -> ([(name, labels, value)], count of unparsable lines)."""
-    samples, bad = [], 0
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
+@dataclass
+class Exposition:
+    """One /metrics body: the samples read, and every line that could not be read exactly."""
+    samples: list                     # (name, labels, value)
+    bad_lines: list                   # (line number, why, line)
+    declared: set                     # metric names with a # TYPE line
+
+
+def parse_prometheus(text: str) -> Exposition:
+    """Prometheus text format 0.0.4, line by line (split on LF only, as the format says)."""
+    samples, bad, declared = [], [], set()
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip(" \t")
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "TYPE":
+                declared.add(parts[2])
             continue
         try:
+            if _LINE_BREAKERS.search(line):
+                raise ValueError("a control character, BOM or line separator in the line")
             samples.append(_parse_sample(line))
-        except (ValueError, IndexError):
-            bad += 1
-    return samples, bad
+        except (ValueError, IndexError) as exc:
+            why = str(exc) if isinstance(exc, ValueError) and str(exc) else "not a sample line"
+            bad.append((number, why, raw))
+    return Exposition(samples, bad, declared)
 
 
 def _parse_sample(line: str) -> tuple[str, dict, float]:
     match = _METRIC_NAME.match(line)
     if not match:
-        raise ValueError(line)
+        raise ValueError("no metric name")
     name, pos, labels = match.group(), match.end(), {}
+    after = line[pos:].lstrip(" \t")
+    if after.startswith("{"):            # Prometheus allows blanks between name and labels
+        pos = len(line) - len(after)
     if pos < len(line) and line[pos] == "{":
         labels, pos = _parse_labels(line, pos + 1)
-    if pos < len(line) and not line[pos].isspace():
-        raise ValueError(line)
+    if pos < len(line) and line[pos] not in " \t":
+        raise ValueError("unexpected character after the name or labels")
     rest = line[pos:].split()
     if len(rest) not in (1, 2):          # value, then an optional timestamp
-        raise ValueError(line)
-    if len(rest) == 2:
-        int(rest[1])
+        raise ValueError("expected a value and at most an integer timestamp")
+    if not _VALUE.fullmatch(rest[0]):
+        raise ValueError(f"value {rest[0][:20]!r} is not a number")
+    if len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1]):
+        raise ValueError(f"timestamp {rest[1][:20]!r} is not an integer")
     return name, labels, float(rest[0])
 
 
@@ -266,12 +771,12 @@ def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
             return labels, pos + 1
         match = _LABEL_NAME.match(line, pos)
         if not match:
-            raise ValueError(line)
+            raise ValueError("bad label name")
         key, pos = match.group(), match.end()
         while line[pos] in " \t":
             pos += 1
         if line[pos] != "=" or line[pos + 1] != '"':
-            raise ValueError(line)
+            raise ValueError("bad label")
         pos, chars = pos + 2, []
         while line[pos] != '"':
             if line[pos] == "\\":
@@ -280,6 +785,8 @@ def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
             else:
                 chars.append(line[pos])
             pos += 1
+        if key in labels:
+            raise ValueError(f"label {key} twice")
         labels[key] = "".join(chars)
         pos += 1
         while line[pos] in " \t":
@@ -287,29 +794,151 @@ def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
         if line[pos] == ",":
             pos += 1
         elif line[pos] != "}":
-            raise ValueError(line)
+            raise ValueError("bad label list")
 
 
 def format_sample(name: str, labels: dict, value: float) -> str:
     return f"{series_key(name, labels)} = {value!r}"
 
 
-def guard_problems(samples: list[tuple[str, dict, float]]) -> list[str]:
-    """Both request gauges must exist and every series of each must be 0 (NaN is not 0)."""
-    problems = []
+def engines_in(samples: list) -> tuple[int, ...]:
+    """Sorted engine indexes named by the `engine` label of vllm:* series."""
+    found = set()
+    for name, labels, _ in samples:
+        engine = labels.get("engine")
+        if name.startswith("vllm:") and engine is not None and re.fullmatch(r"[0-9]{1,4}", engine):
+            found.add(int(engine))
+    return tuple(sorted(found))
+
+
+FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",
+                  "vllm:generation_tokens_total")
+
+
+def guard_problems(exposition: Exposition, engines: tuple | None = None
+                   ) -> tuple[list[str], list[int]]:
+    """Both request gauges must be declared or sampled, and every sample of each must be 0.
+
+    Fails closed: a line that names a gauge but cannot be read exactly refuses. With
+    engines, each engine must have a 0 sample of each gauge, or (a fresh data-parallel
+    server publishes none until an engine has run a request) no sample while the family
+    is declared and that engine's own counters show it never ran one. Returns the problems
+    and the engines judged idle that way.
+    """
+    problems, fresh = [], []
+    for number, why, raw in exposition.bad_lines:
+        if _NAMES_A_GAUGE.search(raw):
+            problems.append(f"/metrics line {number} names a request gauge but cannot be read "
+                            f"exactly ({why}): {clean_text(raw, 120)!r}")
     for gauge in GAUGES:
-        series = [(labels, value) for name, labels, value in samples if name == gauge]
-        if not series:
-            problems.append(f"{gauge} missing from /metrics (metrics collection off, "
-                            f"or not a vLLM server): the guard cannot see other work")
+        series = [(labels, value) for name, labels, value in exposition.samples if name == gauge]
         for labels, value in series:
             if value != 0:
                 problems.append(f"{format_sample(gauge, labels, value)}: the server is not idle")
-    return problems
+        sampled = {labels.get("engine") for labels, _ in series}
+        if not series and gauge not in exposition.declared:
+            problems.append(f"{gauge} missing from /metrics (metrics collection off, "
+                            f"or not a vLLM server): the guard cannot see other work")
+            continue
+        for engine in engines or ():
+            if str(engine) in sampled:
+                continue
+            if gauge in exposition.declared and engine_never_ran(exposition.samples, engine):
+                if engine not in fresh:
+                    fresh.append(engine)
+                continue
+            problems.append(f"{gauge} has no sample for engine {engine}, and that engine has "
+                            f"run requests: the guard cannot see its work")
+        if not engines and not series and not engine_never_ran(exposition.samples, None):
+            problems.append(f"{gauge} is declared but has no sample, and the server has run "
+                            f"requests: the guard cannot see its work")
+    return problems, fresh
+
+
+def engine_never_ran(samples: list, engine: int | None) -> bool:
+    """True when the engine's (or, with None, the server's) request counters are all 0."""
+    for name, labels, value in samples:
+        if name in FRESH_COUNTERS and (engine is None or labels.get("engine") == str(engine)):
+            if value != 0:
+                return False
+    return True
+
+
+@dataclass
+class GuardRead:
+    """One guard read: what /metrics said, and the decision."""
+    ok: bool
+    problems: list
+    samples: list
+    counters: dict | None
+    fresh: list = field(default_factory=list)     # engines judged idle by their counters
+
+
+def check_guard(run: Run, label: str, settle: bool) -> bool:
+    """Read /metrics before a batch and record the gauges; False = refused.
+
+    With `settle`, a busy gauge right after our own batch is read again for up to
+    --settle-s (within the deadline) before it counts as foreign work.
+    """
+    started = run.clock.elapsed()
+    read = read_guard(run, label)
+    limit = started + run.settings.settle_s
+    waited = False
+    while settle and not read.ok and only_busy(read.problems) \
+            and run.clock.elapsed() + SETTLE_POLL_S <= limit \
+            and run.clock.remaining() > SETTLE_POLL_S:
+        time.sleep(SETTLE_POLL_S)
+        waited = True
+        read = read_guard(run, label)
+    settle_s = round(run.clock.elapsed() - started, 4) if waited else None
+    source = metrics_source(run.settings.target, "/metrics")
+    if read.counters is not None and source not in run.outcome.counters_before:
+        run.outcome.counters_before[source] = (read.counters, None)   # before the first wave
+    if waited and read.ok:
+        run.outcome.settled_s.append(settle_s)
+    run.write({
+        "record": "gauges", "run_id": run.settings.plan.run_id, "wave": label,
+        "at_s": round(run.clock.elapsed(), 4), "ok": read.ok,
+        "samples": [{"name": n, "labels": {k: clean_text(v, 200) for k, v in lab.items()},
+                     "value": json_number(v)} for n, lab, v in read.samples if n in GAUGES],
+        "fresh_engines": read.fresh, "settle_s": settle_s, "problems": read.problems,
+    })
+    if not read.ok:
+        waited_for = f" (still after {settle_s:g} s of settling)" if waited else ""
+        run.outcome.refusal += [f"refused before {label}: {p}{waited_for}"
+                                for p in read.problems]
+    return read.ok
+
+
+def only_busy(problems: list[str]) -> bool:
+    """True when every problem is a busy gauge (worth a settle), none a missing or bad line."""
+    return all(p.endswith("the server is not idle") for p in problems)
+
+
+def read_guard(run: Run, label: str) -> GuardRead:
+    """GET /metrics (one retry after a transport error) and the guard's decision on it."""
+    for attempt in (1, 2):
+        try:
+            response = fetch(run.settings.target, run.clock, "GET", "/metrics")
+            break
+        except TransportError as exc:
+            if attempt == 2 or exc.kind == "deadline" or run.clock.remaining() <= 1:
+                raise Fatal(f"guard before {label}: {exc.problem}")
+            time.sleep(METRICS_RETRY_PAUSE_S)
+    if response.status != 200:
+        return GuardRead(False, [f"guard cannot be read: GET /metrics answered HTTP "
+                                 f"{response.status}"], [], None)
+    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
+    if not exposition.samples:
+        return GuardRead(False, ["guard cannot be read: /metrics is not Prometheus text"],
+                         [], None)
+    problems, fresh = guard_problems(exposition, run.server.engines)
+    return GuardRead(not problems, problems, exposition.samples, counters(exposition.samples),
+                     fresh)
 
 
 # ---------------------------------------------------------------------------
-# Counters and status files: what moved during the warm-up (pure).
+# Counters and status files: what moved during the warm-up.
 # ---------------------------------------------------------------------------
 
 COUNTER_MEANING = ("engine-wide counts over the warm-up window (from the /metrics read before "
@@ -363,8 +992,9 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     return shown
 
 
-def _sum_of(deltas: dict, name: str) -> float | None:
-    values = [v for k, v in deltas.items() if series_name(k) == name]
+def _sum_of(deltas: dict, name: str, engine: int | None = None) -> float | None:
+    values = [v for k, v in deltas.items() if series_name(k) == name
+              and (engine is None or f'engine="{engine}"' in k)]
     if not values or any(not isinstance(v, (int, float)) for v in values):
         return None
     return sum(values)
@@ -390,19 +1020,48 @@ def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
     return warnings
 
 
-def flatten_numbers(doc, prefix: str = "") -> dict[str, float]:
+def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
+                  want_prompt: dict) -> tuple[list[dict], list[str], list[str]]:
+    """Each engine's share of the work from its own counter deltas.
+
+    Returns per-engine figures, problems (an engine short of its share fails the run) and
+    warnings (counters absent: null, never made up).
+    """
+    shares, problems, warnings = [], [], []
+    for engine in engines:
+        generated = _sum_of(deltas, "vllm:generation_tokens_total", engine)
+        prompt = _sum_of(deltas, "vllm:prompt_tokens_total", engine)
+        shares.append({"engine": engine, "generation_tokens": generated,
+                       "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
+                       "b1_prompt_tokens": want_prompt.get(engine)})
+        if generated is None or prompt is None:
+            warnings.append(f"engine {engine}: counters absent, its share cannot be checked")
+            continue
+        if generated < want_generated:
+            problems.append(f"engine {engine} generated {generated:g} of {want_generated} tokens: "
+                            f"is {ENGINE_HEADER} honoured by this server?")
+        needed = want_prompt.get(engine)
+        if needed is not None and prompt < needed:
+            problems.append(f"engine {engine} prefilled {prompt:g} prompt tokens, fewer than its "
+                            f"B1 prompt's {needed}: is {ENGINE_HEADER} honoured by this server?")
+    return shares, problems, warnings
+
+
+def flatten_numbers(doc, prefix: str = "", depth: int = 0) -> dict[str, float]:
     """A status document's numeric fields as dotted keys (booleans are not numbers)."""
     found = {}
-    if isinstance(doc, dict):
-        for key, value in doc.items():
-            found.update(flatten_numbers(value, f"{prefix}{clean_text(str(key), 64)}."))
+    if isinstance(doc, dict) and depth < MAX_JSON_DEPTH:
+        for key, value in list(doc.items())[:1000]:
+            found.update(flatten_numbers(value, f"{prefix}{clean_text(str(key), 64)}.",
+                                         depth + 1))
     elif isinstance(doc, (int, float)) and not isinstance(doc, bool) and math.isfinite(doc):
         found[prefix[:-1]] = doc
     return found
 
 
 def status_delta(before: dict | None, after: dict | None, why_missing: str | None = None) -> dict:
-    """Numeric deltas of a status file; 'invalid' when its identity (pid, session) changed."""
+    """Numeric deltas of a status file; 'invalid' when its identity (pid, session) changed,
+    'unverified' when it has no identity field to compare."""
     if before is None or after is None:
         return {"state": "incomplete", "why": why_missing or "no snapshot", "delta": None}
     changed = [f"{k} changed ({clean_text(str(before.get(k)), 40)} -> "
@@ -413,7 +1072,131 @@ def status_delta(before: dict | None, after: dict | None, why_missing: str | Non
              for k in sorted(set(a) | set(b)) if k.split(".")[0] not in STATUS_IDENTITY}
     if changed:
         return {"state": "invalid", "why": "; ".join(changed), "delta": delta}
+    if not any(k in before for k in STATUS_IDENTITY):
+        return {"state": "unverified", "delta": delta,
+                "why": f"no identity field ({', '.join(STATUS_IDENTITY)}) to show both snapshots "
+                       f"come from the same process"}
     return {"state": "valid", "why": None, "delta": delta}
+
+
+def metrics_source(target: Target, path: str = "") -> str:
+    return target.display + path
+
+
+def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str | None]:
+    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
+    try:
+        response = fetch(target, run.clock, "GET", path)
+    except TransportError as exc:
+        return None, exc.problem
+    if response.status != 200:
+        return None, f"HTTP {response.status}"
+    samples = parse_prometheus(response.body.decode("utf-8", "replace")).samples
+    return (counters(samples), None) if samples else (None, "not Prometheus text")
+
+
+def wait_for_status(run: Run, path: str, missing_before: bool = False
+                    ) -> tuple[dict | None, str | None]:
+    """The status file once rewritten after this moment, within --status-wait-s and the deadline."""
+    if missing_before and not os.path.exists(path):
+        return None, "missing (and missing before the first wave: not waited for again)"
+    wait_s = run.settings.status_wait_s
+    run.say(f"waiting up to {wait_s:g} s for {path} to be rewritten")
+    asked = time.time()
+    limit = time.monotonic() + min(wait_s, max(run.clock.remaining() - 1, 0))
+    while True:
+        try:
+            if os.stat(path).st_mtime > asked:
+                doc, _ = read_json_file(path)
+                if isinstance(doc, dict):
+                    return doc, None
+        except FileNotFoundError:
+            if time.monotonic() >= limit:
+                return None, "missing"
+        except OSError:
+            pass                                # being rewritten: read it again
+        if time.monotonic() >= limit:
+            return None, (f"stale: not rewritten within {wait_s:g} s "
+                          f"(or the time left to the deadline)")
+        time.sleep(0.1)
+
+
+def read_json_file(path: str) -> tuple[object, str | None]:
+    """A small JSON file (status files), read within the body cap; (None, why) when bad."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_BODY_BYTES + 1)
+    if len(data) > MAX_BODY_BYTES:
+        return None, "larger than the body cap"
+    return decode_json(data)
+
+
+def read_before(run: Run) -> None:
+    """Counters of the extra endpoints and the status files, before the first wave."""
+    for target in run.settings.metrics_targets:
+        run.outcome.counters_before[metrics_source(target)] = read_counters(run, target, "")
+    for path in run.settings.status_files:
+        run.outcome.status_before[path] = wait_for_status(run, path)
+
+
+def read_after(run: Run) -> None:
+    """Read every counter source and status file again; record deltas and cross-checks.
+
+    Skipped (and said) when less than a second is left: a run that finished its waves in
+    time must not become late for the sake of its counters.
+    """
+    outcome, settings = run.outcome, run.settings
+    if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
+        outcome.warnings.append("counter deltas and status files not read after the last wave: "
+                                "less than 1 s left to the deadline")
+        return
+    main_source = metrics_source(settings.target, "/metrics")
+    sources = [(main_source, settings.target, "/metrics")] + \
+        [(metrics_source(t), t, "") for t in settings.metrics_targets]
+    for source, target, path in sources:
+        before, why_before = outcome.counters_before.get(
+            source, (None, "not read before the first wave"))
+        after, why_after = read_counters(run, target, path)
+        deltas = counter_deltas(before, after)
+        why = why_before or why_after
+        record = {"record": "metrics", "run_id": settings.plan.run_id, "source": source,
+                  "state": "incomplete" if why else "complete",
+                  "why": None if not why else f"{'before' if why_before else 'after'}: {why}",
+                  "meaning": COUNTER_MEANING, "deltas": deltas, "highlights": highlighted(deltas)}
+        if source == main_source:
+            outcome.counter_highlights = record["highlights"]
+            record["warnings"] = [] if why else cross_check(deltas, outcome.requests)
+            outcome.warnings += record["warnings"]
+            if why:
+                outcome.warnings.append(f"counter deltas incomplete: {record['why']}")
+            if run.server.engines and settings.mode == "warmup":
+                check_engine_shares(run, deltas if not why else {}, record)
+        run.write(record)
+    for path in settings.status_files:
+        before, why_before = outcome.status_before.get(path, (None, "not read"))
+        after, why_after = wait_for_status(run, path, missing_before=before is None
+                                           and str(why_before).startswith("missing"))
+        why = (f"before: {why_before}" if why_before else None) or \
+            (f"after: {why_after}" if why_after else None)
+        result = status_delta(before, after, why)
+        run.write(dict({"record": "status", "run_id": settings.plan.run_id, "path": path},
+                       **result))
+        if result["state"] != "valid":
+            outcome.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
+    run.say(counters_line(outcome.counter_highlights))
+
+
+def check_engine_shares(run: Run, deltas: dict, record: dict) -> None:
+    """Proof per engine: each engine's own counters must show its planned work."""
+    plan = run.settings.plan
+    want_prompt = {}
+    for r in run.outcome.requests:
+        if r["wave"] == wave_name(plan.waves[0]) and isinstance(r.get("prompt_tokens"), int):
+            want_prompt[r["engine"]] = r["prompt_tokens"]
+    shares, problems, warnings = engine_shares(deltas, run.server.engines,
+                                               plan.requests_total * plan.tokens, want_prompt)
+    record["engines"] = shares
+    run.outcome.problems += problems
+    run.outcome.warnings += warnings
 
 
 # ---------------------------------------------------------------------------
@@ -426,19 +1209,30 @@ class Target:
     scheme: str
     host: str
     port: int
-    path: str                 # base path without trailing slash
+    path: str                 # base path without trailing slash, ASCII, already safe
     credentials: str | None   # user:password from the URL: never printed, never sent
 
     @property
     def display(self) -> str:
+        return f"{self.scheme}://{self.host_port}{self.path}"
+
+    @property
+    def host_port(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{self.scheme}://{host}:{self.port}{self.path}"
+        return f"{host}:{self.port}"
+
+
+_URL_CHARS = re.compile(r"[!-~]+")       # printable ASCII, no space
 
 
 def parse_url(text: str, option: str = "--base-url") -> Target:
     """http(s)://[user:pass@]host[:port][/path] -> Target; UsageError otherwise."""
+    text = text.strip()
+    if not _URL_CHARS.fullmatch(text):
+        raise UsageError(f"{option} must be printable ASCII without spaces (percent-encode "
+                         f"anything else), such as http://HOST:PORT/PATH")
     try:
-        parts = urllib.parse.urlsplit(text.strip())
+        parts = urllib.parse.urlsplit(text)
         port = parts.port
     except ValueError as exc:
         raise UsageError(f"{option} is not a valid URL: {exc}")
@@ -446,6 +1240,8 @@ def parse_url(text: str, option: str = "--base-url") -> Target:
         raise UsageError(f"{option} must look like http://HOST:PORT/PATH")
     if parts.query or parts.fragment:
         raise UsageError(f"{option} must not carry a query or a fragment")
+    if port == 0:
+        raise UsageError(f"{option}: port 0 is not a port a server listens on")
     creds = parts.netloc.rpartition("@")[0] or None
     return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
                   parts.path.rstrip("/"), creds)
@@ -504,12 +1300,19 @@ class Response:
     watched_at: float | None = None     # when `watch` first matched the raw body (streams)
 
 
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
 def encode_request(target: Target, method: str, path: str, body: dict | None,
-                   api_key: str | None) -> bytes:
-    """The request's bytes; the key goes only to paths under /v1 (SPEC section 3)."""
+                   api_key: str | None, headers: dict | None = None) -> bytes:
+    """The request's bytes; the key goes only to paths under /v1.
+
+    The one place a request is built: the target is ASCII without spaces (parse_url), and
+    every header value is checked printable ASCII, so nothing can inject a header line.
+    """
     data = b"" if body is None else json.dumps(body).encode()
-    lines = [f"{method} {target.path}{path} HTTP/1.1",
-             f"Host: {target.host}:{target.port}",
+    lines = [f"{method} {target.path + path or '/'} HTTP/1.1",
+             f"Host: {target.host_port}",
              f"User-Agent: offload-warmup/{__version__}",
              "Accept: application/json",
              "Connection: close"]
@@ -517,7 +1320,13 @@ def encode_request(target: Target, method: str, path: str, body: dict | None,
         lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
     if api_key and path.startswith("/v1/"):
         lines.append(f"Authorization: Bearer {api_key}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + data
+    for name, value in (headers or {}).items():
+        lines.append(f"{name}: {value}")
+    for line in lines[1:]:
+        if not _HEADER_VALUE.fullmatch(line):
+            raise UsageError("a request header would hold a character that is not printable "
+                             "ASCII")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + data
 
 
 def connect(target: Target, clock: Clock) -> socket.socket:
@@ -530,8 +1339,8 @@ def connect(target: Target, clock: Clock) -> socket.socket:
         raise
     except (socket.timeout, TimeoutError):
         raise TransportError("connect", f"cannot connect to {target.display}: timed out")
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
         raise TransportError("connect", f"cannot connect to {target.display}: {reason}")
     return sock
 
@@ -558,20 +1367,25 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
                   watch: re.Pattern | None = None) -> Response:
     """Read one HTTP/1.1 response; the whole read ends by the deadline, however it trickles.
 
-    With `watch`, also note (in the clock's time) when the pattern first arrives in the
-    body: the first generated text of a stream, for time-to-first-token.
+    Interim 1xx responses (100 Continue, 103 Early Hints) are skipped. With `watch`, also
+    note (in the clock's time) when the pattern first arrives in the body: the first
+    generated text of a stream, for time-to-first-token.
     """
     buf = bytearray()
     head = None
     watched_at, searched = None, 0
     while True:
-        if head is None:
+        while head is None:
             end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                head = _parse_head(bytes(buf[:end]), max_body)
-                del buf[:end + 4]
-            elif len(buf) > MAX_HEADER_BYTES:
-                raise TransportError("malformed", "malformed HTTP response: headers too large")
+            if end < 0:
+                if len(buf) > MAX_HEADER_BYTES:
+                    raise TransportError("malformed", "malformed HTTP response: headers too "
+                                         "large")
+                break
+            head = _parse_head(bytes(buf[:end]), max_body)
+            del buf[:end + 4]
+            if 100 <= head[0] < 200 and head[0] != 101:
+                head = None                 # interim response: the final one follows
         if watch is not None and watched_at is None and head is not None:
             if watch.search(buf, max(searched - 64, 0)):
                 watched_at = clock.elapsed()
@@ -595,19 +1409,28 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
         buf += chunk
 
 
+_STATUS_LINE = re.compile(r"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [\x20-\x7e\t\x80-\xff]*)?")
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
+
+
 def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
     lines = raw.decode("latin-1").split("\r\n")
-    match = re.match(r"HTTP/1\.[01] (\d{3})", lines[0])
+    match = _STATUS_LINE.fullmatch(lines[0])
     if not match:
-        raise TransportError("malformed", "malformed HTTP response: no status line")
+        raise TransportError("malformed", "malformed HTTP response: bad status line")
     headers = {}
     for line in lines[1:]:
         name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
+        if not sep or not name or name != name.strip() or line[:1] in " \t":
+            raise TransportError("malformed", "malformed HTTP response: bad header line")
+        name, value = name.lower(), value.strip()
+        if name in headers and name in ("content-length", "transfer-encoding") \
+                and headers[name] != value:
+            raise TransportError("malformed", f"malformed HTTP response: two {name} headers")
+        headers[name] = value.lower() if name == "transfer-encoding" else value
     length = headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
+        if not _CONTENT_LENGTH.fullmatch(length):
             raise TransportError("malformed", "malformed HTTP response: bad Content-Length")
         if int(length) > max_body:
             raise TransportError("too_large", f"response body of {int(length)} bytes is larger "
@@ -615,8 +1438,12 @@ def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
     return int(match.group(1)), headers
 
 
+def _chunked(headers: dict) -> bool:
+    return "chunked" in headers.get("transfer-encoding", "")
+
+
 def _reads_to_close(headers: dict) -> bool:
-    return "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "")
+    return "content-length" not in headers and not _chunked(headers)
 
 
 def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> bytes | None:
@@ -626,12 +1453,15 @@ def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> byt
                              f"helper reads; read stopped")
     if status in (204, 304) or 100 <= status < 200:
         return b""
-    if "chunked" in headers.get("transfer-encoding", ""):
+    if _chunked(headers):
         return decode_chunked(bytes(buf)) if buf.endswith(b"\r\n\r\n") else None
     if "content-length" in headers:
         length = int(headers["content-length"])
         return bytes(buf[:length]) if len(buf) >= length else None
     return None
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
 
 
 def decode_chunked(data: bytes) -> bytes | None:
@@ -641,14 +1471,16 @@ def decode_chunked(data: bytes) -> bytes | None:
         end = data.find(b"\r\n", pos)
         if end < 0:
             return None
-        try:
-            size = int(data[pos:end].split(b";")[0], 16)
-        except ValueError:
+        size_text = data[pos:end].split(b";")[0].strip(b" \t")
+        if not _CHUNK_SIZE.fullmatch(size_text):
             raise TransportError("malformed", "malformed HTTP response: bad chunk size")
+        size = int(size_text, 16)
         if size == 0:
             return bytes(body) if data.find(b"\r\n\r\n", end) >= 0 else None
         if len(data) < end + 2 + size + 2:
             return None
+        if data[end + 2 + size:end + 4 + size] != b"\r\n":
+            raise TransportError("malformed", "malformed HTTP response: chunk not terminated")
         body += data[end + 2:end + 2 + size]
         pos = end + 2 + size + 2
 
@@ -664,24 +1496,57 @@ def fetch(target: Target, clock: Clock, method: str, path: str, body: dict | Non
         sock.close()
 
 
-def fetch_json(target: Target, clock: Clock, method: str, path: str, body: dict | None = None,
-               api_key: str | None = None) -> tuple[int, object]:
-    """(status, parsed JSON or None) for the small lookups before the waves."""
-    response = fetch(target, clock, method, path, body, api_key)
+def decode_json(data: bytes) -> tuple[object, str | None]:
+    """The one JSON decoder for server bodies and records lines: (doc, None) or (None, why).
+
+    Bounded: the input is already capped; nesting deeper than MAX_JSON_DEPTH is refused
+    before the parser could recurse into it.
+    """
+    if _nesting_depth(data) > MAX_JSON_DEPTH:
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
     try:
-        return response.status, json.loads(response.body)
-    except ValueError:
-        return response.status, None
+        return json.loads(data), None
+    except (ValueError, RecursionError):
+        return None, "invalid JSON"
+
+
+def _nesting_depth(data) -> int:
+    """The deepest bracket nesting outside strings; a quick scan, not a parse."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 # ---------------------------------------------------------------------------
-# One wave: connect every client, release them together at a barrier, read under
+# One batch: connect every client, release them together at a barrier, read under
 # the deadline. Threads are daemons: a stuck one never keeps the process alive.
 # ---------------------------------------------------------------------------
 
 @dataclass
 class Slot:
-    """One request of a wave: what the client thread did, in the helper's clock."""
+    """One request of a batch: what the client thread did, in the helper's clock."""
     index: int
     request_id: str
     payload: bytes
@@ -689,7 +1554,12 @@ class Slot:
     done_at: float | None = None
     response: Response | None = None
     error: TransportError | None = None
-    stream: bool = False                # a probe's streaming request: note its first token
+    engine: int | None = None
+    stream: bool = False                # a streamed request: note its first token
+
+
+# A server-sent event whose choice carries non-empty text: the first token has arrived.
+FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 
 
 def _client(target: Target, clock: Clock, slot: Slot, barrier: threading.Barrier) -> None:
@@ -710,14 +1580,16 @@ def _client(target: Target, clock: Clock, slot: Slot, barrier: threading.Barrier
             "barrier", "not released: a sibling client did not get ready by the deadline")
     except TransportError as exc:
         slot.error = exc
+    except Exception as exc:            # never let a client die silently
+        slot.error = TransportError("internal", f"client error: {type(exc).__name__}")
     finally:
         slot.done_at = clock.elapsed()
         if sock is not None:
             sock.close()
 
 
-def run_wave(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]:
-    """Run one wave; the main thread waits on the clients only until the deadline."""
+def release_batch(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]:
+    """Run one batch; the main thread waits on the clients only until the deadline."""
     barrier = threading.Barrier(len(slots))
     threads = [threading.Thread(target=_client, args=(target, clock, slot, barrier),
                                 name=f"warmup-{slot.request_id}", daemon=True) for slot in slots]
@@ -729,19 +1601,29 @@ def run_wave(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]:
     for thread, slot in zip(threads, slots):
         if thread.is_alive():        # still reading at the deadline: abandon it
             slot = Slot(slot.index, slot.request_id, b"", slot.sent_at, clock.elapsed(),
-                        None, TransportError("deadline", clock.deadline_problem()), slot.stream)
+                        None, TransportError("deadline", clock.deadline_problem()),
+                        slot.engine, slot.stream)
             barrier.abort()
         finished.append(slot)
     return finished
 
 
-# A server-sent event whose choice carries non-empty text: the first token has arrived.
-FIRST_TEXT = re.compile(rb'"text":\s*"(?:[^"\\]|\\.)')
-
-
 def release_skew_ms(slots: list[Slot]) -> float | None:
     sent = [slot.sent_at for slot in slots if slot.sent_at is not None]
     return round((max(sent) - min(sent)) * 1000, 3) if sent else None
+
+
+def slot_timing(slot: Slot) -> dict:
+    """A finished slot's HTTP status, transport error and times: shared by every record."""
+    latency = (slot.done_at - slot.sent_at) \
+        if slot.sent_at is not None and slot.done_at is not None else None
+    return {
+        "http_status": slot.response.status if slot.response is not None else None,
+        "transport_error": None if slot.response is not None else
+        (slot.error.problem if slot.error else "no response"),
+        "latency_s": None if latency is None else round(latency, 4),
+        "sent_at_s": None if slot.sent_at is None else round(slot.sent_at, 4),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -753,19 +1635,17 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
     fields = {"http_status": status, "body_error": None, "error": None, "error_param": None,
               "n_choices": None, "usage": False, "prompt_tokens": None, "cached_tokens": None,
               "completion_tokens": None, "reasoning_tokens": None, "finish_reason": None,
-              "stop_reason": None, "metrics": None, "speculative_decoding": None}
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        doc = None
-        fields["body_error"] = "invalid JSON in the response body"
+              "stop_reason": None, "metrics": None, "speculative_decoding": None,
+              "usage_problems": []}
+    doc, why = decode_json(body)
+    if why is not None:
+        fields["body_error"] = f"{why} in the response body"
         if status != 200:
-            fields["error"] = clean_text(body.decode("utf-8", "replace"), ERROR_TEXT_LIMIT,
-                                         redact) or None
-    if doc is not None and not isinstance(doc, dict):
-        fields["body_error"] = "response body is JSON but not an object"
+            fields["error"] = scrub(body.decode("utf-8", "replace"), ERROR_TEXT_LIMIT,
+                                    redact) or None
         return fields
-    if doc is None:
+    if not isinstance(doc, dict):
+        fields["body_error"] = "response body is JSON but not an object"
         return fields
     if status != 200:
         fields["error"], fields["error_param"] = _error_message(doc, redact)
@@ -779,11 +1659,16 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
     usage = doc.get("usage")
     if isinstance(usage, dict):
         fields["usage"] = True
-        fields["prompt_tokens"] = _count(usage.get("prompt_tokens"))
-        fields["completion_tokens"] = _count(usage.get("completion_tokens"))
-        fields["cached_tokens"] = _count(_get(usage, "prompt_tokens_details", "cached_tokens"))
-        fields["reasoning_tokens"] = _count(
-            _get(usage, "completion_tokens_details", "reasoning_tokens"))
+        for key, value in (("prompt_tokens", usage.get("prompt_tokens")),
+                           ("completion_tokens", usage.get("completion_tokens")),
+                           ("cached_tokens", _get(usage, "prompt_tokens_details",
+                                                  "cached_tokens")),
+                           ("reasoning_tokens", _get(usage, "completion_tokens_details",
+                                                     "reasoning_tokens"))):
+            fields[key] = count_value(value)
+            if value is not None and fields[key] is None:
+                fields["usage_problems"].append(
+                    f"usage {key} is not a count: {clean_text(repr(value), 40, redact)}")
     metrics = doc.get("metrics")
     if isinstance(metrics, dict):
         fields["metrics"] = {k: _number(metrics.get(k)) for k in REQUEST_METRIC_FIELDS}
@@ -796,9 +1681,16 @@ def _get(doc: dict, key: str, inner: str):
     return value.get(inner) if isinstance(value, dict) else None
 
 
-def _count(value) -> int | None:
-    """An integer count as the server gave it; anything else is 'not reported' (None, never 0)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def count_value(value) -> int | None:
+    """A count as the server gave it (a non-negative integer); anything else is None, never 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53:
+        return value
+    return None
+
+
+def positive_int(value) -> int | None:
+    count = count_value(value)
+    return count if count else None
 
 
 def _number(value) -> float | int | None:
@@ -825,21 +1717,25 @@ def _error_message(doc: dict, redact: tuple[str, ...]) -> tuple[str | None, str 
     error = doc.get("error", doc.get("detail", doc.get("message")))
     if isinstance(error, dict):
         param = error.get("param")
-        return (clean_text(str(error.get("message", "")), ERROR_TEXT_LIMIT, redact) or None,
+        return (scrub(str(error.get("message", "")), ERROR_TEXT_LIMIT, redact) or None,
                 _short_str(param, 64, redact))
     if error is None:
         return None, None
-    return clean_text(str(error), ERROR_TEXT_LIMIT, redact) or None, None
+    return scrub(str(error) if not isinstance(error, str) else error, ERROR_TEXT_LIMIT,
+                 redact) or None, None
 
 
 def diagnose_http_error(status: int, message: str | None, param: str | None,
-                        api_key_env: str) -> str:
+                        api_key_env: str, key_set: bool = False) -> str:
     """Name why a non-200 answer happened and what the operator can do about it."""
     text = f"{message or ''} {param or ''}".lower()
     said = f": {message}" if message else ""
     if status == 401:
-        return (f"unauthorized: set {api_key_env} (or --api-key-env) to the server's API key "
-                f"(HTTP 401)")
+        if key_set:
+            return (f"unauthorized: the server rejected the API key in {api_key_env}; set it "
+                    f"to the key the server was started with (HTTP 401)")
+        return (f"unauthorized: {api_key_env} is not set; set {api_key_env} (or --api-key-env) "
+                f"to the server's API key (HTTP 401)")
     if status == 400 and "priority" in text:
         return ("HTTP 400 naming priority: the server lacks priority scheduling; start it with "
                 f"--scheduling-policy priority, or run the warm-up with --priority 0{said}")
@@ -849,17 +1745,21 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
                 f"tokens must not exceed max_model_len; lower --b1-tokens) (HTTP 400){said}")
     if 300 <= status < 400:
         return f"HTTP {status} redirect not followed: point --base-url at the server itself"
+    if status == 404:
+        return (f"HTTP 404: no such path on the server (is --base-url the server's address, "
+                f"with no extra path?){said}")
     return f"HTTP {status}{said}"
 
 
-def judge_response(fields: dict, *, tokens: int, long_prompt: bool,
-                   api_key_env: str = "VLLM_API_KEY") -> list[str]:
-    """What makes one warm-up response pass (SPEC section 7); [] means it passed."""
+def judge_response(fields: dict, *, tokens: int, is_b1: bool,
+                   api_key_env: str = "VLLM_API_KEY", key_set: bool = False) -> list[str]:
+    """What makes one warm-up response pass; [] means it passed."""
     if fields.get("transport_error"):
         return [fields["transport_error"]]
     status = fields["http_status"]
     if status != 200:
-        return [diagnose_http_error(status, fields["error"], fields["error_param"], api_key_env)]
+        return [diagnose_http_error(status, fields["error"], fields["error_param"], api_key_env,
+                                    key_set)]
     if fields["body_error"]:
         return [fields["body_error"]]
     problems = []
@@ -870,11 +1770,12 @@ def judge_response(fields: dict, *, tokens: int, long_prompt: bool,
     if not fields["usage"]:
         problems.append("response has no usage object")
         return problems
+    problems += fields.get("usage_problems", [])
     completion, finish, stop = (fields["completion_tokens"], fields["finish_reason"],
                                 fields["stop_reason"])
     if completion == 1:
-        problems.append(f"one-token response: completion_tokens 1, finish_reason {finish!r}, "
-                        f"stop_reason {stop!r} (EOS or a stop ended it)")
+        problems.append(f"one-token response: completion_tokens 1 (finish_reason {finish!r}, "
+                        f"stop_reason {stop!r})")
     elif completion is None:
         problems.append("usage.completion_tokens missing")
     elif completion != tokens:
@@ -883,7 +1784,7 @@ def judge_response(fields: dict, *, tokens: int, long_prompt: bool,
         problems.append(f"finish_reason {finish!r}, expected 'length'")
     if stop is not None:
         problems.append(f"stop_reason {stop!r}, expected null")
-    if long_prompt:
+    if is_b1:
         prompt, cached = fields["prompt_tokens"], fields["cached_tokens"]
         if prompt is None:
             problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
@@ -893,12 +1794,12 @@ def judge_response(fields: dict, *, tokens: int, long_prompt: bool,
         if cached:
             problems.append(f"B1 cached_tokens {cached}, expected 0: a cached prefix matched, "
                             f"so the long prefill did not run in full")
-    return problems
+    return [clean_text(p, PROBLEM_LIMIT) for p in problems]
 
 
-def judge_wave(requests: list[dict], depth: int) -> list[str]:
-    """A wave passes when all `depth` requests ran and passed."""
-    name = wave_name(depth)
+def judge_wave(requests: list[dict], depth: int, engine: int | None = None) -> list[str]:
+    """A wave passes (on one engine) when all `depth` requests ran and passed."""
+    name = wave_name(depth) + ("" if engine is None else f" engine {engine}")
     problems = []
     if len(requests) != depth:
         problems.append(f"{name}: {len(requests)} of {depth} requests ran")
@@ -909,12 +1810,13 @@ def judge_wave(requests: list[dict], depth: int) -> list[str]:
 
 
 def request_label(record: dict) -> str:
-    """How problems name a request: B2#1 for a warm-up wave, 'single round 1#0' for a probe."""
+    """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe)."""
     where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
-    return f"{where}#{record.get('index')}"
+    engine = record.get("engine")
+    return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
 
 
-def judge_run(requests: list[dict], planned: int, problems: list[str], refusal: list[str],
+def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusal: list[str],
               elapsed_s: float, deadline_s: float) -> tuple[str, int, list[str]]:
     """The run's verdict: pass only with every planned request passed, in time, unrefused."""
     problems = list(problems)
@@ -938,16 +1840,49 @@ def judge_run(requests: list[dict], planned: int, problems: list[str], refusal: 
 # The records: sanitize, append line by line.
 # ---------------------------------------------------------------------------
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+# Control characters, line and paragraph separators, bidi overrides and zero-width marks:
+# nothing from a server may move the cursor, start a line or hide text on a terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e"
+                      r"\u2066-\u2069\ufeff]+")
 
 
 def clean_text(text: str, limit: int, redact: tuple[str, ...] = ()) -> str:
     """One line, no control characters, secrets replaced, at most `limit` characters."""
+    if len(text) > 64 * limit:
+        text = text[:64 * limit]
     for secret in redact:
         if secret:
             text = text.replace(secret, "[redacted]")
     text = " ".join(_CONTROL.sub(" ", text).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+_FILLER = frozenset(FILLER_WORDS)
+_WORD = re.compile(r"[A-Za-z0-9_-]+")
+_HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")
+
+
+def scrub(text: str, limit: int, redact: tuple[str, ...] = ()) -> str:
+    """A server's message made safe to show: our prompts' text and nonces removed, cleaned.
+
+    Validation errors echo the request: any run of three or more of our filler words, and
+    any nonce or prompt tag, becomes [prompt text].
+    """
+    text = text[:64 * limit]
+    words = list(_WORD.finditer(text))
+    spans, run = [], []
+    for match in words + [None]:
+        ours = match is not None and (match.group().lower() in _FILLER
+                                      or _HEX_TAG.fullmatch(match.group()))
+        if ours:
+            run.append(match)
+            continue
+        if len(run) >= 3 or any(_HEX_TAG.fullmatch(m.group()) for m in run):
+            spans.append((run[0].start(), run[-1].end()))
+        run = []
+    for start, end in reversed(spans):
+        text = text[:start] + "[prompt text]" + text[end:]
+    return clean_text(text, limit, redact)
 
 
 def _short_str(value, limit: int, redact: tuple[str, ...] = ()) -> str | None:
@@ -956,7 +1891,8 @@ def _short_str(value, limit: int, redact: tuple[str, ...] = ()) -> str | None:
 
 def clean_stop_reason(value, redact: tuple[str, ...] = ()) -> int | str | None:
     """stop_reason as the server gave it (a token id or a stop string, cut to 64 characters)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                         and abs(value) < 1 << 53):
         return value
     if isinstance(value, str):
         return clean_text(value, STOP_REASON_LIMIT, redact)
@@ -970,29 +1906,28 @@ def json_number(value: float):
     return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
 
-def request_record(run_id: str, depth: int, slot: Slot, plan: Plan, api_key_env: str,
-                   redact: tuple[str, ...]) -> dict:
-    """Build a request record from what one client got: counts, reasons, verdict."""
+def request_record(run: Run, depth: int, slot: Slot, first: bool) -> dict:
+    """A request record from what one client got: counts, reasons, verdict."""
+    timing = slot_timing(slot)
     if slot.response is not None:
-        fields = extract_fields(slot.response.status, slot.response.body, redact)
+        fields = extract_fields(slot.response.status, slot.response.body, run.redact)
     else:
-        fields = {"http_status": None, "transport_error": slot.error.problem if slot.error
-                  else "no response"}
-    problems = judge_response(fields, tokens=plan.tokens, long_prompt=(depth == plan.waves[0]),
-                              api_key_env=api_key_env)
-    latency = (slot.done_at - slot.sent_at) if slot.sent_at is not None and slot.done_at else None
+        fields = {"http_status": None, "transport_error": timing["transport_error"]}
+    problems = judge_response(fields, tokens=run.settings.plan.tokens, is_b1=first,
+                              api_key_env=run.settings.api_key_env,
+                              key_set=bool(run.settings.api_key))
     return {
-        "record": "request", "run_id": run_id, "request_id": slot.request_id,
-        "wave": wave_name(depth), "index": slot.index,
-        "http_status": fields.get("http_status"),
+        "record": "request", "run_id": run.settings.plan.run_id, "request_id": slot.request_id,
+        "wave": wave_name(depth), "index": slot.index, "engine": slot.engine,
+        "http_status": timing["http_status"],
         "prompt_tokens": fields.get("prompt_tokens"),
         "cached_tokens": fields.get("cached_tokens"),
         "completion_tokens": fields.get("completion_tokens"),
         "reasoning_tokens": fields.get("reasoning_tokens"),
         "finish_reason": fields.get("finish_reason"),
         "stop_reason": fields.get("stop_reason"),
-        "latency_s": None if latency is None else round(latency, 4),
-        "sent_at_s": None if slot.sent_at is None else round(slot.sent_at, 4),
+        "latency_s": timing["latency_s"],
+        "sent_at_s": timing["sent_at_s"],
         "ok": not problems,
         "problems": problems,
         "error": fields.get("error") or fields.get("transport_error"),
@@ -1001,17 +1936,38 @@ def request_record(run_id: str, depth: int, slot: Slot, plan: Plan, api_key_env:
     }
 
 
-def default_records_path(run_id: str) -> str:
+def default_records_path(run_id: str, kind: str = "warmup") -> str:
     directory = os.environ.get("WARMUP_RECORDS_DIR") or "warmup-records"
-    return os.path.join(directory, f"warmup-{run_id}.jsonl")
+    return os.path.join(directory, f"{kind}-{run_id}.jsonl")
 
 
 def open_records(path: str):
-    """Open the records file for appending; OSError when it cannot be written."""
+    """Open the records file for appending; OSError when it cannot be written.
+
+    Only a regular file: a FIFO without a reader would block the open, a device may
+    swallow or refuse what is written. A file cut mid-line by a kill gets a newline
+    first, so the next record starts on a line of its own.
+    """
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    return open(path, "a", encoding="utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    try:
+        info = os.fstat(fd)
+        import stat
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(0, "not a regular file")
+        os.set_blocking(fd, True)
+        needs_newline = info.st_size > 0 and os.pread(os.open(path, os.O_RDONLY), 1,
+                                                      info.st_size - 1) != b"\n"
+        stream = os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+    if needs_newline:
+        stream.write("\n")
+        stream.flush()
+    return stream
 
 
 def append_record(stream, record: dict) -> None:
@@ -1021,205 +1977,59 @@ def append_record(stream, record: dict) -> None:
 
 
 # ---------------------------------------------------------------------------
-# The run: resolve the server, size B1, then guard + wave, in order, to the verdict.
+# What the terminal shows: one line per wave (and engine), counters, the verdict.
 # ---------------------------------------------------------------------------
 
-@dataclass
-class Run:
-    """What one run has learned and written so far (only the main thread touches it)."""
-    plan: Plan
-    target: Target
-    clock: Clock
-    records: object
-    say: object
-    api_key: str | None
-    api_key_env: str
-    model: str | None = None
-    max_model_len: int | None = None
-    server_version: str | None = None
-    b1_prompt: str | None = None
-    b1_counted: int | None = None
-    run_written: bool = False
-    requests: list = field(default_factory=list)
-    problems: list = field(default_factory=list)
-    refusal: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    warnings: list = field(default_factory=list)
-    current_wave: str | None = None
-    metrics_urls: list = field(default_factory=list)      # more Prometheus endpoints (Targets)
-    status_files: list = field(default_factory=list)
-    status_wait_s: float = 15.0
-    before: dict = field(default_factory=dict)            # source -> (counters or None, why)
-    before_status: dict = field(default_factory=dict)     # path -> (document or None, why)
-    counter_highlights: dict | None = None
-    planned: int | None = None                            # requests planned, when not the waves'
-    probe_plan: dict | None = None                        # the probe's plan, recorded instead
+class Printer:
+    """Human lines go out through a daemon thread, so a terminal that stops reading can
+    never hold the run, and a closed one (`| head -1`) ends the printing, not the run."""
 
-    @property
-    def redact(self) -> tuple[str, ...]:
-        return tuple(s for s in (self.api_key, self.target.credentials) if s)
+    def __init__(self, stream):
+        self.stream = stream
+        self.lines: queue.Queue = queue.Queue()
+        self.closed = False
+        self.thread = threading.Thread(target=self._drain, name="warmup-printer", daemon=True)
+        self.thread.start()
 
-    def write(self, record: dict) -> None:
-        append_record(self.records, record)
+    def say(self, line: str, stream=None) -> None:
+        self.lines.put((line, stream or self.stream))
+
+    def _drain(self) -> None:
+        while True:
+            line, stream = self.lines.get()
+            if line is None:
+                return
+            if self.closed:
+                continue
+            try:
+                print(line, file=stream, flush=True)
+            except (OSError, ValueError):
+                self.closed = True          # the reader went away: keep running, print no more
+                _silence(stream)
+
+    def close(self, wait_s: float) -> bool:
+        """Wait up to `wait_s` for the lines to go out; False when the terminal is stuck."""
+        self.lines.put((None, None))
+        self.thread.join(wait_s)
+        return not self.thread.is_alive()
 
 
-def resolve_model(run: Run, wanted: str | None) -> None:
-    """Find the model (and its max_model_len) in GET /v1/models."""
-    status, doc = _lookup(run, "GET", "/v1/models")
-    if status == 401:
-        raise Fatal(diagnose_http_error(401, None, None, run.api_key_env))
-    entries = doc.get("data") if status == 200 and isinstance(doc, dict) else None
-    if not isinstance(entries, list):
-        if wanted:
-            run.model = wanted
-            return
-        raise Fatal(f"cannot find the model: GET /v1/models answered HTTP {status}; "
-                    f"pass --model or set WARMUP_MODEL", EXIT_USAGE)
-    served = {str(e.get("id")): e for e in entries if isinstance(e, dict)}
-    names = ", ".join(clean_text(n, 80) for n in sorted(served))
-    if wanted and wanted not in served:
-        raise Fatal(f"model {clean_text(wanted, 80)!r} is not served at {run.target.display}; "
-                    f"served: {names or 'none'}", EXIT_USAGE)
-    if not wanted and len(served) != 1:
-        raise Fatal(f"the server serves {len(served)} models ({names or 'none'}); "
-                    f"choose one with --model", EXIT_USAGE)
-    run.model = wanted or next(iter(served))
-    run.max_model_len = _count(served[run.model].get("max_model_len"))
-
-
-def _lookup(run: Run, method: str, path: str, body: dict | None = None) -> tuple[int, object]:
+def _silence(stream) -> None:
+    """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
     try:
-        return fetch_json(run.target, run.clock, method, path, body, run.api_key)
-    except TransportError as exc:
-        raise Fatal(exc.problem if exc.kind == "connect" else f"{method} {path}: {exc.problem}")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
-def read_server_version(run: Run) -> None:
-    try:
-        status, doc = _lookup(run, "GET", "/version")
-    except Fatal:
-        return
-    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
-        run.server_version = clean_text(doc["version"], 64)
-
-
-def size_b1(run: Run) -> None:
-    """Size the long prompt with the server's tokenizer when it has /tokenize, else estimate."""
-    budget = b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len)
-    nonce = "warmup-" + os.urandom(12).hex()
-
-    def count(prompt: str) -> int | None:
-        status, doc = _lookup(run, "POST", "/tokenize", {"model": run.model, "prompt": prompt})
-        if status != 200 or not isinstance(doc, dict) or _count(doc.get("count")) is None:
-            return None
-        if run.max_model_len is None:
-            run.max_model_len = _count(doc.get("max_model_len"))
-        return doc["count"]           # only the count: the ids are dropped with `doc`
-
-    run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, budget)
-    tighter = b1_budget(run.plan.b1_tokens, run.plan.tokens, run.max_model_len)
-    if tighter < budget:              # /tokenize told a smaller context than /v1/models did
-        run.b1_prompt, run.b1_counted = size_long_prompt(count, nonce, tighter)
-
-
-def write_run_record(run: Run) -> None:
-    if run.run_written:
-        return
-    run.run_written = True
-    plan = run.probe_plan or plan_description(run.plan)
-    plan["b1_prompt_tokens_counted"] = run.b1_counted
-    plan["b1_sizing"] = "tokenize" if run.b1_counted is not None else "estimate"
-    run.write({
-        "record": "run", "run_id": run.plan.run_id,
-        "mode": "probe" if run.probe_plan else "warmup",
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "base_url": run.target.display,
-        "model": clean_text(run.model, 200, run.redact) if run.model else None,
-        "max_model_len": run.max_model_len, "plan": plan,
-        "versions": {"helper": __version__, "python": sys.version.split()[0],
-                     "server": run.server_version},
-        "api_key_env": run.api_key_env, "api_key_set": bool(run.api_key),
-        "pid": os.getpid(),
-    })
-
-
-def check_guard(run: Run, depth: int) -> bool:
-    """Read /metrics (one retry on a transport error) and record the gauges; False = refused."""
-    name = wave_name(depth)
-    for attempt in (1, 2):
-        try:
-            response = fetch(run.target, run.clock, "GET", "/metrics")
-            break
-        except TransportError as exc:
-            if attempt == 2 or exc.kind == "deadline" or run.clock.remaining() <= 1:
-                raise Fatal(f"guard before {name}: {exc.problem}")
-            time.sleep(METRICS_RETRY_PAUSE_S)
-    samples, bad = [], 0
-    if response.status != 200:
-        problems = [f"guard cannot be read: GET /metrics answered HTTP {response.status}"]
-    else:
-        samples, bad = parse_prometheus(response.body.decode("utf-8", "replace"))
-        problems = guard_problems(samples)
-        if bad and not samples:
-            problems.insert(0, "guard cannot be read: /metrics is not Prometheus text")
-        source = metrics_source(run.target, "/metrics")
-        if samples and source not in run.before:      # the read before the first wave
-            run.before[source] = (counters(samples), None)
-    run.write({
-        "record": "gauges", "run_id": run.plan.run_id, "wave": name,
-        "at_s": round(run.clock.elapsed(), 4), "ok": not problems,
-        "samples": [{"name": n, "labels": {k: clean_text(v, 200) for k, v in lab.items()},
-                     "value": json_number(v)} for n, lab, v in samples if n in GAUGES],
-        "unparsed_lines": bad, "problems": problems,
-    })
-    if problems:
-        run.refusal += [f"refused before {name}: {p}" for p in problems]
-    return not problems
-
-
-def wave_slots(run: Run, depth: int, first: bool) -> list[Slot]:
-    """The wave's requests, encoded before any client connects."""
-    slots = []
-    for index in range(depth):
-        rid = request_id(run.plan.run_id, depth, index)
-        prompt = run.b1_prompt if first else short_prompt(run.plan.run_id, depth, index)
-        payload = encode_request(run.target, "POST", "/v1/completions",
-                                 completion_body(run.model, prompt, rid, run.plan), run.api_key)
-        slots.append(Slot(index, rid, payload))
-    return slots
-
-
-def run_one_wave(run: Run, depth: int, first: bool) -> None:
-    name = wave_name(depth)
-    run.current_wave = name
-    slots = wave_slots(run, depth, first)
-    started = run.clock.elapsed()
-    finished = run_wave(run.target, run.clock, slots)
-    duration = run.clock.elapsed() - started
-    records = [request_record(run.plan.run_id, depth, slot, run.plan, run.api_key_env,
-                              run.redact) for slot in finished]
-    for record in records:
-        run.write(record)
-    run.requests += records
-    problems = judge_wave(records, depth)
-    skew = release_skew_ms(finished)
-    run.write({"record": "wave", "run_id": run.plan.run_id, "wave": name, "depth": depth,
-               "release_skew_ms": skew, "duration_s": round(duration, 4),
-               "started_at_s": round(started, 4), "ok": not problems,
-               "requests_ok": sum(r["ok"] for r in records), "problems": problems})
-    run.current_wave = None
-    run.say(wave_line(name, records, skew, duration, first))
-    if first and records and records[0]["http_status"] == 200 \
-            and records[0]["cached_tokens"] is None:
-        run.notes.append("B1 cache check not made: the server does not report cached tokens "
-                         "(start it with --enable-prompt-tokens-details to check)")
-
-
-def wave_line(name: str, records: list[dict], skew: float | None, duration: float,
-              first: bool) -> str:
+def wave_line(name: str, engine: int | None, records: list[dict], skew: float | None,
+              duration: float, first: bool) -> str:
     ok = sum(r["ok"] for r in records)
-    line = (f"{name:<4} {ok}/{len(records)} ok  skew {'-' if skew is None else f'{skew:.1f}'} ms"
-            f"  {duration:.2f} s")
+    where = name if engine is None else f"{name} e{engine}"
+    line = (f"{where:<4} {ok}/{len(records)} ok  skew {'-' if skew is None else f'{skew:.1f}'}"
+            f" ms  {duration:.2f} s")
     if first and records:
         cached = records[0]["cached_tokens"]
         line += (f"  prompt {records[0]['prompt_tokens']}"
@@ -1228,124 +2038,6 @@ def wave_line(name: str, records: list[dict], skew: float | None, duration: floa
         if not r["ok"]:
             line += f"\n     #{r['index']}: " + "; ".join(r["problems"])
     return line
-
-
-def execute(run: Run, wanted_model: str | None) -> None:
-    """Everything that talks to the server, in order; Fatal ends it early."""
-    resolve_model(run, wanted_model)
-    read_server_version(run)
-    size_b1(run)
-    write_run_record(run)
-    run.say(f"warm-up {run.plan.run_id}: {run.target.display} model {run.model}, waves "
-            f"{','.join(wave_name(d) for d in run.plan.waves)} ({run.plan.requests_total} "
-            f"requests), B1 prompt {run.b1_counted or 'estimated'} tokens, deadline "
-            f"{run.plan.deadline_s:g} s")
-    snapshot_before(run)
-    run_waves(run)
-    if run.requests:
-        snapshot_after(run)
-
-
-def run_waves(run: Run) -> None:
-    """Guard, then wave, in order; stops at a refusal or at the deadline."""
-    for position, depth in enumerate(run.plan.waves):
-        if run.clock.remaining() <= 0:
-            rest = ",".join(wave_name(d) for d in run.plan.waves[position:])
-            run.problems.append(f"deadline passed before {wave_name(depth)}: waves {rest} "
-                                f"not run")
-            return
-        if not check_guard(run, depth):
-            return
-        run_one_wave(run, depth, first=(position == 0))
-
-
-def metrics_source(target: Target, path: str = "") -> str:
-    return target.display + path
-
-
-def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str | None]:
-    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
-    try:
-        response = fetch(target, run.clock, "GET", path)
-    except TransportError as exc:
-        return None, exc.problem
-    if response.status != 200:
-        return None, f"HTTP {response.status}"
-    samples, _ = parse_prometheus(response.body.decode("utf-8", "replace"))
-    return (counters(samples), None) if samples else (None, "not Prometheus text")
-
-
-def wait_for_status(run: Run, path: str) -> tuple[dict | None, str | None]:
-    """The status file once rewritten after this moment, within --status-wait-s and the deadline."""
-    asked = time.time()
-    limit = time.monotonic() + min(run.status_wait_s, max(run.clock.remaining() - 1, 0))
-    while True:
-        try:
-            if os.stat(path).st_mtime > asked:
-                with open(path, encoding="utf-8") as handle:
-                    doc = json.load(handle)
-                if isinstance(doc, dict):
-                    return doc, None
-        except FileNotFoundError:
-            if time.monotonic() >= limit:
-                return None, "missing"
-        except (OSError, ValueError):
-            pass                                # being rewritten: read it again
-        if time.monotonic() >= limit:
-            return None, (f"stale: not rewritten within {run.status_wait_s:g} s "
-                          f"(or the time left to the deadline)")
-        time.sleep(0.1)
-
-
-def snapshot_before(run: Run) -> None:
-    for target in run.metrics_urls:
-        run.before[metrics_source(target)] = read_counters(run, target, "")
-    for path in run.status_files:
-        run.before_status[path] = wait_for_status(run, path)
-
-
-AFTER_READS_MIN_LEFT_S = 1.0   # the reads after the last wave must not make a run late
-
-
-def snapshot_after(run: Run) -> None:
-    """Read every counter source and status file again; record deltas and cross-checks.
-
-    Skipped (and said) when less than a second is left: a run that finished its waves in
-    time must not become late for the sake of its counters.
-    """
-    if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
-        run.warnings.append("counter deltas and status files not read after the last wave: "
-                            "less than 1 s left to the deadline")
-        return
-    main = metrics_source(run.target, "/metrics")
-    sources = [(main, run.target, "/metrics")] + [(metrics_source(t), t, "")
-                                                   for t in run.metrics_urls]
-    for source, target, path in sources:
-        before, why_before = run.before.get(source, (None, "not read before the first wave"))
-        after, why_after = read_counters(run, target, path)
-        deltas = counter_deltas(before, after)
-        why = why_before or why_after
-        record = {"record": "metrics", "run_id": run.plan.run_id, "source": source,
-                  "state": "incomplete" if why else "complete",
-                  "why": None if not why else f"{'before' if why_before else 'after'}: {why}",
-                  "meaning": COUNTER_MEANING, "deltas": deltas, "highlights": highlighted(deltas)}
-        if source == main:
-            run.counter_highlights = record["highlights"]
-            record["warnings"] = [] if why else cross_check(deltas, run.requests)
-            run.warnings += record["warnings"]
-            if why:
-                run.warnings.append(f"counter deltas incomplete: {record['why']}")
-        run.write(record)
-    for path in run.status_files:
-        before, why_before = run.before_status.get(path, (None, "not read"))
-        after, why_after = wait_for_status(run, path)
-        why = (f"before: {why_before}" if why_before else None) or \
-            (f"after: {why_after}" if why_after else None)
-        result = status_delta(before, after, why)
-        run.write(dict({"record": "status", "run_id": run.plan.run_id, "path": path}, **result))
-        if result["state"] != "valid":
-            run.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
-    run.say(counters_line(run.counter_highlights))
 
 
 def counters_line(highlights: dict | None) -> str:
@@ -1366,30 +2058,6 @@ def counters_line(highlights: dict | None) -> str:
         f"{k} {'n/a' if v is None else f'+{v:g}'}" for k, v in totals.items())
 
 
-def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None,
-              extra: list[str] = ()) -> dict:
-    """Write the summary record from what the run has; returns it."""
-    elapsed = run.clock.elapsed()
-    planned = run.planned or run.plan.requests_total
-    if verdict is None:
-        verdict, exit_code, problems = judge_run(run.requests, planned,
-                                                 run.problems + list(extra), run.refusal,
-                                                 elapsed, run.plan.deadline_s)
-    else:
-        problems = run.problems + run.refusal + list(extra)
-    write_run_record(run)
-    summary = {
-        "record": "summary", "run_id": run.plan.run_id, "verdict": verdict,
-        "exit_code": exit_code, "requests_ok": sum(r["ok"] for r in run.requests),
-        "requests_total": planned, "requests_ran": len(run.requests),
-        "elapsed_s": round(elapsed, 4), "deadline_s": run.plan.deadline_s,
-        "problems": problems, "notes": run.notes, "warnings": run.warnings,
-        "counters": run.counter_highlights,
-    }
-    run.write(summary)
-    return summary
-
-
 def verdict_line(summary: dict, records_path: str) -> str:
     head = (f"{summary['verdict'].upper()} (exit {summary['exit_code']}): "
             f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
@@ -1403,565 +2071,295 @@ def verdict_line(summary: dict, records_path: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# report: read a records file back (also one cut short by a kill).
-# ---------------------------------------------------------------------------
-
-def load_records(path: str) -> tuple[list[dict], list[str]]:
-    """Parse a records file; stop at the first damaged line and say where the file ends."""
-    records, issues = [], []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        text = handle.read()
-    lines = text.split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except ValueError:
-            issues.append(f"line {number} is not valid JSON: the file ends there "
-                          f"(cut short by a kill?)")
-            break
-        if isinstance(record, dict) and "record" in record:
-            records.append(record)
-    if text and not text.endswith("\n") and not issues:
-        issues.append("the last line has no newline: the file was cut short")
-    return records, issues
-
-
-def build_report(records: list[dict], issues: list[str]) -> dict:
-    """A records file as one object: plan, requests, waves, counters, problems, verdict."""
-    by_kind: dict[str, list[dict]] = {}
-    for record in records:
-        by_kind.setdefault(record["record"], []).append(record)
-    summaries = by_kind.get("summary", [])
-    summary = summaries[-1] if summaries else None
-    ends = "summary" if summary else (
-        f"no summary: the file ends after a '{records[-1]['record']}' record (the run was "
-        f"killed, or is still running)" if records else "no records")
-    problems = list(summary["problems"]) if summary else []
-    if not summary:                   # cut short: name what failed before the cut
-        for record in by_kind.get("request", []) + by_kind.get("probe", []):
-            if not record.get("ok"):
-                problems += [f"{request_label(record)}: {p}" for p in record["problems"]]
-    return {
-        "run": (by_kind.get("run") or [None])[-1],
-        "requests": [{k: r.get(k) for k in ("wave", "index", "request_id", "http_status",
-                                            "prompt_tokens", "cached_tokens",
-                                            "completion_tokens", "finish_reason", "stop_reason",
-                                            "latency_s", "ok")}
-                     for r in by_kind.get("request", [])],
-        "waves": [{k: w.get(k) for k in ("wave", "depth", "release_skew_ms", "duration_s", "ok")}
-                  for w in by_kind.get("wave", [])],
-        "metrics": [{k: m.get(k) for k in ("source", "state", "why", "highlights", "warnings")}
-                    for m in by_kind.get("metrics", [])],
-        "status": [{k: r.get(k) for k in ("path", "state", "why", "delta")}
-                   for r in by_kind.get("status", [])],
-        "probe": [{k: r.get(k) for k in ("item", "round", "index", "ttft_s", "total_s", "ok")}
-                  for r in by_kind.get("probe", [])],
-        "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
-        "problems": problems,
-        "verdict": summary["verdict"] if summary else None,
-        "exit_code": summary["exit_code"] if summary else None,
-        "ends": ends,
-        "issues": issues,
-    }
-
-
-def _cell(value) -> str:
-    return "-" if value is None else str(value)
-
-
-def format_report(report: dict) -> str:
-    lines = []
-    run = report["run"]
-    if run and run.get("mode") == "probe":
-        plan = run.get("plan") or {}
-        lines.append(f"probe {run.get('run_id')}: {run.get('base_url')} model {run.get('model')} "
-                     f"(server {(run.get('versions') or {}).get('server')}), "
-                     f"{plan.get('rounds')} rounds of "
-                     f"{', '.join(i['item'] for i in plan.get('items', []))}, "
-                     f"{plan.get('requests_total')} requests, deadline {plan.get('deadline_s')} s")
-    elif run:
-        plan = run.get("plan") or {}
-        waves = ",".join(w["wave"] for w in plan.get("waves", []))
-        lines.append(f"run {run.get('run_id')}: {run.get('base_url')} model {run.get('model')} "
-                     f"(server {(run.get('versions') or {}).get('server')}), waves {waves}, "
-                     f"{plan.get('requests_total')} requests, B1 "
-                     f"{plan.get('b1_prompt_tokens_counted') or 'estimated'} tokens, deadline "
-                     f"{plan.get('deadline_s')} s")
-    if report["requests"]:
-        columns = ("wave", "request_id", "http_status", "prompt_tokens", "cached_tokens",
-                   "completion_tokens", "finish_reason", "stop_reason", "latency_s", "ok")
-        heads = ("wave", "id", "status", "prompt", "cached", "completion", "finish", "stop",
-                 "latency", "ok")
-        rows = [heads] + [tuple(_cell(r[c]) for c in columns) for r in report["requests"]]
-        widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
-        lines += ["", *("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip()
-                        for row in rows)]
-    if report["waves"]:
-        lines.append("")
-        lines += [f"{w['wave']:<4} depth {w['depth']}  skew {_cell(w['release_skew_ms'])} ms  "
-                  f"{_cell(w['duration_s'])} s  {'ok' if w['ok'] else 'FAILED'}"
-                  for w in report["waves"]]
-    for m in report["metrics"]:
-        lines += ["", f"counter deltas from {m['source']} ({m['state']}"
-                  f"{': ' + m['why'] if m['why'] else ''}):"]
-        lines += [f"  {k} {_cell(v)}" for k, v in (m["highlights"] or {}).items()]
-        lines += [f"  warning: {w}" for w in m.get("warnings") or []]
-    for st in report["status"]:
-        lines.append(f"status file {st['path']}: {st['state']}"
-                     f"{': ' + st['why'] if st['why'] else ''}")
-    if report["probe_summary"]:
-        lines += ["", "probe (first round against the median of later rounds):"]
-        lines += [probe_line(item) for item in report["probe_summary"]["items"]]
-    if report["problems"]:
-        lines += ["", "problems:"] + [f"  - {p}" for p in report["problems"]]
-    lines.append("")
-    lines += [f"note: {issue}" for issue in report["issues"]]
-    verdict = report["verdict"]
-    lines.append(f"verdict: {verdict} (exit {report['exit_code']})" if verdict
-                 else f"verdict: none ({report['ends']})")
-    return "\n".join(lines).lstrip("\n")
-
-
-def report_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="warmup.py report",
-        description="Print a readable report of a warm-up (or probe) records file, also one cut "
-                    "short by a kill. Exit status: the run's own (0 pass), 1 when the file has "
-                    "no summary, 2 when it cannot be read.")
-    parser.add_argument("records", help="the JSON Lines records file")
-    parser.add_argument("--json", action="store_true", help="the report as one JSON object")
-    args = parser.parse_args(argv)
-    try:
-        records, issues = load_records(args.records)
-    except OSError as exc:
-        print(f"warmup.py report: cannot read {args.records}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return EXIT_USAGE
-    report = build_report(records, issues)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
-    return report["exit_code"] if report["exit_code"] is not None else EXIT_FAIL
-
-
-# ---------------------------------------------------------------------------
-# probe: time to first token, first round against later rounds (did the warm-up work?).
-# ---------------------------------------------------------------------------
-
-PROBE_ITEMS = (("single", 1), ("burst3", 3), ("burst4", 4))
-
-
-def probe_body(model: str, prompt: str, rid: str, plan: Plan) -> dict:
-    """A warm-up request, streamed with usage in the last event (the text is never kept)."""
-    return dict(completion_body(model, prompt, rid, plan), stream=True,
-                stream_options={"include_usage": True})
-
-
-def stream_usage(body: bytes) -> tuple[dict | None, bool]:
-    """(the last usage object, whether the stream ended with [DONE]) of an SSE body."""
-    usage, done = None, False
-    for line in body.split(b"\n"):
-        line = line.strip()
-        if line == b"data: [DONE]":
-            done = True
-        elif line.startswith(b"data: {") and b'"usage"' in line:
-            try:
-                doc = json.loads(line[6:])
-            except ValueError:
-                continue
-            if isinstance(doc.get("usage"), dict):
-                usage = doc["usage"]
-    return usage, done
-
-
-def probe_record(run_id: str, item: str, round_no: int, slot: Slot, tokens: int,
-                 api_key_env: str, redact: tuple[str, ...]) -> dict:
-    """One streamed request: when its first token and its end came; counts only, no text."""
-    problems, usage = [], None
-    response = slot.response
-    if response is None:
-        problems.append(slot.error.problem if slot.error else "no response")
-    elif response.status != 200:
-        fields = extract_fields(response.status, response.body, redact)
-        problems.append(diagnose_http_error(response.status, fields["error"],
-                                            fields["error_param"], api_key_env))
-    else:
-        usage, done = stream_usage(response.body)
-        if not done:
-            problems.append("stream did not end with [DONE]")
-        if usage is None:
-            problems.append("stream carried no usage")
-        elif _count(usage.get("completion_tokens")) != tokens:
-            problems.append(f"completion_tokens {usage.get('completion_tokens')!r}, "
-                            f"expected {tokens}")
-        if response.watched_at is None:
-            problems.append("no token text arrived")
-    sent = slot.sent_at
-    first = response.watched_at if response is not None else None
-    return {
-        "record": "probe", "run_id": run_id, "item": item, "round": round_no,
-        "index": slot.index, "request_id": slot.request_id,
-        "http_status": response.status if response is not None else None,
-        "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
-        "total_s": round(slot.done_at - sent, 4) if sent is not None and slot.done_at else None,
-        "prompt_tokens": _count((usage or {}).get("prompt_tokens")),
-        "completion_tokens": _count((usage or {}).get("completion_tokens")),
-        "ok": not problems, "problems": problems,
-    }
-
-
-def _median(values: list[float]) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
-def _slowest(values: list[float | None]) -> float | None:
-    """A burst is as slow as its slowest request; a missing time makes the round unknown."""
-    return None if not values or None in values else max(values)
-
-
-def probe_summary(records: list[dict]) -> list[dict]:
-    """Per item: round 1 against the median of later rounds (each round: its slowest request),
-    for TTFT and total; a ratio, never a verdict."""
-    items = []
-    for item in dict.fromkeys(r["item"] for r in records):
-        rounds: dict[int, list[dict]] = {}
-        for r in records:
-            if r["item"] == item:
-                rounds.setdefault(r["round"], []).append(r)
-        per_round = {n: (_slowest([r["ttft_s"] for r in rs]), _slowest([r["total_s"] for r in rs]))
-                     for n, rs in rounds.items()}
-        first = per_round.get(1, (None, None))
-        later = [v for n, v in per_round.items() if n > 1]
-        entry = {"item": item, "rounds": len(per_round)}
-        for i, name in enumerate(("ttft", "total")):
-            warm = _median([v[i] for v in later])
-            entry[f"{name}_first_s"] = first[i]
-            entry[f"{name}_later_median_s"] = warm
-            entry[f"{name}_ratio"] = round(first[i] / warm, 2) if first[i] and warm else None
-        items.append(entry)
-    return items
-
-
-def probe_line(entry: dict) -> str:
-    def ms(v):
-        return "-" if v is None else f"{v * 1000:.0f} ms"
-    return (f"  {entry['item']:<7} TTFT first {ms(entry['ttft_first_s'])} vs later "
-            f"{ms(entry['ttft_later_median_s'])} (x{_cell(entry['ttft_ratio'])}); total first "
-            f"{ms(entry['total_first_s'])} vs later {ms(entry['total_later_median_s'])} "
-            f"(x{_cell(entry['total_ratio'])})")
-
-
-def run_probe(run: Run, rounds: int, long_tokens: int) -> list[dict]:
-    """Rounds of single, burst3, burst4 (and long); each item behind the guard, like a wave."""
-    items = list(PROBE_ITEMS) + ([("long", 1)] if long_tokens else [])
-    records = []
-    for round_no in range(1, rounds + 1):
-        for item, depth in items:
-            if run.clock.remaining() <= 0:
-                run.problems.append(f"deadline passed before round {round_no} {item}")
-                return records
-            if not check_guard(run, depth):
-                return records
-            run.current_wave = f"{item} round {round_no}"
-            slots = []
-            for index in range(depth):
-                rid = f"probe-{run.plan.run_id}-{item}-r{round_no}-{index}"
-                prompt = run.b1_prompt if item == "long" else \
-                    short_prompt(f"{run.plan.run_id}-{round_no}", depth, index)
-                payload = encode_request(run.target, "POST", "/v1/completions",
-                                         probe_body(run.model, prompt, rid, run.plan),
-                                         run.api_key)
-                slots.append(Slot(index, rid, payload, stream=True))
-            for slot in run_wave(run.target, run.clock, slots):
-                record = probe_record(run.plan.run_id, item, round_no, slot, run.plan.tokens,
-                                      run.api_key_env, run.redact)
-                run.write(record)
-                records.append(record)
-            run.current_wave = None
-    return records
-
-
-def probe_main(argv: list[str]) -> int:
-    """warmup.py probe: the same connection options, guards, bounds and records as the warm-up."""
-    args = parse_args(argv, probe=True)
-    plan = Plan(new_run_id(), (1,), args.tokens, args.priority, max(args.long_tokens,
-                                                                    MIN_B1_PROMPT_TOKENS),
-                args.deadline_s, args.socket_cap_s)
-    if args.dry_run:
-        print(f"probe plan for {args.target.display}: {args.rounds} rounds of single, burst3, "
-              f"burst4{', long (' + str(args.long_tokens) + ' tokens)' if args.long_tokens else ''}"
-              f"; streaming, {plan.tokens} tokens each; deadline {plan.deadline_s:g} s")
-        return EXIT_PASS
-    return run_with_records(args, plan, lambda run: execute_probe(run, args))
-
-
-def execute_probe(run: Run, args: argparse.Namespace) -> None:
-    resolve_model(run, args.model)
-    read_server_version(run)
-    if args.long_tokens:
-        size_b1(run)
-    write_run_record(run)
-    run.say(f"probe {run.plan.run_id}: {run.target.display} model {run.model}, {args.rounds} "
-            f"rounds, deadline {run.plan.deadline_s:g} s")
-    records = run_probe(run, args.rounds, args.long_tokens)
-    run.requests = records          # judged like warm-up requests: every one must be ok
-    items = probe_summary(records)
-    run.write({"record": "probe_summary", "run_id": run.plan.run_id, "items": items,
-               "meaning": "first round against the median of later rounds; a ratio, "
-                          "not a verdict on the warm-up"})
-    run.say("probe (first round against the median of later rounds):")
-    for entry in items:
-        run.say(probe_line(entry))
-
-
-# ---------------------------------------------------------------------------
-# main()
+# The command line.
 # ---------------------------------------------------------------------------
 
 EPILOG = """\
 environment:
   WARMUP_BASE_URL     default for --base-url
   WARMUP_MODEL        default for --model
+  WARMUP_ENGINES      default for --engines
   WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
   VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
                       never printed or recorded (another variable: --api-key-env)
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95)
 
 exit status:
-  0    pass: every response as SPEC section 7 requires, in time
-  1    fail: a wrong response, a request error, cannot connect, or late
-  2    usage or configuration error (bad option, bad URL, unwritable records)
-  3    refused: a request gauge in /metrics was missing or non-zero before a wave
+  0    pass: every response as required (32 tokens, finish 'length', no stop reason;
+       B1 more than 4096 prompt tokens, none cached), in time
+  1    fail: a wrong response, a request error, cannot connect, context too small,
+       an engine short of its share, or late
+  2    usage or configuration error (bad option, bad URL, records not writable,
+       model not served, several models and no --model)
+  3    refused: a request gauge in /metrics was missing, unreadable or non-zero
   124  ended by warmup_serve.sh's hard bound (TERM); 137 if it had to KILL
-  143  the helper received SIGTERM (it wrote a 'killed' summary first)
+  129/130/143  the helper received SIGHUP / SIGINT (Ctrl-C) / SIGTERM and wrote a
+       'killed' summary first (any caught signal N: 128 + N)
 
-Readiness is not warm-up success: read the records before releasing producers.
+A wave's depth is client concurrency (requests released together), not the engine's
+batch shape. Not covered: long-context attention, every verification depth, deeper
+bands (B6/B8) unless asked for with --waves. Readiness is not warm-up success: read the
+records before releasing producers. The contract: CONTRACT.md beside this file.
 """
 
 
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
+def seconds(high: float = MAX_SECONDS):
+    """An argparse type: a number of seconds in (0, high]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0 < value <= high):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds greater than 0 and "
+                                             f"at most {high:g}, got {text!r}")
+        return value
+    parse.__name__ = "seconds"
+    return parse
 
 
-def waves_arg(text: str) -> tuple[int, ...]:
+def whole(low: int, high: int):
+    """An argparse type: a whole number in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
+                                             f"got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def waves_type(text: str) -> tuple[int, ...]:
     try:
         return parse_waves(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc))
 
 
-def build_parser(probe: bool = False) -> argparse.ArgumentParser:
+def parse_engines(text: str) -> tuple[int, ...]:
+    """'auto' stays; '0,2' -> (0, 2): distinct engine indexes."""
+    try:
+        engines = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"wants auto or engine indexes separated by commas, such as 0,1; "
+                         f"got {text!r}")
+    if any(e < 0 or e > 1023 for e in engines) or len(set(engines)) != len(engines):
+        raise ValueError(f"engine indexes must be distinct, from 0 to 1023; got {text!r}")
+    return engines
+
+
+def engines_type(text: str) -> str:
+    if text.strip() == "auto":
+        return "auto"
+    try:
+        return ",".join(map(str, parse_engines(text)))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def add_connection_options(parser: argparse.ArgumentParser) -> None:
+    """The options every command that talks to the server shares (warm-up, probe, gate)."""
     env = os.environ
-    if probe:
-        parser = argparse.ArgumentParser(
-            prog="warmup.py probe", epilog=EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-            description="Did the warm-up work? Measure time to first token and total time with "
-                        "streamed completions: a single request, a burst of 3 and a burst of 4 "
-                        "(and a long prompt), repeated --rounds times; report the first round "
-                        "against the median of the later ones. A ratio, never a verdict.")
-    else:
-        parser = argparse.ArgumentParser(
-            prog="warmup.py", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-            description="Warm up a freshly started vLLM server (waves B1..B4 of raw completions: "
-                        "a ~5K-token prefill, then batch depths 2-4), check every response, and "
-                        "write JSON Lines records that prove the warm-up ran. Also: "
-                        "'warmup.py report RECORDS' and 'warmup.py probe' (see their --help).")
-    parser.add_argument("--base-url", metavar="URL", default=env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
+    parser.add_argument("--base-url", metavar="URL",
+                        default=env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
                         help="the server's address, without /v1 (default: $WARMUP_BASE_URL, "
-                             "else %(default)s); credentials in it are never printed")
+                             "else %(default)s); credentials in it are never printed or sent")
     parser.add_argument("--model", metavar="NAME", default=env.get("WARMUP_MODEL") or None,
                         help="model name (default: $WARMUP_MODEL, else the only model in "
                              "GET /v1/models)")
+    parser.add_argument("--engines", metavar="auto|LIST", type=engines_type,
+                        default=env.get("WARMUP_ENGINES") or "auto",
+                        help="engines of a data-parallel server to cover: auto (every engine "
+                             "in /metrics' engine label; one engine: no routing header) or a "
+                             "list such as 0,2, each request carrying X-data-parallel-rank "
+                             "(default: $WARMUP_ENGINES, else auto)")
     parser.add_argument("--records", metavar="PATH",
                         help="JSON Lines records file, appended to (default: a new "
-                             "warmup-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
-    parser.add_argument("--deadline-s", metavar="S", type=positive_float, default=90.0,
-                        help="the helper's deadline from its start; no wave starts after it "
-                             "and a run that ends after it fails (default: %(default)g)")
-    parser.add_argument("--socket-cap-s", metavar="S", type=positive_float, default=60.0,
+                             "<kind>-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
+    parser.add_argument("--deadline-s", metavar="S", type=seconds(), default=90.0,
+                        help="the deadline from the start; nothing starts after it and a run "
+                             "that ends after it fails (default: %(default)g, at most 3600)")
+    parser.add_argument("--socket-cap-s", metavar="S", type=seconds(), default=60.0,
                         help="the longest any one connect, send or read waits, within the "
                              "deadline (default: %(default)g)")
-    parser.add_argument("--tokens", metavar="N", type=int, default=32,
-                        help="completion tokens per request: max_tokens = min_tokens "
-                             "(default: %(default)s)")
-    parser.add_argument("--priority", metavar="N", type=int, default=20,
-                        help="request priority; with --scheduling-policy priority, real "
-                             "traffic at 0 goes first (default: %(default)s)")
+    parser.add_argument("--settle-s", metavar="S", type=seconds(60.0), default=2.0,
+                        help="after one of our own waves, how long a non-zero request gauge "
+                             "is read again (our requests not yet counted out) before it "
+                             "refuses; within the deadline (default: %(default)g)")
     parser.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="NAME",
                         help="environment variable holding the API key (default: %(default)s)")
-    if probe:
-        parser.add_argument("--rounds", metavar="N", type=int, default=3,
-                            help="rounds of single, burst3, burst4 (default: %(default)s)")
-        parser.add_argument("--long-tokens", type=int, default=0, metavar="N",
-                            help="also a long request of N prompt tokens (more than 4096), "
-                                 "sized with /tokenize (default: none)")
-        parser.add_argument("--dry-run", action="store_true",
-                            help="print the plan and exit 0 without touching the network")
-        parser.add_argument("--json", action="store_true",
-                            help="print the summary record as JSON on stdout")
-        return parser
-    parser.add_argument("--waves", type=waves_arg, default=DEFAULT_WAVES, metavar="1,2,3,4",
-                        help="the concurrency of each wave, in order; the first must be 1 "
-                             "(B1, the long prompt), e.g. 1,2,3,4,6,8 (default: 1,2,3,4)")
-    parser.add_argument("--b1-tokens", metavar="N", type=int, default=5000,
-                        help="target size of B1's long prompt in tokens, more than 4096; "
-                             "counted with the server's /tokenize when it has one "
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary record as JSON on stdout (also on a usage "
+                             "error); the human lines go to stderr")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an internal error, print the Python traceback to stderr")
+
+
+def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Warm up a freshly started vLLM server: waves B1..B4 of raw completions "
+                    "(a ~5K-token prefill, then 2, 3 and 4 requests released together), on "
+                    "every engine; check every response; write JSON Lines records for the "
+                    "operator to inspect. After a start: qualify.py report|probe|gate.")
+    add_connection_options(parser)
+    parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=32,
+                        help="completion tokens per request: max_tokens = min_tokens "
                              "(default: %(default)s)")
+    parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
+                        default=20,
+                        help="request priority; with --scheduling-policy priority, real "
+                             "traffic at 0 goes first (default: %(default)s)")
+    parser.add_argument("--waves", type=waves_type, default=DEFAULT_WAVES, metavar="1,2,3,4",
+                        help="client concurrency of each wave, in order: distinct depths of 1 "
+                             "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8 "
+                             "(default: 1,2,3,4)")
+    parser.add_argument("--b1-tokens", metavar="N", type=whole(MIN_B1_PROMPT_TOKENS,
+                                                               MAX_B1_TOKENS), default=5000,
+                        help="target size of B1's long prompt in tokens, more than 4096 and at "
+                             "most 1048576, capped by the context; counted with the server's "
+                             "/tokenize when it has one (default: %(default)s)")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                         help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
                              "deltas over the warm-up are recorded; repeatable")
     parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
-                             "or session changed); repeatable")
-    parser.add_argument("--status-wait-s", metavar="S", type=positive_float, default=15.0,
+                             "or session changed, unverified when it has neither); repeatable")
+    parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")
-    parser.add_argument("--json", action="store_true",
-                        help="print the summary record as JSON on stdout; the human lines go "
-                             "to stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
-def parse_args(argv: list[str] | None, probe: bool = False) -> argparse.Namespace:
-    parser = build_parser(probe)
-    args = parser.parse_args(argv)
-    if probe:
-        if args.rounds < 2:
-            parser.error("--rounds must be at least 2 (the first round is compared with later ones)")
-        if args.long_tokens and args.long_tokens < MIN_B1_PROMPT_TOKENS:
-            parser.error(f"--long-tokens must be more than {MIN_B1_PROMPT_TOKENS - 1}")
-        args.metrics_url, args.status_file, args.status_wait_s = [], [], 15.0
-    elif args.b1_tokens < MIN_B1_PROMPT_TOKENS:
-        parser.error(f"--b1-tokens must be more than {MIN_B1_PROMPT_TOKENS - 1}")
-    if args.tokens < 2:
-        parser.error("--tokens must be at least 2 (a one-token reply is the fault this finds)")
-    if not args.api_key_env.isidentifier():
-        parser.error("--api-key-env must name an environment variable")
+def parse_settings(argv: list[str], prog: str) -> Settings | None:
+    """The command line -> Settings; None after a dry run (printed here)."""
+    parser = build_parser(prog)
+    args = parse_or_explain(parser, argv)
+    plan = Plan(run_id=new_run_id(), waves=args.waves, tokens=args.tokens,
+                priority=args.priority, b1_tokens=args.b1_tokens, deadline_s=args.deadline_s,
+                socket_cap_s=args.socket_cap_s)
+    settings = common_settings(parser, args, plan, prog)
+    if args.dry_run:
+        dry_run(plan, settings.target, args.json, args.engines)
+        return None
+    return settings
+
+
+def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args; with --json a usage error also prints a JSON object on stdout."""
     try:
-        args.target = parse_base_url(args.base_url)
-        args.metrics_targets = [parse_url(url, "--metrics-url") for url in args.metrics_url]
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None) and "--json" in argv:
+            print(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+                              "problems": ["usage error (see stderr)"], "records": None}))
+        raise
+
+
+def common_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, plan: Plan,
+                    prog: str, **more) -> Settings:
+    """Settings from the shared options; parser.error (exit 2) on a bad URL or key."""
+    def fail(message: str):
+        if args.json:
+            print(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+                              "problems": [message], "records": None}))
+        parser.error(message)
+
+    if not args.api_key_env.isidentifier():
+        fail("--api-key-env must name an environment variable")
+    api_key = os.environ.get(args.api_key_env) or None
+    if api_key is not None and not _HEADER_VALUE.fullmatch(api_key):
+        fail(f"{args.api_key_env} holds a character that is not printable ASCII (a line break?); "
+             f"an API key is sent in a header and must be printable ASCII")
+    try:
+        target = parse_base_url(args.base_url)
+        metrics_targets = tuple(parse_url(url, "--metrics-url")
+                                for url in getattr(args, "metrics_url", []))
     except UsageError as exc:
-        parser.error(str(exc))
-    return args
+        fail(str(exc))
+    kind = more.pop("mode", "warmup")
+    return Settings(plan=plan, target=target, api_key=api_key, api_key_env=args.api_key_env,
+                    model=args.model,
+                    records_path=args.records or default_records_path(plan.run_id, kind),
+                    engines=args.engines, settle_s=args.settle_s,
+                    metrics_targets=metrics_targets,
+                    status_files=tuple(getattr(args, "status_file", [])),
+                    status_wait_s=getattr(args, "status_wait_s", 15.0), json=args.json,
+                    debug=args.debug, prog=prog, mode=kind, **more)
 
 
-def dry_run(plan: Plan, target: Target, as_json: bool) -> int:
+def dry_run(plan: Plan, target: Target, as_json: bool, engines: str) -> None:
     description = plan_description(plan)
     description["base_url"] = target.display
-    description["hard_bound_s"] = os.environ.get("WARMUP_HARD_S", "95")
+    description["engines"] = engines
+    hard = os.environ.get("WARMUP_HARD_S") or "95"
+    try:
+        description["hard_bound_s"] = float(hard)
+    except ValueError:
+        description["hard_bound_s"] = None
     if as_json:
         print(json.dumps(description, indent=2))
-        return EXIT_PASS
+        return
     print(f"plan for {target.display} (dry run: nothing sent)")
     for i, depth in enumerate(plan.waves):
         prompt = (f"1 long prompt of ~{plan.b1_tokens} tokens (more than "
                   f"{MIN_B1_PROMPT_TOKENS - 1}), run-unique nonce first") if i == 0 else \
-            f"{depth} distinct short prompts of ~25 words"
+            f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         print(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
     print(f"  budget: {plan.requests_total} requests, at most "
           f"{plan.requests_total * plan.tokens} completion tokens ({plan.tokens} each, "
-          f"min = max, ignore_eos, greedy, priority {plan.priority})")
+          f"min = max, ignore_eos, greedy, priority {plan.priority}), per engine "
+          f"(engines: {engines})")
     print(f"  bounds: deadline {plan.deadline_s:g} s, socket cap {plan.socket_cap_s:g} s, "
-          f"body cap {MAX_BODY_BYTES} bytes, hard bound {description['hard_bound_s']} s "
-          f"(warmup_serve.sh)")
-    return EXIT_PASS
+          f"body cap {MAX_BODY_BYTES} bytes, hard bound {hard} s (warmup_serve.sh)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["report"]:
-        return report_main(argv[1:])
-    if argv[:1] == ["probe"]:
-        return probe_main(argv[1:])
-    args = parse_args(argv)
-    plan = Plan(new_run_id(), args.waves, args.tokens, args.priority, args.b1_tokens,
-                args.deadline_s, args.socket_cap_s)
-    if args.dry_run:
-        return dry_run(plan, args.target, args.json)
-    return run_with_records(args, plan, lambda run: execute(run, args.model))
+# ---------------------------------------------------------------------------
+# Signals: every terminating signal the helper can catch ends in one 'killed' summary.
+# ---------------------------------------------------------------------------
 
-
-def run_with_records(args: argparse.Namespace, plan: Plan, body) -> int:
-    """Open the records, run `body(run)` under the signal handlers, write the summary."""
-    clock = Clock.start(plan.deadline_s, plan.socket_cap_s)
-    path = args.records or default_records_path(plan.run_id)
-    try:
-        records = open_records(path)
-    except OSError as exc:
-        print(f"warmup.py: cannot write records to {path}: {exc.strerror or exc}; choose a "
-              f"writable --records PATH or WARMUP_RECORDS_DIR", file=sys.stderr)
-        return EXIT_USAGE
-    human = sys.stderr if args.json else sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=human, flush=True)
-
-    run = Run(plan, args.target, clock, records, say,
-              os.environ.get(args.api_key_env) or None, args.api_key_env,
-              metrics_urls=args.metrics_targets, status_files=args.status_file,
-              status_wait_s=args.status_wait_s)
-    if getattr(args, "rounds", None):
-        items = list(PROBE_ITEMS) + ([("long", 1)] if args.long_tokens else [])
-        run.planned = args.rounds * sum(depth for _, depth in items)
-        run.probe_plan = {"items": [{"item": i, "depth": d} for i, d in items],
-                          "rounds": args.rounds, "requests_total": run.planned,
-                          "long_tokens": args.long_tokens or None, "tokens": plan.tokens,
-                          "priority": plan.priority, "stream": True,
-                          "deadline_s": plan.deadline_s, "socket_cap_s": plan.socket_cap_s}
-    previous = _install_handlers()
-    try:
-        try:
-            body(run)
-            summary = summarize(run)
-        except Fatal as exc:
-            problem = [clean_text(exc.problem, 500, run.redact)]
-            if exc.exit_code == EXIT_FAIL:
-                summary = summarize(run, extra=problem)
-            else:                       # a configuration error found on the server: exit 2
-                summary = summarize(run, "fail", exc.exit_code, problem)
-        except Terminated as exc:
-            code = EXIT_TERMINATED if exc.signum == signal.SIGTERM else EXIT_INTERRUPTED
-            where = f" during {run.current_wave}" if run.current_wave else ""
-            summary = summarize(run, "killed", code,
-                                [f"terminated by {signal.Signals(exc.signum).name}{where}"])
-    finally:
-        _restore_handlers(previous)
-        records.close()
-    say(verdict_line(summary, path))
-    if args.json:
-        print(json.dumps(summary))
-    return summary["exit_code"]
+_terminating = threading.Event()
+_stuck_output = threading.Event()
 
 
 def _raise_terminated(signum, frame):
+    if _terminating.is_set():        # a second signal while the first is being handled
+        return
+    _terminating.set()
     raise Terminated(signum)
 
 
-def _install_handlers() -> dict:
+def install_signal_handlers() -> dict:
     previous = {}
+    _terminating.clear()
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, _raise_terminated)
+        for name in CAUGHT_SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                previous[signum] = signal.signal(signum, _raise_terminated)
     return previous
 
 
-def _restore_handlers(previous: dict) -> None:
+def restore_signal_handlers(previous: dict) -> None:
     for signum, handler in previous.items():
         signal.signal(signum, handler)
 
 
+def script_exit(code: int) -> None:
+    """Leave the process with `code`; a stdout nobody reads cannot hold the exit."""
+    if _stuck_output.is_set():
+        os._exit(code)               # flushing would wait on the reader forever
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    script_exit(main())

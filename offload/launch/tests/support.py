@@ -20,6 +20,7 @@ TESTS = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.dirname(TESTS)
 REPO = os.path.dirname(os.path.dirname(LAUNCH))
 WARMUP = os.path.join(LAUNCH, "warmup.py")
+QUALIFY = os.path.join(LAUNCH, "qualify.py")
 WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 START = os.path.join(REPO, "start.sh")
 FAKE = os.path.join(TESTS, "fake_vllm.py")
@@ -27,6 +28,7 @@ FAKE = os.path.join(TESTS, "fake_vllm.py")
 if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
 
+import qualify  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
 
@@ -90,16 +92,13 @@ class HelperCase(unittest.TestCase):
         url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
         return self.run_argv(["--base-url", url, "--records", self.records_path, *args], env)
 
-    def run_argv(self, argv: list[str], env: dict | None = None) -> Result:
-        """warmup.main(argv) in this process, stdout and stderr captured."""
+    def run_argv(self, argv: list[str], env: dict | None = None, main=None) -> Result:
+        """warmup.main(argv) (or another main) in this process, stdout and stderr captured."""
         out, err = io.StringIO(), io.StringIO()
         started = time.monotonic()
         with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \
                 contextlib.redirect_stderr(err):
-            try:
-                code = warmup.main(argv)
-            except SystemExit as exc:
-                code = exc.code
+            code = (main or warmup.main)(argv)
         elapsed = time.monotonic() - started
         records, text = read_records(self.records_path)
         return Result(code, out.getvalue(), err.getvalue(), records, elapsed, text)

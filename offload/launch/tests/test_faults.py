@@ -42,8 +42,9 @@ MATRIX = [
     ("200 without `usage` or without `choices`", "1",
      "`response has no usage object` / `response has no choices`",
      "test_faults.TestFaults.test_missing_usage_or_choices"),
-    ("401 (key missing or wrong)", "1", "`unauthorized: set VLLM_API_KEY (or --api-key-env)`; "
-     "key never shown", "test_faults.TestFaults.test_unauthorized"),
+    ("401 (key missing or wrong)", "1", "`unauthorized: VLLM_API_KEY is not set` / `the server "
+     "rejected the API key in VLLM_API_KEY`; key never shown",
+     "test_faults.TestFaults.test_unauthorized"),
     ("400 naming priority", "1", "`the server lacks priority scheduling; start it with "
      "--scheduling-policy priority`", "test_faults.TestFaults.test_priority_rejected"),
     ("400 context length / min_tokens", "1", "`the long prompt does not fit the model's "
@@ -181,11 +182,13 @@ class TestFaults(HelperCase):
 
     def test_unauthorized(self):
         server = self.start_fake(api_key=API_KEY)
-        for env in ({}, {"VLLM_API_KEY": "sk-wrong-key-77"}):
+        for env, said in (({}, "unauthorized: VLLM_API_KEY is not set; set VLLM_API_KEY (or "
+                               "--api-key-env)"),
+                          ({"VLLM_API_KEY": "sk-wrong-key-77"},
+                           "unauthorized: the server rejected the API key in VLLM_API_KEY")):
             with self.subTest(env=list(env)):
                 result = self.run_helper(server, env=env)
-                self.assert_fails_with(result, 1,
-                                       "unauthorized: set VLLM_API_KEY (or --api-key-env)")
+                self.assert_fails_with(result, 1, said)
                 self.assert_clean(server, result)
                 self.assertNotIn("sk-wrong-key-77", result.stdout + result.records_text)
                 os.remove(self.records_path)

@@ -12,7 +12,7 @@ import threading
 import time
 import unittest
 
-from support import WARMUP, HelperCase, warmup
+from support import QUALIFY, HelperCase, qualify, warmup
 
 SERIES = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}'
 
@@ -32,10 +32,10 @@ class TestCounterDeltas(unittest.TestCase):
         self.assertTrue(all(v is None for v in warmup.counter_deltas(None, after).values()))
 
     def test_counters_are_total_series_only(self):
-        samples, _ = warmup.parse_prometheus(
+        samples = warmup.parse_prometheus(
             'vllm:num_requests_running{engine="0"} 0\n'
             'vllm:generation_tokens_total{engine="0"} 7\n'
-            'vllm:generation_tokens_total{engine="1"} 3\n')
+            'vllm:generation_tokens_total{engine="1"} 3\n').samples
         self.assertEqual(warmup.counters(samples),
                          {'vllm:generation_tokens_total{engine="0"}': 7.0,
                           'vllm:generation_tokens_total{engine="1"}': 3.0})
@@ -87,19 +87,19 @@ class TestReportPieces(unittest.TestCase):
             handle.write(json.dumps({"record": "request", "wave": "B1", "index": 0, "ok": True,
                                      "problems": []}) + "\n")
             handle.write('{"record": "wave", "wa')
-        records, issues = warmup.load_records(path)
+        records, issues = qualify.load_records(path)
         self.assertEqual(len(records), 2)
         self.assertIn("line 3 is not valid JSON", issues[0])
-        report = warmup.build_report(records, issues)
+        report = qualify.build_report(records, issues)
         self.assertIsNone(report["verdict"])
         self.assertIn("ends after a 'request' record", report["ends"])
-        self.assertIn("verdict: none", warmup.format_report(report))
+        self.assertIn("verdict: none", qualify.format_report(report))
 
     def test_cut_short_probe_names_its_failed_requests(self):
         records = [{"record": "run", "run_id": "r", "mode": "probe", "plan": {}},
                    {"record": "probe", "item": "burst3", "round": 2, "index": 1, "ok": False,
                     "problems": ["HTTP 500"]}]
-        report = warmup.build_report(records, [])
+        report = qualify.build_report(records, [])
         self.assertEqual(report["problems"], ["burst3 round 2#1: HTTP 500"])
 
     def test_probe_summary_compares_first_round_with_later_ones(self):
@@ -109,7 +109,7 @@ class TestReportPieces(unittest.TestCase):
                    rec("single", 3, 0.1, 0.4),
                    rec("burst3", 1, 0.1, 0.5), rec("burst3", 1, 0.4, 0.9, 1),
                    rec("burst3", 2, 0.1, 0.5), rec("burst3", 2, 0.1, 0.5, 1)]
-        single, burst = warmup.probe_summary(records)
+        single, burst = qualify.probe_summary(records)
         self.assertEqual((single["ttft_first_s"], single["ttft_later_median_s"]), (0.5, 0.1))
         self.assertEqual(single["ttft_ratio"], 5.0)
         self.assertEqual(single["total_ratio"], 2.0)
@@ -136,15 +136,22 @@ class TestReportPieces(unittest.TestCase):
         slot = warmup.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
                            response=warmup.Response(401, {}, b'{"error":"Unauthorized"}'),
                            stream=True)
-        record = warmup.probe_record("r", "single", 1, slot, 32, "OPS_KEY", ())
+        plan = warmup.Plan(run_id="r", waves=(1,), tokens=32, priority=20, b1_tokens=5000,
+                           deadline_s=90, socket_cap_s=60)
+        settings = warmup.Settings(plan=plan, target=warmup.parse_base_url("http://h:1"),
+                                   api_key=None, api_key_env="OPS_KEY", model="m",
+                                   records_path="unused")
+        run = warmup.Run(settings, warmup.Clock.start(90, 60), None, print)
+        record = qualify.probe_record(run, "single", 1, slot)
         self.assertFalse(record["ok"])
-        self.assertIn("unauthorized: set OPS_KEY (or --api-key-env)", record["problems"][0])
+        self.assertIn("unauthorized: OPS_KEY is not set; set OPS_KEY (or --api-key-env)",
+                      record["problems"][0])
         self.assertIsNone(record["ttft_s"])
 
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
                 b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
-        self.assertEqual(warmup.stream_usage(body), ({"completion_tokens": 32}, True))
+        self.assertEqual(qualify.stream_usage(body), ({"completion_tokens": 32}, True))
 
 
 class StatusWriter:
@@ -267,7 +274,7 @@ class TestQualificationRuns(HelperCase):
         self.assertIsNone(states[stale]["delta"])
 
     def report(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, WARMUP, "report", *args], capture_output=True,
+        return subprocess.run([sys.executable, QUALIFY, "report", *args], capture_output=True,
                               text=True, timeout=30)
 
     def test_report_of_a_full_run(self):
@@ -329,7 +336,7 @@ class TestQualificationRuns(HelperCase):
 
     def run_probe(self, server, *args: str):
         return self.run_argv(["probe", "--base-url", server.url, "--records", self.records_path,
-                              "--rounds", "3", *args])
+                              "--rounds", "3", *args], main=qualify.main)
 
 
 if __name__ == "__main__":

@@ -33,21 +33,23 @@ class TestPlan(unittest.TestCase):
                 warmup.parse_waves(bad)
 
     def test_bad_waves_is_a_usage_error(self):
-        with mock.patch("sys.stderr"), self.assertRaises(SystemExit) as cm:
-            warmup.main(["--waves", "2,3", "--dry-run"])
-        self.assertEqual(cm.exception.code, 2)
+        with mock.patch("sys.stderr") as err:
+            self.assertEqual(warmup.main(["--waves", "2,3", "--dry-run"]), 2)
+        said = "".join(call.args[0] for call in err.write.call_args_list)
+        self.assertIn("argument --waves: must start with 1", said)
 
     def test_completion_body_has_exactly_the_sampling_fields(self):
-        plan = warmup.Plan("r", (1, 2), 32, 20, 5000, 90, 60)
+        plan = warmup.Plan(run_id="r", waves=(1, 2), tokens=32, priority=20, b1_tokens=5000,
+                           deadline_s=90, socket_cap_s=60)
         body = warmup.completion_body("m", "p", "warmup-r-B1-0", plan)
         self.assertEqual(body, {"model": "m", "prompt": "p", "max_tokens": 32, "min_tokens": 32,
                                 "ignore_eos": True, "temperature": 0, "priority": 20,
                                 "stream": False, "request_id": "warmup-r-B1-0"})
 
     def test_long_prompts_start_with_their_nonce_and_short_prompts_differ(self):
-        a, b = warmup.long_prompt("nonce-a", 50), warmup.long_prompt("nonce-b", 50)
+        a, b = warmup.make_long_prompt("nonce-a", 50), warmup.make_long_prompt("nonce-b", 50)
         self.assertTrue(a.startswith("nonce-a ") and b.startswith("nonce-b "))
-        shorts = {warmup.short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
+        shorts = {warmup.make_short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
         self.assertEqual(len(shorts), 9)
         self.assertEqual(len({s.split()[0] for s in shorts}), 9, "first words must differ")
 
@@ -91,8 +93,9 @@ class TestGuard(unittest.TestCase):
     ])
 
     def test_parse_labels_escapes_timestamps_and_special_values(self):
-        samples, bad = warmup.parse_prometheus(self.TEXT)
-        self.assertEqual(bad, 1)
+        exposition = warmup.parse_prometheus(self.TEXT)
+        samples = exposition.samples
+        self.assertEqual([number for number, _, _ in exposition.bad_lines], [9])
         by_name = {}
         for name, labels, value in samples:
             by_name.setdefault(name, []).append((labels, value))
@@ -102,30 +105,29 @@ class TestGuard(unittest.TestCase):
         self.assertEqual(by_name["vllm:something"][0][1], math.inf)
 
     def test_by_reason_gauge_is_not_the_waiting_gauge(self):
-        samples, _ = warmup.parse_prometheus(self.TEXT)
-        self.assertEqual(warmup.guard_problems(samples), [])
+        self.assertEqual(warmup.guard_problems(warmup.parse_prometheus(self.TEXT)), ([], []))
 
     def test_any_engine_busy_or_nan_refuses(self):
         text = self.TEXT.replace('engine="1",model_name="m"} 0.0', 'engine="1",model_name="m"} 2.0')
-        problems = warmup.guard_problems(warmup.parse_prometheus(text)[0])
+        problems, _ = warmup.guard_problems(warmup.parse_prometheus(text))
         self.assertEqual(len(problems), 1)
         self.assertIn('vllm:num_requests_running{engine="1",model_name="m"} = 2.0', problems[0])
         nan = warmup.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
-        self.assertIn("vllm:num_requests_waiting = nan", warmup.guard_problems(nan[0])[0])
+        self.assertIn("vllm:num_requests_waiting = nan", warmup.guard_problems(nan)[0][0])
 
     def test_missing_gauge_is_named(self):
-        problems = warmup.guard_problems(warmup.parse_prometheus("vllm:num_requests_running 0")[0])
+        problems, _ = warmup.guard_problems(warmup.parse_prometheus("vllm:num_requests_running 0"))
         self.assertEqual(len(problems), 1)
         self.assertIn("vllm:num_requests_waiting missing", problems[0])
 
 
 class TestJudge(unittest.TestCase):
-    def judge(self, long_prompt=False, **changes):
-        return warmup.judge_response(fields(**changes), tokens=32, long_prompt=long_prompt)
+    def judge(self, is_b1=False, **changes):
+        return warmup.judge_response(fields(**changes), tokens=32, is_b1=is_b1)
 
     def test_good_response_passes(self):
-        self.assertEqual(self.judge(long_prompt=True), [])
-        self.assertEqual(self.judge(long_prompt=True, cached_tokens=None), [])
+        self.assertEqual(self.judge(is_b1=True), [])
+        self.assertEqual(self.judge(is_b1=True, cached_tokens=None), [])
 
     def test_one_token_response_is_named(self):
         problems = self.judge(completion_tokens=1, finish_reason="stop", stop_reason=2)
@@ -140,8 +142,8 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(self.judge(usage=False), ["response has no usage object"])
 
     def test_b1_checks_apply_to_b1_only(self):
-        self.assertIn("B1 prompt_tokens 4096", self.judge(long_prompt=True, prompt_tokens=4096)[0])
-        self.assertIn("B1 cached_tokens 4992", self.judge(long_prompt=True, cached_tokens=4992)[0])
+        self.assertIn("B1 prompt_tokens 4096", self.judge(is_b1=True, prompt_tokens=4096)[0])
+        self.assertIn("B1 cached_tokens 4992", self.judge(is_b1=True, cached_tokens=4992)[0])
         self.assertEqual(self.judge(prompt_tokens=30, cached_tokens=16), [])
 
     def test_errors_are_diagnosed(self):
@@ -152,21 +154,29 @@ class TestJudge(unittest.TestCase):
         self.assertIn("does not fit", said)
         self.assertIn("8192", said)
         said = self.judge(http_status=401, error="Unauthorized")[0]
-        self.assertIn("unauthorized: set VLLM_API_KEY (or --api-key-env)", said)
+        self.assertIn("unauthorized: VLLM_API_KEY is not set; set VLLM_API_KEY (or "
+                      "--api-key-env)", said)
+        said = warmup.judge_response(fields(http_status=401, error="Unauthorized"), tokens=32,
+                                     is_b1=False, api_key_env="OPS_KEY", key_set=True)[0]
+        self.assertIn("the server rejected the API key in OPS_KEY", said)
         self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
 
     def test_run_verdicts(self):
         ok = {"ok": True, "wave": "B1", "index": 0, "problems": []}
         bad = {"ok": False, "wave": "B2", "index": 1, "problems": ["x"]}
-        self.assertEqual(warmup.judge_run([ok] * 3, 3, [], [], 1.0, 90)[:2], ("pass", 0))
-        self.assertEqual(warmup.judge_run([ok, bad, ok], 3, [], [], 1, 90)[:2], ("fail", 1))
-        self.assertIn("B2#1: x", warmup.judge_run([ok, bad, ok], 3, [], [], 1, 90)[2])
-        late = warmup.judge_run([ok] * 3, 3, [], [], 91.0, 90)
+
+        def judge_run(requests, planned, problems, refusal, elapsed_s, deadline_s):
+            return warmup.judge_run(requests=requests, planned=planned, problems=problems,
+                                    refusal=refusal, elapsed_s=elapsed_s, deadline_s=deadline_s)
+        self.assertEqual(judge_run([ok] * 3, 3, [], [], 1.0, 90)[:2], ("pass", 0))
+        self.assertEqual(judge_run([ok, bad, ok], 3, [], [], 1, 90)[:2], ("fail", 1))
+        self.assertIn("B2#1: x", judge_run([ok, bad, ok], 3, [], [], 1, 90)[2])
+        late = judge_run([ok] * 3, 3, [], [], 91.0, 90)
         self.assertEqual(late[:2], ("fail", 1))
         self.assertIn("finished after the deadline", late[2][0])
-        self.assertEqual(warmup.judge_run([ok], 3, [], ["refused"], 1, 90)[:2], ("refused", 3))
-        self.assertEqual(warmup.judge_run([bad], 3, [], ["refused"], 1, 90)[:2], ("fail", 1))
-        self.assertEqual(warmup.judge_run([ok], 3, [], [], 1, 90)[:2], ("fail", 1))
+        self.assertEqual(judge_run([ok], 3, [], ["refused"], 1, 90)[:2], ("refused", 3))
+        self.assertEqual(judge_run([bad], 3, [], ["refused"], 1, 90)[:2], ("fail", 1))
+        self.assertEqual(judge_run([ok], 3, [], [], 1, 90)[:2], ("fail", 1))
 
     def test_wave_judge(self):
         ok = {"ok": True}
@@ -463,7 +473,7 @@ class TestProcesses(HelperCase):
     def test_wrapper_passes_arguments_and_status_through(self):
         result = self.run_process(["bash", WRAPPER, "--waves", "2"], timeout=30)
         self.assertEqual(result.code, 2)
-        self.assertIn("--waves must start with 1", result.stderr)
+        self.assertIn("argument --waves: must start with 1", result.stderr)
         result = self.run_process(["bash", WRAPPER, "--dry-run"], timeout=30)
         self.assertEqual(result.code, 0)
         self.assertIn("hard bound 95 s", result.stdout)
