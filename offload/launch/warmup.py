@@ -1168,7 +1168,8 @@ def read_after(run: Run) -> None:
             outcome.warnings += record["warnings"]
             if why:
                 outcome.warnings.append(f"counter deltas incomplete: {record['why']}")
-            if run.server.engines and settings.mode == "warmup":
+            if run.server.engines and settings.mode == "warmup" \
+                    and len(outcome.requests) == requests_planned(run):
                 check_engine_shares(run, deltas if not why else {}, record)
         run.write(record)
     for path in settings.status_files:

@@ -53,7 +53,9 @@ class FakeConfig:
     prompt_tokens_details: bool = False   # --enable-prompt-tokens-details
     per_request_metrics: bool = False     # --enable-per-request-metrics
     speculative: bool = True
-    engines: int = 1
+    engines: int = 1                      # --data-parallel-size: engines behind one API server
+    ignore_rank: bool = False             # balance requests even when X-data-parallel-rank names one
+    late_gauge_s: float = 0.0             # the gauges count a finished request out this much later
     latency_s: float = 0.0                # engine time of one completion
     tokenize: bool = True                 # /tokenize answers (404 when False)
     models_report_len: bool = True        # /v1/models carries max_model_len
@@ -91,21 +93,54 @@ class FakeState:
         self.stop = threading.Event()
         self.started = time.monotonic()
         self.requests: list[dict] = []        # path, headers, body (parsed), arrived (monotonic)
-        self.cache: set[int] = set()
-        self.running = 0
+        engines = range(max(config.engines, 1))
+        self.cache: dict[int, set] = {e: set() for e in engines}    # each engine its own KV cache
+        self.running = [0 for _ in engines]
+        self.served = [0 for _ in engines]      # requests each engine has run (gauge samples)
+        self.lingering: list[tuple[int, float]] = []   # (engine, until): counted out late
+        self.next_engine = 0
         self.metrics_failed = False
-        self.warm_shapes: set = set()          # concurrency levels (and "long") already served
+        self.warm_shapes: set = set()          # (engine, concurrency or "long") already served
         self.counters: dict[tuple[str, tuple], float] = {}
-        # Like vLLM, every counter series exists from the start, at 0.
+        # Like vLLM, every counter series exists from the start, at 0, for every engine.
         names = ["vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"]
         if config.speculative:
             names += ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                       "vllm:spec_decode_num_accepted_tokens_total"]
-        for name in names:
-            self.count(name, 0)
-        for reason in ("stop", "length", "abort", "error", "repetition"):
-            self.count("vllm:request_success_total", 0, finished_reason=reason)
+        for engine in engines:
+            for name in names:
+                self.count(name, 0, engine=engine)
+            for reason in ("stop", "length", "abort", "error", "repetition"):
+                self.count("vllm:request_success_total", 0, engine=engine,
+                           finished_reason=reason)
+
+    def route(self, header: str | None) -> int:
+        """The engine for a request: the one X-data-parallel-rank names (an integer in range),
+        else the next in turn, as the API server balances. With ignore_rank the header is
+        dropped and every request lands on engine 0, as when a proxy strips the header and
+        the balancer's load figures are stale during a burst (deterministic on purpose)."""
+        with self.lock:
+            if self.config.ignore_rank:
+                return 0
+            if header is not None and re.fullmatch(r"[0-9]+", header.strip()) \
+                    and int(header) < len(self.running):
+                return int(header)
+            engine = self.next_engine % len(self.running)
+            self.next_engine += 1
+            return engine
+
+    def in_flight(self, engine: int) -> int:
+        """Requests the gauges show on an engine: running, and those not yet counted out."""
+        now = time.monotonic()
+        with self.lock:
+            self.lingering = [(e, until) for e, until in self.lingering if until > now]
+            return self.running[engine] + sum(1 for e, _ in self.lingering if e == engine)
+
+    def completions_by_engine(self) -> dict[int, int]:
+        """How many completions each engine served (for assertions)."""
+        with self.lock:
+            return dict(enumerate(self.served))
 
     def log(self, entry: dict) -> None:
         with self.lock:
@@ -115,22 +150,23 @@ class FakeState:
         with self.lock:
             return [r for r in self.requests if r["path"].endswith("/v1/completions")]
 
-    def count(self, name: str, value: float, **labels) -> None:
-        key = (name, tuple(sorted(labels.items())))
+    def count(self, name: str, value: float, engine: int = 0, **labels) -> None:
+        key = (name, tuple(sorted(dict(labels, engine=str(engine)).items())))
         with self.lock:
             self.counters[key] = self.counters.get(key, 0.0) + value
 
-    def cached_prefix(self, ids: list[int]) -> int:
-        """Whole leading blocks seen before; the last token is always computed."""
+    def cached_prefix(self, ids: list[int], engine: int = 0) -> int:
+        """Whole leading blocks this engine saw before; the last token is always computed."""
         hashes, cached = [], 0
         for end in range(BLOCK, len(ids), BLOCK):
             hashes.append(hash(tuple(ids[:end])))
         with self.lock:
+            cache = self.cache[engine]
             for h in hashes:
-                if h not in self.cache:
+                if h not in cache:
                     break
                 cached += BLOCK
-            self.cache.update(hashes)
+            cache.update(hashes)
         return cached
 
 
@@ -243,27 +279,33 @@ class Handler(BaseHTTPRequestHandler):
             return
         if cfg.metrics_mode == "garbage":
             return self.send_bytes(200, b"<html><body>metrics moved</body></html>", "text/html")
+        engines = range(len(st.running))
+        in_flight = [st.in_flight(e) for e in engines]
         with st.lock:
-            running = min(st.running, cfg.max_num_seqs)
-            waiting = st.running - running
+            # A data-parallel server publishes an engine's gauge samples only once that
+            # engine has run a request; a single engine shows them from the start.
+            sampled = [cfg.engines <= 1 or st.served[e] or in_flight[e] for e in engines]
             counters = dict(st.counters)
         lines = []
         if cfg.metrics_mode != "absent":
-            for gauge, value, help_text in (
-                    ("vllm:num_requests_running", running,
+            for gauge, help_text in (
+                    ("vllm:num_requests_running",
                      "Number of requests in model execution batches."),
-                    ("vllm:num_requests_waiting", waiting, "Number of requests waiting.")):
+                    ("vllm:num_requests_waiting", "Number of requests waiting.")):
                 lines += [f"# HELP {gauge} {help_text}", f"# TYPE {gauge} gauge"]
-                for engine in range(cfg.engines):
-                    v = cfg.gauge_values.get((gauge, str(engine)), value if engine == 0 else 0)
-                    lines.append(f'{gauge}{{engine="{engine}",model_name="{cfg.model}"}} '
-                                 f'{float(v)}')
+                for engine in engines:
+                    running = min(in_flight[engine], cfg.max_num_seqs)
+                    value = running if gauge.endswith("running") else in_flight[engine] - running
+                    v = cfg.gauge_values.get((gauge, str(engine)), value)
+                    if sampled[engine] or (gauge, str(engine)) in cfg.gauge_values:
+                        lines.append(f'{gauge}{{engine="{engine}",model_name="{cfg.model}"}} '
+                                     f'{float(v)}')
         lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
                   f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
                   f'reason="capacity"}} {float(cfg.waiting_by_reason)}']
         for (name, labels), value in sorted(counters.items()):
             inner = ",".join(f'{k}="{v}"' for k, v in
-                             sorted(dict(labels, engine="0", model_name=cfg.model).items()))
+                             sorted(dict(labels, model_name=cfg.model).items()))
             lines.append(f"{name}{{{inner}}} {float(value)}")
         self.send_bytes(200, ("\n".join(lines) + "\n").encode(),
                         "text/plain; version=0.0.4; charset=utf-8")
@@ -302,12 +344,16 @@ class Handler(BaseHTTPRequestHandler):
             host, port = self.server.server_address[:2]
             return self.send_bytes(307, b"", "text/plain",
                                    {"location": f"http://{host}:{port}/redirected"})
-        cached = st.cached_prefix(ids)
+        engine = st.route(self.headers.get("X-data-parallel-rank"))
+        self.entry["engine"] = engine
+        cached = st.cached_prefix(ids, engine)
         with st.lock:
-            st.running += 1
+            st.running[engine] += 1
             compile_lines, cfg.compile_lines = cfg.compile_lines, 0
-            # A shape not served before is cold: the first batch at a depth, the first long prefill.
-            shapes = {st.running} | ({"long"} if n_prompt > 4096 else set())
+            # A shape not served before is cold: the first batch at a depth, the first long
+            # prefill, on each engine.
+            shapes = {(engine, st.running[engine])} | \
+                ({(engine, "long")} if n_prompt > 4096 else set())
             cold = cfg.cold_s * len(shapes - st.warm_shapes)
             st.warm_shapes |= shapes
         for _ in range(compile_lines):
@@ -324,7 +370,10 @@ class Handler(BaseHTTPRequestHandler):
                 return
         finally:
             with st.lock:
-                st.running -= 1
+                st.running[engine] -= 1
+                st.served[engine] += 1
+                if cfg.late_gauge_s:
+                    st.lingering.append((engine, time.monotonic() + cfg.late_gauge_s))
         n_out = max_tokens if body.get("ignore_eos") else max(min_tokens, 1)
         finish, stop_reason = ("length", None) if n_out >= max_tokens else ("stop", EOS_ID)
         if fault == "one_token":
@@ -336,15 +385,16 @@ class Handler(BaseHTTPRequestHandler):
         elif fault == "cache_hit":
             cached = n_prompt - n_prompt % BLOCK
         reported_prompt = 1000 if fault == "short_prompt_tokens" else n_prompt
-        st.count("vllm:prompt_tokens_total", n_prompt)
-        st.count("vllm:generation_tokens_total", n_out + cfg.counter_skew)
-        st.count("vllm:request_success_total", 1, finished_reason=finish)
-        st.count("vllm:prefix_cache_queries_total", n_prompt)
-        st.count("vllm:prefix_cache_hits_total", cached)
+        st.count("vllm:prompt_tokens_total", n_prompt, engine)
+        st.count("vllm:generation_tokens_total", n_out + cfg.counter_skew, engine)
+        st.count("vllm:request_success_total", 1, engine, finished_reason=finish)
+        st.count("vllm:prefix_cache_queries_total", n_prompt, engine)
+        st.count("vllm:prefix_cache_hits_total", cached, engine)
         if cfg.speculative:
-            st.count("vllm:spec_decode_num_drafts_total", math.ceil(n_out / 5))
-            st.count("vllm:spec_decode_num_draft_tokens_total", 5 * math.ceil(n_out / 5))
-            st.count("vllm:spec_decode_num_accepted_tokens_total", n_out - math.ceil(n_out / 5))
+            drafts = math.ceil(n_out / 5)
+            st.count("vllm:spec_decode_num_drafts_total", drafts, engine)
+            st.count("vllm:spec_decode_num_draft_tokens_total", 5 * drafts, engine)
+            st.count("vllm:spec_decode_num_accepted_tokens_total", n_out - drafts, engine)
         doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
         if streaming:
             return self.send_stream(doc, bool((body.get("stream_options") or {})
@@ -509,6 +559,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "first long prompt (what a warm-up pays)")
     parser.add_argument("--compile-lines", type=int, default=0,
                         help="print this many JIT-compilation log lines at the first completion")
+    parser.add_argument("--engines", type=int, default=1,
+                        help="engines behind the API server (vLLM's --data-parallel-size)")
+    parser.add_argument("--ignore-rank", action="store_true",
+                        help="balance requests even when X-data-parallel-rank names an engine")
+    parser.add_argument("--late-gauge-s", type=float, default=0.0,
+                        help="count a finished request out of the gauges this much later")
     parser.add_argument("--exit-after-s", type=float, default=0.0,
                         help="exit with status 3 this long after start (a dying server)")
     parser.add_argument("--demo", action="store_true",
@@ -539,10 +595,16 @@ def main(argv: list[str] | None = None) -> int:
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,
                         health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,
-                        cold_s=args.cold_s,
+                        cold_s=args.cold_s, engines=args.engines,
+                        ignore_rank=args.ignore_rank, late_gauge_s=args.late_gauge_s,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
-    server = FakeServer(config, 0 if args.demo else args.port).start()
+    try:
+        server = FakeServer(config, 0 if args.demo else args.port).start()
+    except OSError as exc:
+        print(f"fake_vllm.py: cannot listen on 127.0.0.1:{args.port}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
+        return 2
     if args.demo:
         return run_demo(server)
     done = threading.Event()

@@ -1,0 +1,173 @@
+"""Every engine of a data-parallel server: routing, the fresh-server guard, settling, proof.
+
+The fake behaves as VLLM_FACTS' data-parallel section says: counters for every engine from
+the start, gauge samples for an engine only once it has run a request, the
+X-data-parallel-rank header routes, requests without it are balanced.
+"""
+
+from __future__ import annotations
+
+import time
+import unittest
+
+from support import HelperCase, warmup
+
+GAUGE_TEXT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+# HELP vllm:num_requests_waiting Number of requests waiting.
+# TYPE vllm:num_requests_waiting gauge
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 0.0
+vllm:request_success_total{engine="1",finished_reason="length",model_name="m"} %s
+vllm:prompt_tokens_total{engine="0",model_name="m"} 0.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 0.0
+"""
+
+
+class TestGuardPerEngine(unittest.TestCase):
+    def test_fresh_engines_without_gauge_samples_are_idle(self):
+        exposition = warmup.parse_prometheus(GAUGE_TEXT % "0.0")
+        self.assertEqual(warmup.engines_in(exposition.samples), (0, 1))
+        self.assertEqual(warmup.guard_problems(exposition, (0, 1)), ([], [0, 1]))
+
+    def test_an_engine_that_ran_requests_needs_its_samples(self):
+        exposition = warmup.parse_prometheus(GAUGE_TEXT % "3.0")
+        problems, fresh = warmup.guard_problems(exposition, (0, 1))
+        self.assertEqual(fresh, [0])
+        self.assertEqual(len(problems), 2)
+        self.assertIn("vllm:num_requests_running has no sample for engine 1", problems[0])
+
+    def test_an_undeclared_family_is_still_missing(self):
+        text = GAUGE_TEXT.replace("# TYPE vllm:num_requests_waiting gauge\n", "")
+        problems, _ = warmup.guard_problems(warmup.parse_prometheus(text % "0.0"), (0, 1))
+        self.assertEqual(problems, ["vllm:num_requests_waiting missing from /metrics (metrics "
+                                    "collection off, or not a vLLM server): the guard cannot "
+                                    "see other work"])
+
+    def test_engine_shares(self):
+        deltas = {'vllm:generation_tokens_total{engine="0"}': 320.0,
+                  'vllm:generation_tokens_total{engine="1"}': 0.0,
+                  'vllm:prompt_tokens_total{engine="0"}': 5200.0,
+                  'vllm:prompt_tokens_total{engine="1"}': 0.0}
+        shares, problems, warnings = warmup.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
+        self.assertEqual([s["generation_tokens"] for s in shares], [320.0, 0.0])
+        self.assertEqual(problems[0], "engine 1 generated 0 of 320 tokens: is "
+                                      "X-data-parallel-rank honoured by this server?")
+        self.assertEqual(warnings, [])
+        _, problems, warnings = warmup.engine_shares({}, (0, 1), 320, {})
+        self.assertEqual(problems, [])
+        self.assertEqual(len(warnings), 2)
+
+
+class TestEngines(HelperCase):
+    def completions(self, server):
+        return server.state.completions()
+
+    def test_fresh_two_engine_server_is_warmed_on_both(self):
+        server = self.start_fake(engines=2, prompt_tokens_details=True)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(len(result.requests), 20)
+        self.assertEqual(server.state.completions_by_engine(), {0: 10, 1: 10})
+        run_id = result.kind("run")[0]["run_id"]
+        self.assertEqual(result.kind("run")[0]["engines"], [0, 1])
+        for entry in self.completions(server):
+            rid = entry["body"]["request_id"]
+            engine = entry["headers"].get("X-data-parallel-rank")
+            self.assertEqual(rid.split("-")[3], f"e{engine}", rid)
+            self.assertEqual(entry["engine"], int(engine))
+        for record in result.requests:
+            self.assertEqual(record["request_id"],
+                             f"warmup-{run_id}-e{record['engine']}-{record['wave']}-"
+                             f"{record['index']}")
+        b1 = [r for r in result.requests if r["wave"] == "B1"]
+        self.assertEqual(sorted(r["engine"] for r in b1), [0, 1])
+        self.assertEqual([r["cached_tokens"] for r in b1], [0, 0], "each B1 has its own nonce")
+        nonces = {e["body"]["prompt"].split()[0] for e in self.completions(server)
+                  if e["body"]["request_id"].endswith("-B1-0")}
+        self.assertEqual(len(nonces), 2)
+        self.assertEqual(result.kind("gauges")[0]["fresh_engines"], [0, 1])
+        waves = result.kind("wave")
+        self.assertEqual([(w["wave"], w["engine"]) for w in waves],
+                         [(f"B{d}", e) for d in (1, 2, 3, 4) for e in (0, 1)])
+        (metrics,) = result.kind("metrics")
+        self.assertEqual([s["generation_tokens"] for s in metrics["engines"]], [320.0, 320.0])
+        self.assertIn("B4 e1 4/4 ok", result.stdout)
+        self.assertEqual(result.summary["requests_total"], 20)
+        # Every wave's requests on both engines were released together.
+        b4 = [e for e in self.completions(server) if "-B4-" in e["body"]["request_id"]]
+        self.assertLess(max(e["arrived"] for e in b4) - min(e["arrived"] for e in b4), 0.5)
+
+    def test_server_that_ignores_the_header_fails_naming_the_cold_engine(self):
+        server = self.start_fake(engines=2, ignore_rank=True)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1, result.stdout)
+        self.assertEqual(server.state.completions_by_engine(), {0: 20, 1: 0})
+        self.assertIn("engine 1 generated 0 of 320 tokens: is X-data-parallel-rank honoured by "
+                      "this server?", result.summary["problems"])
+        self.assertIn("engine 1 generated 0 of 320", result.stdout)
+
+    def test_engines_list_warms_only_those(self):
+        server = self.start_fake(engines=2)
+        result = self.run_helper(server, "--engines", "1")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(server.state.completions_by_engine(), {0: 0, 1: 10})
+        self.assertTrue(all(e["headers"].get("X-data-parallel-rank") == "1"
+                            for e in self.completions(server)))
+        self.assertTrue(all("-e1-" in r["request_id"] for r in result.requests))
+
+    def test_engine_not_served_is_a_usage_error(self):
+        server = self.start_fake(engines=2)
+        result = self.run_helper(server, "--engines", "0,5")
+        self.assertEqual(result.code, 2)
+        self.assertIn("--engines 0,5: engine 5 is not served", result.summary["problems"][0])
+        self.assertEqual(self.completions(server), [])
+
+    def test_one_engine_sends_no_header_and_keeps_its_ids(self):
+        server = self.start_fake()
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertTrue(all("X-data-parallel-rank" not in e["headers"]
+                            for e in self.completions(server)))
+        run_id = result.kind("run")[0]["run_id"]
+        self.assertEqual([r["request_id"] for r in result.requests],
+                         [f"warmup-{run_id}-B{d}-{i}" for d in (1, 2, 3, 4) for i in range(d)])
+        self.assertTrue(all(r["engine"] is None for r in result.requests + result.kind("wave")))
+        self.assertIsNone(result.kind("run")[0]["engines"])
+
+    def test_gauge_counted_out_late_settles_and_passes(self):
+        server = self.start_fake(engines=2, late_gauge_s=0.4)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        settled = [g["settle_s"] for g in result.kind("gauges")]
+        self.assertIsNone(settled[0], "before B1 nothing of ours ran: no settling")
+        self.assertTrue(any(s and 0.1 <= s <= 2 for s in settled[1:]), settled)
+
+    def test_gauge_that_stays_busy_is_refused_after_the_settle_window(self):
+        server = self.start_fake(engines=2, late_gauge_s=30)
+        started = time.monotonic()
+        result = self.run_helper(server, "--settle-s", "0.6")
+        self.assertEqual(result.code, 3, result.stdout)
+        self.assertLess(time.monotonic() - started, 0.6 + 1 + 1.5)
+        self.assertEqual(len(self.completions(server)), 2, "nothing more after B1")
+        self.assertIn("refused before B2", result.summary["problems"][0])
+        self.assertIn("still after", result.summary["problems"][0])
+
+    def test_busy_before_b1_refuses_at_once(self):
+        server = self.start_fake(engines=2, gauge_values={("vllm:num_requests_waiting", "0"): 1})
+        started = time.monotonic()
+        result = self.run_helper(server, "--settle-s", "5")
+        self.assertEqual(result.code, 3)
+        self.assertLess(time.monotonic() - started, 2)
+        self.assertEqual(self.completions(server), [])
+
+    def test_undeclared_gauges_on_a_fresh_data_parallel_server_refuse(self):
+        server = self.start_fake(engines=2, metrics_mode="absent")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3)
+        self.assertIn("vllm:num_requests_running missing from /metrics",
+                      result.summary["problems"][0])
+
+
+if __name__ == "__main__":
+    unittest.main()
