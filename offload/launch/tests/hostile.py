@@ -45,6 +45,7 @@ class Received:
     headers: list[tuple[str, str]]
     body: bytes
     body_cut: bool = False        # the body was longer than MAX_REQUEST_BODY
+    seen: dict = field(default_factory=dict)   # requests per endpoint before this one
 
     @property
     def method(self) -> str:
@@ -392,9 +393,10 @@ class HostileServer:
         endpoint = endpoint_of(line[line.find(" ") + 1:line.rfind(" ")])
         with self.lock:
             number = self.counts.get(endpoint, 0)
+            seen = dict(self.counts)
             self.counts[endpoint] = number + 1
             request = Received(endpoint, number, lines[0], headers,
-                               bytes(body[:MAX_REQUEST_BODY]), cut)
+                               bytes(body[:MAX_REQUEST_BODY]), cut, seen)
             self.received.append(request)
         return request
 

@@ -15,7 +15,6 @@ for a table of what each case actually did.
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
 import fcntl
 import json
@@ -23,7 +22,6 @@ import os
 import select
 import signal
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -33,7 +31,7 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hostile import (MODEL, TEXT_MARKER, Close, Default, Hang, HostileServer, Received, chunked,
+from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received, chunked,
                      completion_doc, completion_with, error_answer, http, json_answer,
                      metrics_answer, metrics_text, model_entry, models_doc, sse_answer,
                      stream_events)
@@ -73,6 +71,7 @@ class Case:
     fixture: Callable | None = None                 # fixture(tmp) -> stop function
     driver: Callable | None = None                  # driver(run) -> (code, peak, timed_out)
     checks: tuple = ()                              # check(outcome) -> list of problems
+    damaged: int = 0                                # records lines that may be damaged
 
 
 @dataclass
@@ -131,9 +130,10 @@ def case_env(case: Case) -> dict:
     return env
 
 
-def spawn(argv: list[str], env: dict, stdout, stderr) -> subprocess.Popen:
-    """python3 argv under `ulimit -v` (bash execs python, so the pid is the helper's)."""
-    command = ["bash", "-c", f'ulimit -v {AS_LIMIT >> 10} && exec "$@"', "bash",
+def spawn(argv: list[str], env: dict, stdout, stderr, redirect: str = "") -> subprocess.Popen:
+    """python3 argv under `ulimit -v` (bash execs python, so the pid is the helper's);
+    `redirect` is a bash redirection for the helper (such as '>&-')."""
+    command = ["bash", "-c", f'ulimit -v {AS_LIMIT >> 10} && exec "$@" {redirect}', "bash",
                sys.executable, *argv]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
                             env=env)
@@ -151,13 +151,13 @@ def peak_kib(pid: int) -> int:
     return 0
 
 
-def reap(proc: subprocess.Popen, timeout: float) -> tuple[int, float, bool]:
+def reap(proc: subprocess.Popen, timeout: float, peak: int = 0) -> tuple[int, float, bool]:
     """Wait for the process at most `timeout` s (then kill it): exit code, peak MiB, killed.
 
     The peak is VmHWM polled every 10 ms (ru_maxrss would count the forking test process).
     """
     end = time.monotonic() + timeout
-    timed_out, peak = False, 0
+    timed_out = False
     while True:
         peak = max(peak, peak_kib(proc.pid))
         pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
@@ -271,21 +271,29 @@ def _read(path: str) -> bytes:
 # Drivers: signals mid-wave, a stdout that closes early, a stdout nobody reads.
 # ---------------------------------------------------------------------------
 
-def wait_for_completion(server: HostileServer, limit_s: float = 5.0) -> None:
-    """Until the server holds a completion (the helper is mid-wave), a bounded wait."""
+def wait_for_request(server: HostileServer, pid: int, endpoint: str,
+                     limit_s: float = 5.0) -> int:
+    """Until the server holds a request to `endpoint` (the helper waits on it), a bounded
+    wait; the helper's peak memory meanwhile (KiB)."""
     end = time.monotonic() + limit_s
-    while not server.requests("/v1/completions") and time.monotonic() < end:
+    peak = 0
+    while not server.requests(endpoint) and time.monotonic() < end:
+        peak = max(peak, peak_kib(pid))
         time.sleep(0.005)
     time.sleep(0.05)                       # the client thread is now in its read
+    return max(peak, peak_kib(pid))
 
 
-def signals_driver(signums: tuple, gap_us: float = 0.0) -> Callable:
-    """Send `signums` mid-wave, `gap_us` microseconds apart (busy-waited)."""
+def signals_driver(signums: tuple, gap_us: float = 0.0,
+                   endpoint: str = "/v1/completions") -> Callable:
+    """Send `signums` once `endpoint` is waited on (mid-wave by default), `gap_us`
+    microseconds apart (busy-waited)."""
     def drive(run: Run) -> tuple[int, float, bool]:
         with open(run.stdout_path, "wb") as out, open(run.stderr_path, "wb") as err:
             proc = spawn(run.argv, run.env, out, err)
+            peak = 0
             try:
-                wait_for_completion(run.server)
+                peak = wait_for_request(run.server, proc.pid, endpoint)
                 for i, signum in enumerate(signums):
                     if i:
                         until = time.perf_counter() + gap_us / 1e6
@@ -293,7 +301,7 @@ def signals_driver(signums: tuple, gap_us: float = 0.0) -> Callable:
                             pass
                     os.kill(proc.pid, signum)
             finally:
-                result = reap(proc, run.timeout)
+                result = reap(proc, run.timeout, peak)
         return result
     return drive
 
@@ -305,7 +313,9 @@ def head_one_driver(run: Run) -> tuple[int, float, bool]:
         got = bytearray()
         end = time.monotonic() + run.timeout
         fd = proc.stdout.fileno()
+        peak = 0
         while b"\n" not in got and time.monotonic() < end:
+            peak = max(peak, peak_kib(proc.pid))
             ready, _, _ = select.select([fd], [], [], 0.05)
             if ready:
                 chunk = os.read(fd, 4096)
@@ -315,7 +325,7 @@ def head_one_driver(run: Run) -> tuple[int, float, bool]:
         proc.stdout.close()
         with open(run.stdout_path, "wb") as out:
             out.write(bytes(got).split(b"\n")[0] + b"\n")
-        return reap(proc, max(end - time.monotonic(), 0.1))
+        return reap(proc, max(end - time.monotonic(), 0.1), peak)
 
 
 def unread_stdout_driver(run: Run) -> tuple[int, float, bool]:
@@ -330,6 +340,15 @@ def unread_stdout_driver(run: Run) -> tuple[int, float, bool]:
             return reap(proc, run.timeout)
         finally:
             proc.stdout.close()
+
+
+def stdout_driver(redirect: str = "", stdout_path: str | None = None) -> Callable:
+    """Stdout closed before the start (redirect '>&-') or a file such as /dev/full."""
+    def drive(run: Run) -> tuple[int, float, bool]:
+        with open(stdout_path or os.devnull, "wb") as out, open(run.stderr_path, "wb") as err:
+            proc = spawn(run.argv, run.env, out, err, redirect)
+            return reap(proc, run.timeout)
+    return drive
 
 
 # ---------------------------------------------------------------------------
@@ -460,12 +479,38 @@ def no_broken_pipe_noise(outcome: Outcome) -> list[str]:
     return ["stderr shows BrokenPipeError"] if "BrokenPipe" in outcome.stderr else []
 
 
+def model_sent_as_served(model_id: str) -> Callable:
+    """Every completion names the model exactly as /v1/models served it (not a cleaned copy)."""
+    def check(outcome: Outcome) -> list[str]:
+        sent = {(r.json() or {}).get("model") for r in outcome.completions()}
+        return [] if sent <= {model_id} else [f"completions named {sorted(map(repr, sent))}"]
+    return check
+
+
+def run_record_readable(outcome: Outcome) -> list[str]:
+    runs = [r for r in outcome.records if isinstance(r, dict) and r.get("record") == "run"]
+    return [] if runs else ["the run record is not readable (glued to a cut line?)"]
+
+
+def cut_records_fixture(tmp: str) -> Callable:
+    """A records file left by a killed run: its last line cut, without a newline."""
+    with open(os.path.join(tmp, "records.jsonl"), "wb") as handle:
+        handle.write(b'{"record": "run", "run_id": "old"}\n{"record": "requ')
+    return lambda: None
+
+
 # ---------------------------------------------------------------------------
 # The table.
 # ---------------------------------------------------------------------------
 
 R1 = f'vllm:num_requests_running{{engine="1",model_name="{MODEL}"}}'
 W1 = f'vllm:num_requests_waiting{{engine="1",model_name="{MODEL}"}}'
+R0 = f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}}'
+
+
+def running_with_model(model_name: str) -> str:
+    """A busy running-gauge sample of engine 1 whose model_name label is `model_name`."""
+    return f'vllm:num_requests_running{{engine="1",model_name="{model_name}"}} 2'
 UNREADABLE = ("cannot be read exactly", "line 7")
 
 
@@ -479,9 +524,9 @@ def guard(name: str, line: str, fragments: tuple = UNREADABLE, **kw) -> Case:
 GUARD = [
     guard("float timestamp", f"{R1} 2 1700000000.5"),
     guard("exemplar", f'{R1} 2 # {{trace_id="x"}} 1'),
-    guard("raw CR in a label value", f'vllm:num_requests_running{{engine="1",model_name="m\rx"}} 2'),
-    guard("U+0085 in a label value", f'vllm:num_requests_running{{engine="1",model_name="m\u0085x"}} 2'),
-    guard("U+2028 in a label value", f'vllm:num_requests_running{{engine="1",model_name="m\u2028x"}} 2'),
+    guard("raw CR in a label value", running_with_model("m\rx")),
+    guard("U+0085 in a label value", running_with_model("m\u0085x")),
+    guard("U+2028 in a label value", running_with_model("m\u2028x")),
     guard("unterminated label value", 'vllm:num_requests_running{engine="1} 2'),
     guard("no value", R1),
     guard("a word for a value", f"{W1} busy"),
@@ -492,18 +537,21 @@ GUARD = [
     Case("guard: BOM before the first line, a busy sample",
          {"/metrics": metrics_answer("\ufeff" + f"{R1} 2\n" + metrics_text())},
          exit=3, fragments=("cannot be read exactly", "line 1"), completions=0),
-    guard("the same series twice, 0 then 3", f'vllm:num_requests_running{{engine="0",model_name="{MODEL}"}} 3.0',
-          fragments=()),
+    guard("the same series twice, 0 then 3", f"{R0} 3.0", fragments=()),
     guard("+Inf gauge", f"{W1} +Inf", fragments=()),
     guard("NaN gauge", f"{W1} NaN", fragments=()),
     guard("waiting_by_reason is another gauge (prefix trap)",
-          f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{MODEL}",reason="capacity"}} 5.0',
-          fragments=(), exit=0, completions=10),
+          f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{MODEL}",'
+          f'reason="capacity"}} 5.0', fragments=(), exit=0, completions=10),
     guard("an unreadable line of another metric is not a gauge line",
           "vllm:some_other_gauge{engine=0} 1 2 3", fragments=(), exit=0, completions=10),
     Case("guard: 20,000 lines of other metrics (0.9 MB)", {"/metrics": metrics_answer(metrics_text(
          *(f'vllm:filler_total{{engine="0",n="{i}"}} 1.0' for i in range(20000))))},
          exit=0, completions=10, mem_mib=400),
+    Case("guard: busy for good after B1 (the settle window ends, then refuse)",
+         {"/metrics": lambda req: metrics_answer(metrics_text(f"{R1} 1.0"))
+          if req.seen.get("/v1/completions") else Default()},
+         exit=3, completions=1, fragments=("not idle",)),
     Case("guard: a /metrics body of 4 MiB + 1", {"/metrics": metrics_answer(
          metrics_text("#" + "x" * ((4 << 20) - len(metrics_text()) - 1)).encode())},
          exit=(1, 3), one_of=("larger than", "cannot be read"), completions=0),
@@ -663,6 +711,8 @@ RECORDS = [
     Case("--records a FIFO with no reader", args=("--records", "{tmp}/fifo"), records=False,
          fixture=fifo_fixture, exit=2, fragments=("cannot write records",), summary=False,
          completions=0, time_s=2.0),
+    Case("records appended to a file cut mid-line by a kill", fixture=cut_records_fixture,
+         exit=0, completions=10, damaged=1, checks=(run_record_readable,)),
     Case("--records a directory", args=("--records", "{tmp}"), records=False, exit=2,
          fragments=("cannot write records",), summary=False, completions=0, time_s=2.0),
 ]
@@ -672,6 +722,10 @@ STDOUT = [
     Case("stdout closed after one line (| head -1)",
          {"/metrics": [lambda req: (time.sleep(0.3), default_metrics(req))[1], Default()]},
          exit=0, completions=10, driver=head_one_driver,
+         checks=(verdict_is("pass"), no_broken_pipe_noise)),
+    Case("stdout closed before the start (>&-)", exit=0, completions=10,
+         driver=stdout_driver(">&-"), checks=(verdict_is("pass"),)),
+    Case("stdout /dev/full", exit=0, completions=10, driver=stdout_driver("", "/dev/full"),
          checks=(verdict_is("pass"), no_broken_pipe_noise)),
     Case("stdout a pipe nobody reads, a lot printed",
          {"/v1/completions": error_answer(500, OVERLOADED)},
@@ -686,17 +740,20 @@ def default_metrics(req: Received) -> bytes:
 
 HANG = {"/v1/completions": Hang()}
 SIGNALS = [
-    Case(f"two SIGTERMs {100 + 20 * i} us apart (#{i + 1})", HANG, exit=143, time_s=3.0,
+    Case(f"two SIGTERMs {100 + 20 * i} us apart (#{i + 1})", HANG, exit=143, time_s=2.0,
          driver=signals_driver((signal.SIGTERM, signal.SIGTERM), 100 + 20 * i),
          checks=(verdict_is("killed"),))
     for i in range(10)
 ] + [
-    Case(f"{signal.Signals(signum).name} mid-wave", HANG, exit=128 + signum, time_s=3.0,
+    Case(f"{signal.Signals(signum).name} mid-wave", HANG, exit=128 + signum, time_s=2.0,
          driver=signals_driver((signum,)), checks=(verdict_is("killed"),))
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1,
                    signal.SIGUSR2, signal.SIGALRM, signal.SIGTERM)
 ] + [
-    Case("SIGTERM then SIGINT 200 us apart", HANG, exit=(143, 130), time_s=3.0,
+    Case("SIGTERM while /tokenize hangs (before the run record)", {"/tokenize": Hang()},
+         exit=143, time_s=2.0, driver=signals_driver((signal.SIGTERM,), endpoint="/tokenize"),
+         checks=(verdict_is("killed"),)),
+    Case("SIGTERM then SIGINT 200 us apart", HANG, exit=(143, 130), time_s=2.0,
          driver=signals_driver((signal.SIGTERM, signal.SIGINT), 200),
          checks=(verdict_is("killed"),)),
 ]
@@ -719,10 +776,13 @@ LEAKS = [
          env={"VLLM_API_KEY": API_KEY}, exit=1, checks=(nothing_leaked,)),
     Case("model id with CR LF ESC, picked as the only model",
          dict(models_with_id(FORGED_ID), **{"/v1/completions": error_answer(500, "boom")}),
-         exit=1, checks=(stdout_has_no_forged_lines,)),
+         exit=1, checks=(stdout_has_no_forged_lines, model_sent_as_served(FORGED_ID))),
     Case("model id with CR LF ESC, named by --model",
          dict(models_with_id(FORGED_ID), **{"/v1/completions": error_answer(500, "boom")}),
          args=("--model", FORGED_ID), exit=1, checks=(stdout_has_no_forged_lines,)),
+    Case("model id with non-ASCII letters: sent exactly, the run passes",
+         models_with_id("mod\u00e8le-\u6a21\u578b-\U0001f600"), exit=0, completions=10,
+         checks=(model_sent_as_served("mod\u00e8le-\u6a21\u578b-\U0001f600"),)),
     Case("model id of 10,000 characters",
          dict(models_with_id("m" * 10000), **{"/v1/completions": error_answer(500, "boom")}),
          exit=1, checks=(short_lines(1000),)),
@@ -750,10 +810,23 @@ MODELS = [
                                ("with an empty id", "", ()))
 ]
 
+JUDGING = [
+    Case(f"completion {label}: not a pass", {"/v1/completions": lambda req, c=changes: http(
+        200, completion_with(req, **c))}, exit=1, completions=10)
+    for label, changes in (
+        ("finish_reason 'length\\n'", {"choices": [dict(completion_doc()["choices"][0],
+                                                         finish_reason="length\n")]}),
+        ("finish_reason ' length'", {"choices": [dict(completion_doc()["choices"][0],
+                                                     finish_reason=" length")]}),
+        ("completion_tokens 32.0", {"usage": dict(completion_doc()["usage"],
+                                                  completion_tokens=32.0)}),
+        ("stop_reason ''", {"choices": [dict(completion_doc()["choices"][0], stop_reason="")]}))
+]
+
 CLASSES = {
     "guard": GUARD, "tokenize": TOKENIZE, "options": OPTIONS, "framing": FRAMING,
     "nested": NESTED, "report": REPORT, "urls": URLS, "records": RECORDS, "stdout": STDOUT,
-    "signals": SIGNALS, "leaks": LEAKS, "models": MODELS,
+    "signals": SIGNALS, "leaks": LEAKS, "models": MODELS, "judging": JUDGING,
 }
 
 
@@ -784,7 +857,7 @@ def problems_of(outcome: Outcome) -> list[str]:
         problems.append(f"{summaries} summary records, expected exactly one")
     if not wants_summary and outcome.records_text:
         problems.append("records written on an error found before the run")
-    if outcome.damaged_lines:
+    if outcome.damaged_lines > case.damaged:
         problems.append(f"{outcome.damaged_lines} records lines are not JSON")
     problems += [f"missing {f!r} in the output" for f in case.fragments if f not in outcome.output]
     if case.one_of and not any(f in outcome.output for f in case.one_of):
@@ -869,6 +942,9 @@ class TestHostile(unittest.TestCase):
 
     def test_models_entries_that_are_not_models(self):
         self.check_class("models")
+
+    def test_responses_judged_on_what_the_server_sent(self):
+        self.check_class("judging")
 
 
 def main(argv: list[str]) -> int:
