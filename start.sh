@@ -4,27 +4,86 @@
 #   ./start.sh [options] -- <server command and its arguments>
 #
 # The server runs in its own process group (setsid), its output in LOG_DIR/server.log.
-# start.sh waits for GET /health = 200 within the start guard, then runs
-# offload/launch/warmup_serve.sh. A failed warm-up is a WARN (exit 0: the server is
-# up); a server that dies or misses the guard is an ERROR (exit 1, server stopped).
-# Readiness alone never proves warm-up success: the records do. See README.md.
+# start.sh refuses to start when something already answers at the base URL, waits for
+# GET /health = 200 within the start guard, then runs offload/launch/warmup_serve.sh
+# (and, with --gate, the quality gate). It tracks the server's process group, so a
+# server that forks and exits is still followed. A failed warm-up is a WARN (exit 0:
+# the server is up); a server that dies or misses the guard is an ERROR (exit 1,
+# server stopped). Readiness alone never proves warm-up success: the records do.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly HERE
-readonly WRAPPER="${HERE}/offload/launch/warmup_serve.sh"
+readonly LAUNCH_DIR="${HERE}/offload/launch"
+readonly WRAPPER="${LAUNCH_DIR}/warmup_serve.sh"
+readonly QUALIFY="${LAUNCH_DIR}/qualify.py"
 readonly TAIL_LINES=20
 readonly COMPILE_PATTERN='JIT compilation during inference|Compiling|autotun'
+readonly KILL_AFTER_S=5
+readonly PROBE_TIMEOUT_S=2
 
+# GET {base}/health once. The URL comes from START_PROBE_URL (kept out of the command
+# line, where ps would show credentials); user:password in it become Basic auth.
+# Exit 0: HTTP 200; 1: any other HTTP answer; 2: no HTTP answer at all.
+readonly HEALTH_PROBE='
+import base64, os, sys, urllib.error, urllib.parse, urllib.request
+url = urllib.parse.urlsplit(os.environ["START_PROBE_URL"])
+host = url.netloc.rpartition("@")[2]
+request = urllib.request.Request(urllib.parse.urlunsplit(
+    (url.scheme, host, url.path.rstrip("/") + "/health", "", "")))
+if url.username is not None:
+    pair = urllib.parse.unquote(url.username) + ":" + urllib.parse.unquote(url.password or "")
+    request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    with opener.open(request, timeout=float(sys.argv[1])) as response:
+        sys.exit(0 if response.status == 200 else 1)
+except urllib.error.HTTPError:
+    sys.exit(1)
+except Exception:
+    sys.exit(2)
+'
+
+# From `qualify.py report --json` on stdin: the last run's verdict and 1 when its
+# summary notes say the B1 cache check was not made (else 0).
+readonly REPORT_FIELDS='
+import json, sys
+report = json.load(sys.stdin)
+runs = report.get("runs") or [{}]
+notes = ((runs[-1] or {}).get("summary") or {}).get("notes") or report.get("notes") or []
+unchecked = any("cache check not made" in str(note) for note in notes)
+print(report.get("verdict") or "none", int(unchecked))
+'
+
+# From `qualify.py gate --json` on stdin: verdict, identifiers exact alone and batched,
+# worst character error rate (three decimals, or "n/a").
+readonly GATE_FIELDS='
+import json, sys
+gate = json.load(sys.stdin)
+exact = gate.get("identifiers_exact") or {}
+cer = gate.get("worst_cer")
+print(gate.get("verdict") or "none", exact.get("alone") or "?", exact.get("batched") or "?",
+      "n/a" if cer is None else "%.3f" % cer)
+'
+
+# Settings: environment first, then flags; made readonly once checked.
 base_url="${START_BASE_URL:-http://127.0.0.1:8000}"
 guard_s="${START_GUARD_S:-600}"
 log_dir="${START_LOG_DIR:-./logs}"
 ready_file="${START_READY_FILE:-}"
 warmup="${START_WARMUP:-1}"
+gate="${START_GATE:-0}"
+gate_hard_s="${START_GATE_HARD_S:-180}"
 poll_s="${START_POLL_S:-1}"
 stop_grace_s="${START_STOP_GRACE_S:-10}"
-server_pid=""
-child_pid=""
+server_cmd=()
+
+# State.
+display_url=""     # base_url without credentials: the only form that is ever shown
+server_pid=""      # the launched pid, which is also its process group id (setsid)
+server_status=""   # the launched pid's exit status, once it has exited
+child_pid=""       # the foreground step (health probe, sleep, warm-up), for signals
+launched_at=0      # SECONDS at launch
 
 usage() {
   cat <<'EOF'
@@ -32,24 +91,39 @@ usage: start.sh [options] -- <server command and its arguments>
 
 Start the server in the background (own process group, output to LOG_DIR/server.log),
 wait for GET /health = 200 within the start guard, run the warm-up
-(offload/launch/warmup_serve.sh), and report OK or WARN. The server keeps running.
+(offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
+The server keeps running. start.sh refuses to start when something already answers at
+the base URL: it reports only on a server it launched and still sees running (its
+process group: a server that forks and exits is still followed).
 
 options (environment variable in brackets):
-  --base-url URL      where the server answers, passed to the warm-up
+  --base-url URL      where the server answers, passed to the warm-up as is; user:pass@
+                      in it is sent as Basic auth and never shown
                       [START_BASE_URL, default http://127.0.0.1:8000]
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
-  --log-dir DIR       server.log, start.log, server.pid, warm-up records
-                      [START_LOG_DIR, ./logs]
-  --ready-file PATH   written only when the warm-up passed; removed at every start,
-                      so `test -f PATH` gates traffic on a real warm-up [START_READY_FILE]
+  --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
+  --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed;
+                      removed at every start, so `test -f PATH` gates traffic on a real
+                      warm-up; its folder must exist [START_READY_FILE]
   --no-warmup         start and guard only [START_WARMUP=0]
+  --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
+  --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
+                      [START_GATE_HARD_S, 180]
   -h, --help          this text
   START_POLL_S (1) and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
   WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up unchanged.
 
-exit status: 0 server up (warm-up passed, failed with WARN, or skipped);
-             1 server exited, missed the guard, or a live server.pid; 2 usage error;
-             130/143 interrupted (the server was stopped).
+Read the records before releasing HOLD, after OK as after WARN.
+
+exit status:
+  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
+  1    server not started or not trustworthy: something already answered at the base
+       URL, a live server.pid, the server exited (also during the warm-up), or it
+       missed the start guard (its process group is stopped)
+  2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
+       nothing was launched
+  130  interrupted by INT (the server was stopped)
+  143  interrupted by TERM (the server was stopped)
 EOF
 }
 
@@ -75,16 +149,37 @@ is_number() {
   [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]
 }
 
-# The command line as it may be logged: values of key/token/secret/password flags hidden.
+# A URL without its user:password@ part.
+# Arguments: the URL. Outputs: the URL as it may be shown.
+url_without_credentials() {
+  if [[ "$1" =~ ^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@(.*)$ ]]; then
+    echo "${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
+  else
+    echo "$1"
+  fi
+}
+
+# Whether a flag's value is a secret: --api-key, --hf-token, and any flag whose name
+# ends in -key, -token, -secret or -password (also with _ ). --max-num-batched-tokens
+# and --ssl-keyfile are not secrets.
+# Arguments: the flag, without any =value. Returns: 0 when its value must be hidden.
+is_secret_flag() {
+  local name="${1,,}"
+  [[ "${name}" =~ ^--?([a-z0-9_-]*[-_])?(key|token|secret|password)$ ]]
+}
+
+# The command line as it may be logged: the values of secret flags hidden (both
+# `--api-key VALUE` and `--api-key=VALUE`), everything else shown as given.
+# Arguments: the command and its arguments. Outputs: one line.
 redacted_command() {
   local out=() hide=0 arg
   for arg in "$@"; do
     if ((hide)); then
       out+=("[redacted]")
       hide=0
-    elif [[ "${arg}" =~ ^--?[A-Za-z0-9_-]*(key|token|secret|password)[A-Za-z0-9_-]*=(.*)$ ]]; then
+    elif [[ "${arg}" == -*=* ]] && is_secret_flag "${arg%%=*}"; then
       out+=("${arg%%=*}=[redacted]")
-    elif [[ "${arg}" =~ ^--?[A-Za-z0-9_-]*(key|token|secret|password)[A-Za-z0-9_-]*$ ]]; then
+    elif [[ "${arg}" == -* ]] && is_secret_flag "${arg}"; then
       out+=("${arg}")
       hide=1
     else
@@ -92,6 +187,43 @@ redacted_command() {
     fi
   done
   echo "${out[*]}"
+}
+
+# GET /health once (see HEALTH_PROBE).
+# Globals: base_url. Arguments: timeout in seconds.
+# Returns: 0 HTTP 200, 1 another HTTP answer, 2 no answer.
+probe_health() {
+  START_PROBE_URL="${base_url}" python3 -I -S -c "${HEALTH_PROBE}" "$1" >/dev/null 2>&1
+}
+
+# Whether the launched server still runs: any process of its group, not only the
+# launched pid (a server that forks and exits leaves its group running). The first time
+# the launched pid is seen gone, keeps its status and says so when the group lives on.
+# Globals: server_pid, server_status (set). Returns: 0 while the group has a process.
+server_alive() {
+  if [[ -z "${server_status}" ]] && ! kill -0 "${server_pid}" 2>/dev/null; then
+    server_status=0
+    wait "${server_pid}" 2>/dev/null || server_status=$?
+    if kill -0 -- "-${server_pid}" 2>/dev/null; then
+      log "launched pid ${server_pid} exited with status ${server_status} but its process" \
+        "group is still running: the server daemonized; start.sh tracks process group" \
+        "${server_pid}"
+    fi
+  fi
+  kill -0 -- "-${server_pid}" 2>/dev/null
+}
+
+# ERROR for a server that is gone, with the end of its log; exits 1 (no ready file).
+# Globals: server_pid, server_status. Arguments: when it was found gone.
+die_server_gone() {
+  local when="$1"
+  if [[ -z "${server_status}" ]]; then
+    server_status="unknown"
+  fi
+  error "server exited with status ${server_status} after $((SECONDS - launched_at)) s," \
+    "${when}; nothing of its process group ${server_pid} is left"
+  show_log_tail
+  exit 1
 }
 
 # TERM the server's process group, then KILL it after the grace period.
@@ -108,7 +240,9 @@ stop_server() {
     sleep 0.1
     waited=$((waited + 1))
   done
-  wait "${server_pid}" 2>/dev/null || true
+  if [[ -z "${server_status}" ]]; then
+    wait "${server_pid}" 2>/dev/null || true
+  fi
   log "server process group ${server_pid} stopped"
 }
 
@@ -141,51 +275,119 @@ show_log_tail() {
   echo "----" >&2
 }
 
-# GET /health once; 0 when it answers 200. Proxies are ignored: the server is local.
-health_ok() {
-  local timeout_s="$1"
-  python3 - "${base_url%/}/health" "${timeout_s}" <<'PY' >/dev/null 2>&1
-import sys, urllib.request
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-try:
-    with opener.open(sys.argv[1], timeout=float(sys.argv[2])) as response:
-        sys.exit(0 if response.status == 200 else 1)
-except Exception:
-    sys.exit(1)
-PY
+# Fails with a usage error when an option has no value.
+# Arguments: the remaining arguments, option first.
+need_value() {
+  (($# >= 2)) || die_usage "$1 needs a value"
 }
 
+# Globals: the settings (set). Arguments: start.sh's arguments.
 parse_args() {
   while (($#)); do
     case "$1" in
-      --base-url) (($# >= 2)) || die_usage "--base-url needs a URL"; base_url="$2"; shift 2 ;;
-      --start-guard-s) (($# >= 2)) || die_usage "--start-guard-s needs seconds"; guard_s="$2"; shift 2 ;;
-      --log-dir) (($# >= 2)) || die_usage "--log-dir needs a directory"; log_dir="$2"; shift 2 ;;
-      --ready-file) (($# >= 2)) || die_usage "--ready-file needs a path"; ready_file="$2"; shift 2 ;;
-      --no-warmup) warmup=0; shift ;;
-      -h | --help) usage; exit 0 ;;
-      --) shift; server_cmd=("$@"); return 0 ;;
-      *) die_usage "unknown option '$1' (the server command goes after --)" ;;
+      --base-url)
+        need_value "$@"
+        base_url="$2"
+        shift 2
+        ;;
+      --start-guard-s)
+        need_value "$@"
+        guard_s="$2"
+        shift 2
+        ;;
+      --log-dir)
+        need_value "$@"
+        log_dir="$2"
+        shift 2
+        ;;
+      --ready-file)
+        need_value "$@"
+        ready_file="$2"
+        shift 2
+        ;;
+      --no-warmup)
+        warmup=0
+        shift
+        ;;
+      --gate)
+        gate=1
+        shift
+        ;;
+      --gate-hard-s)
+        need_value "$@"
+        gate_hard_s="$2"
+        shift 2
+        ;;
+      -h | --help)
+        usage
+        exit 0
+        ;;
+      --)
+        shift
+        server_cmd=("$@")
+        return 0
+        ;;
+      *)
+        die_usage "unknown option '$1' (the server command goes after --)"
+        ;;
     esac
   done
 }
 
-check_settings() {
-  ((${#server_cmd[@]})) || die_usage "no server command: start.sh [options] -- vllm serve MODEL ..."
-  [[ "${guard_s}" =~ ^[1-9][0-9]*$ ]] || die_usage "--start-guard-s must be a whole number of seconds > 0, got '${guard_s}'"
-  is_number "${poll_s}" || die_usage "START_POLL_S must be a number of seconds, got '${poll_s}'"
-  [[ "${stop_grace_s}" =~ ^[0-9]+$ ]] || die_usage "START_STOP_GRACE_S must be whole seconds, got '${stop_grace_s}'"
-  [[ "${base_url}" =~ ^https?:// ]] || die_usage "--base-url must start with http:// or https://"
-  command -v setsid >/dev/null || die_usage "setsid (util-linux) is required"
-  mkdir -p "${log_dir}" || die_usage "cannot create --log-dir '${log_dir}'"
+# The log folder exists (or is created), start.log can be written there, and so can
+# server.log when it is already there (the start log proves the folder takes files).
+check_log_dir() {
+  mkdir -p -- "${log_dir}" 2>/dev/null ||
+    die_usage "cannot create --log-dir '${log_dir}'; choose a writable folder"
+  { : >>"${log_dir}/start.log"; } 2>/dev/null ||
+    die_usage "cannot write start.log in --log-dir '${log_dir}'; choose a writable folder"
+  [[ ! -e "${log_dir}/server.log" || -w "${log_dir}/server.log" ]] ||
+    die_usage "cannot write server.log in --log-dir '${log_dir}'; choose a writable folder"
 }
 
-# Refuse a second server: a live pid in server.pid means one is (probably) running.
+# The ready file can be written where it goes: its folder exists and takes a file.
+check_ready_file() {
+  local folder probe
+  folder="$(dirname -- "${ready_file}")"
+  [[ -d "${folder}" ]] ||
+    die_usage "--ready-file '${ready_file}': folder '${folder}' does not exist; create it first"
+  [[ ! -d "${ready_file}" ]] || die_usage "--ready-file '${ready_file}' is a folder"
+  probe="$(mktemp "${ready_file}.XXXXXX" 2>/dev/null)" ||
+    die_usage "--ready-file '${ready_file}': cannot write in folder '${folder}'"
+  rm -f -- "${probe}"
+}
+
+# Validates every setting before anything is launched, then makes them readonly.
+check_settings() {
+  ((${#server_cmd[@]})) || die_usage "no server command: start.sh [options] -- vllm serve MODEL ..."
+  [[ "${guard_s}" =~ ^[1-9][0-9]*$ ]] ||
+    die_usage "--start-guard-s must be a whole number of seconds > 0, got '${guard_s}'"
+  is_number "${poll_s}" || die_usage "START_POLL_S must be a number of seconds, got '${poll_s}'"
+  [[ "${stop_grace_s}" =~ ^[0-9]+$ ]] ||
+    die_usage "START_STOP_GRACE_S must be whole seconds, got '${stop_grace_s}'"
+  [[ "${warmup}" =~ ^[01]$ ]] || die_usage "START_WARMUP must be 0 or 1, got '${warmup}'"
+  [[ "${gate}" =~ ^[01]$ ]] || die_usage "START_GATE must be 0 or 1, got '${gate}'"
+  if ! is_number "${gate_hard_s}" || [[ "${gate_hard_s}" =~ ^0*([.]0*)?$ ]]; then
+    die_usage "--gate-hard-s must be a positive number of seconds, got '${gate_hard_s}'"
+  fi
+  [[ "${base_url}" =~ ^https?:// ]] || die_usage "--base-url must start with http:// or https://"
+  command -v setsid >/dev/null || die_usage "setsid (util-linux) is required"
+  check_log_dir
+  if [[ -n "${ready_file}" ]]; then
+    check_ready_file
+  fi
+  display_url="$(url_without_credentials "${base_url%/}")"
+  readonly base_url guard_s log_dir ready_file warmup gate gate_hard_s poll_s stop_grace_s
+  readonly display_url server_cmd
+}
+
+# Refuse a second server: a live pid (or process group) in server.pid means one is
+# (probably) running.
 check_pid_file() {
   local pid_file="${log_dir}/server.pid" old
   [[ -f "${pid_file}" ]] || return 0
   old="$(tr -dc '0-9' <"${pid_file}")"
-  if [[ -n "${old}" ]] && kill -0 "${old}" 2>/dev/null; then
+  if [[ -n "${old}" ]] && { kill -0 "${old}" || kill -0 -- "-${old}"; } 2>/dev/null; then
     error "${pid_file} names pid ${old}, which is still alive: a server may already run here." \
       "Stop it (kill -TERM -- -${old}) or remove the file if that pid is not the server."
     exit 1
@@ -193,102 +395,177 @@ check_pid_file() {
   log "stale ${pid_file} (pid ${old:-none} is gone): replacing it"
 }
 
-launch() {
-  : >>"${log_dir}/server.log"
-  setsid "${server_cmd[@]}" >>"${log_dir}/server.log" 2>&1 </dev/null &
-  server_pid=$!
-  echo "${server_pid}" >"${log_dir}/server.pid"
-  log "launch pid ${server_pid}: $(redacted_command "${server_cmd[@]}")"
+# start.sh reports only on a server it starts: refuse when /health already answers.
+check_nothing_answers() {
+  local status=0
+  probe_health "${PROBE_TIMEOUT_S}" || status=$?
+  if ((status != 2)); then
+    error "something already answers at ${display_url}/health before launch: start.sh" \
+      "reports only on a server it starts. Stop that server, or choose another --base-url."
+    exit 1
+  fi
 }
 
-# Poll /health until 200; ERROR and exit when the server exits or the guard expires.
+launch() {
+  setsid "${server_cmd[@]}" >>"${log_dir}/server.log" 2>&1 </dev/null &
+  server_pid=$!
+  launched_at=${SECONDS}
+  echo "${server_pid}" >"${log_dir}/server.pid"
+  log "launch pid ${server_pid} (process group ${server_pid}): $(redacted_command "${server_cmd[@]}")"
+}
+
+# Poll /health until 200; ERROR and exit when the server is gone or the guard expires.
 wait_ready() {
-  local started=${SECONDS} left status
+  local left
   while true; do
-    if ! kill -0 "${server_pid}" 2>/dev/null; then
-      status=0
-      wait "${server_pid}" || status=$?
-      server_pid=""
-child_pid=""
-      error "server exited with status ${status} after $((SECONDS - started)) s, before /health answered 200"
-      show_log_tail
-      exit 1
-    fi
-    left=$((guard_s - (SECONDS - started)))
+    server_alive || die_server_gone "before ${display_url}/health answered 200"
+    left=$((guard_s - (SECONDS - launched_at)))
     if ((left <= 0)); then
-      error "server not ready: ${base_url%/}/health did not answer 200 within the ${guard_s} s start guard (is --base-url the server's address?)"
+      error "server not ready: ${display_url}/health did not answer 200 within the" \
+        "${guard_s} s start guard (is --base-url the server's address?)"
       show_log_tail
       stop_server
       exit 1
     fi
-    if run_child health_ok "$((left < 5 ? left : 5))"; then
-      log "ready after $((SECONDS - started)) s (${base_url%/}/health = 200)"
+    if run_child probe_health "$((left < 5 ? left : 5))"; then
+      server_alive || die_server_gone "when ${display_url}/health answered 200 (that answer" \
+        "came from another process)"
+      log "ready after $((SECONDS - launched_at)) s (${display_url}/health = 200)"
       return 0
     fi
     run_child sleep "${poll_s}"
   done
 }
 
-summary_verdict() {
-  python3 - "$1" <<'PY' 2>/dev/null || echo "none"
-import json, sys
-verdict = "none"
-with open(sys.argv[1], encoding="utf-8") as records:
-    for line in records:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if record.get("record") == "summary":
-            verdict = record.get("verdict", "none")
-print(verdict)
-PY
+# Read a records file with the helper's own reader (qualify.py report --json).
+# Globals: run_verdict ("pass", "fail", "refused", "killed" or "none"), cache_unchecked
+# (1 when the summary notes say the B1 cache check was not made) are set.
+# Arguments: the records file.
+read_run() {
+  local report fields
+  run_verdict="none"
+  cache_unchecked=0
+  report="$(python3 "${QUALIFY}" report "$1" --json 2>/dev/null)" || true
+  fields="$(printf '%s' "${report}" | python3 -I -S -c "${REPORT_FIELDS}" 2>/dev/null)" ||
+    return 0
+  read -r run_verdict cache_unchecked <<<"${fields}"
 }
 
+# Globals: warmup_records, warmup_status, run_verdict, cache_unchecked, compiles (set).
+run_warmup() {
+  local offset started=${SECONDS}
+  warmup_records="${log_dir}/warmup-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
+  warmup_status=0
+  offset="$(stat -c %s "${log_dir}/server.log")"
+  log "warm-up: ${WRAPPER} --base-url ${display_url} --records ${warmup_records}"
+  run_child bash "${WRAPPER}" --base-url "${base_url}" --records "${warmup_records}" ||
+    warmup_status=$?
+  read_run "${warmup_records}"
+  # Kernels compiled while serving the warm-up are worth knowing about.
+  compiles="$(tail -c "+$((offset + 1))" "${log_dir}/server.log" | grep -Eci "${COMPILE_PATTERN}" || true)"
+  log "warm-up ended: exit ${warmup_status}, verdict ${run_verdict}, $((SECONDS - started)) s," \
+    "${compiles} compile lines in server.log during it"
+}
+
+# The quality gate under a hard bound; its --json summary read back.
+# Globals: gate_records, gate_status, gate_verdict, gate_alone, gate_batched,
+# gate_cer (set).
+run_gate() {
+  local out fields started=${SECONDS}
+  gate_records="${log_dir}/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
+  gate_status=0
+  gate_verdict="none"
+  gate_alone="?"
+  gate_batched="?"
+  gate_cer="n/a"
+  out="$(mktemp "${log_dir}/.gate-summary.XXXXXX")"
+  log "gate: ${QUALIFY} gate --base-url ${display_url} --records ${gate_records}" \
+    "(hard bound ${gate_hard_s} s)"
+  run_child timeout --kill-after="${KILL_AFTER_S}s" "${gate_hard_s}" python3 "${QUALIFY}" gate \
+    --base-url "${base_url}" --records "${gate_records}" --json >"${out}" || gate_status=$?
+  if fields="$(python3 -I -S -c "${GATE_FIELDS}" <"${out}" 2>/dev/null)"; then
+    read -r gate_verdict gate_alone gate_batched gate_cer <<<"${fields}"
+  fi
+  rm -f -- "${out}"
+  log "gate ended: exit ${gate_status}, verdict ${gate_verdict}, $((SECONDS - started)) s"
+}
+
+# Atomically: what passed, when, and the records that show it.
+# Arguments: what passed ("warm-up", "warm-up and gate"), then the records files.
 write_ready_file() {
-  local records="$1" tmp
+  local tmp what="$1"
+  shift
   tmp="$(mktemp "${ready_file}.XXXXXX")"
-  printf 'warm-up passed %s\nrecords: %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${records}" >"${tmp}"
+  printf '%s passed %s\nrecords: %s\n' "${what}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >"${tmp}"
   mv -f "${tmp}" "${ready_file}"
 }
 
-run_warmup() {
-  local records offset status=0 started=${SECONDS} verdict compiles
-  records="${log_dir}/warmup-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
-  offset="$(stat -c %s "${log_dir}/server.log")"
-  log "warm-up: ${WRAPPER} --base-url ${base_url} --records ${records}"
-  run_child bash "${WRAPPER}" --base-url "${base_url}" --records "${records}" || status=$?
-  verdict="$(summary_verdict "${records}")"
-  # Kernels compiled while serving the warm-up are worth knowing about.
-  compiles="$(tail -c "+$((offset + 1))" "${log_dir}/server.log" | grep -Eci "${COMPILE_PATTERN}" || true)"
-  log "warm-up ended: exit ${status}, verdict ${verdict}, $((SECONDS - started)) s, ${compiles} compile lines in server.log during it"
-  if ((status == 0)) && [[ "${verdict}" == "pass" ]]; then
-    [[ -z "${ready_file}" ]] || write_ready_file "${records}"
-    log "OK: warm-up passed (${compiles} compile lines during warm-up); records: ${records}"
+# Identifiers and worst CER as the OK line shows them.
+# Globals: gate_alone, gate_batched, gate_cer.
+gate_figures() {
+  if [[ "${gate_alone}" == "${gate_batched}" ]]; then
+    echo "identifiers ${gate_alone} alone and batched, worst CER ${gate_cer}"
   else
-    log "WARN: warm-up failed (exit ${status}, verdict ${verdict}); records: ${records} — inspect before releasing HOLD (${compiles} compile lines during warm-up)"
+    echo "identifiers ${gate_alone} alone, ${gate_batched} batched, worst CER ${gate_cer}"
   fi
 }
 
+# Warm-up (and gate), then OK or WARN; the server must still run after them.
+warm_up_and_report() {
+  local notes records
+  run_warmup
+  notes="${compiles} compile lines during warm-up"
+  if ((cache_unchecked)); then
+    notes+="; B1 cache check not made: the server does not report cached tokens"
+  fi
+  if ((warmup_status != 0)) || [[ "${run_verdict}" != "pass" ]]; then
+    server_alive || die_server_gone "during the warm-up"
+    log "WARN: warm-up failed (exit ${warmup_status}, verdict ${run_verdict}); records:" \
+      "${warmup_records} — inspect before releasing HOLD (${notes})"
+    return 0
+  fi
+  if ((gate)); then
+    run_gate
+    server_alive || die_server_gone "during the warm-up and gate"
+    records="${warmup_records} and ${gate_records}"
+    if ((gate_status != 0)) || [[ "${gate_verdict}" != "pass" ]]; then
+      log "WARN: warm-up passed, gate failed (exit ${gate_status}, verdict ${gate_verdict};" \
+        "$(gate_figures)); records: ${records} — inspect before releasing HOLD (${notes})"
+      return 0
+    fi
+    [[ -z "${ready_file}" ]] || write_ready_file "warm-up and gate" "${records}"
+    log "OK: warm-up passed, gate passed ($(gate_figures)); records: ${records} — read them" \
+      "before releasing HOLD (${notes})"
+    return 0
+  fi
+  server_alive || die_server_gone "during the warm-up"
+  [[ -z "${ready_file}" ]] || write_ready_file "warm-up" "${warmup_records}"
+  log "OK: warm-up passed; records: ${warmup_records} — read them before releasing HOLD" \
+    "(${notes})"
+}
+
 main() {
-  server_cmd=()
   parse_args "$@"
   check_settings
   if [[ -n "${ready_file}" ]]; then
     rm -f -- "${ready_file}"
   fi
   check_pid_file
+  check_nothing_answers
   trap 'on_signal TERM 143' TERM
   trap 'on_signal INT 130' INT
   launch
   wait_ready
   if [[ "${warmup}" == "0" ]]; then
-    log "warm-up skipped (--no-warmup); server pid ${server_pid} is up"
+    log "warm-up skipped (--no-warmup); server process group ${server_pid} is up"
   else
-    run_warmup
+    warm_up_and_report
   fi
   trap - TERM INT
-  log "exit 0: server pid ${server_pid} keeps running"
+  log "exit 0: server process group ${server_pid} keeps running"
 }
 
-main "$@"
+# Sourcing start.sh (the tests do) defines its functions without running it.
+if [[ "${BASH_SOURCE[0]}" == "${0}" ]]; then
+  main "$@"
+fi

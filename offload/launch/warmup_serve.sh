@@ -15,8 +15,9 @@ readonly KILL_AFTER_S=5
 child=""     # pid of timeout, once started
 pending=0    # 1 when a TERM/INT came before timeout started
 
-# The helper's entry point; argv[1] is the folder that holds warmup.py.
-readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup; sys.exit(warmup.main())'
+# The helper's entry point; argv[1] is the folder that holds warmup.py. prog makes
+# --help and usage errors name the program the operator ran.
+readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup; sys.exit(warmup.main(prog="warmup_serve.sh"))'
 
 die() {
   echo "warmup_serve.sh: $*" >&2

@@ -45,6 +45,9 @@ class TestStart(HelperCase):
                 pid = int(handle.read().strip() or 0)
             if pid and group_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 5        # gone, so the port and pid are free
+                while group_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.02)
 
     def server_pid(self) -> int:
         with open(os.path.join(self.logs, "server.pid")) as handle:
@@ -74,7 +77,8 @@ class TestStart(HelperCase):
         result = self.start("--ready-file", self.ready,
                             server=self.fake("--compile-lines", "2"))
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
-        self.assertIn("OK: warm-up passed (2 compile lines during warm-up); records: ", result.stdout)
+        self.assertRegex(result.stdout, r"OK: warm-up passed; records: \S+\.jsonl — read them before "
+                                        r"releasing HOLD \(2 compile lines during warm-up")
         pid = self.server_pid()
         self.assertTrue(group_alive(pid), "the server must keep running after start.sh")
         self.assertTrue(os.path.exists(self.ready))
@@ -82,7 +86,7 @@ class TestStart(HelperCase):
         self.assertEqual(records[-1]["verdict"], "pass")
         log = self.start_log()
         for step in ("launch pid", "ready after", "warm-up ended: exit 0, verdict pass",
-                     "OK: warm-up passed", "exit 0: server pid"):
+                     "OK: warm-up passed", "exit 0: server process group"):
             self.assertIn(step, log)
         self.assertRegex(log.splitlines()[0], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ")
         for output in (result.stdout, result.stderr, log, text):
@@ -181,6 +185,190 @@ class TestStart(HelperCase):
         self.assertIn("interrupted by TERM", err)
         self.assertFalse(group_alive(pid))
 
+    def write_script(self, name: str, text: str) -> str:
+        path = os.path.join(self.tmp, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        return path
+
+    def test_something_already_answering_is_refused_before_launch(self):
+        marker = os.path.join(self.tmp, "launched")
+        for health_delay_s in (0.0, 100.0):            # 200, then 503: any answer at all
+            with self.subTest(health_delay_s=health_delay_s):
+                other = self.start_fake(health_delay_s=health_delay_s)
+                command = ["bash", START, "--base-url", other.url, "--log-dir", self.logs,
+                           "--ready-file", self.ready, "--", "bash", "-c",
+                           f"touch {marker}; sleep 30"]
+                result = self.run_process(command, timeout=30,
+                                          env={"START_POLL_S": "0.2", "START_STOP_GRACE_S": "3"})
+                self.assertEqual(result.code, 1, result.stdout + result.stderr)
+                self.assertIn(f"something already answers at {other.url}/health", result.stderr)
+                self.assertFalse(os.path.exists(marker), "nothing may be launched")
+                self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+                self.assertFalse(os.path.exists(self.ready))
+
+    def test_launched_server_gone_when_the_warm_up_ends(self):
+        # The launched command starts a server outside its own process group (as another
+        # service would), waits until it is healthy, lingers briefly and exits: the
+        # warm-up talks to a server start.sh did not start.
+        other_pid = os.path.join(self.tmp, "other.pid")
+        self.addCleanup(self.kill_group_in, other_pid)
+        launcher = self.write_script("launcher.py", f"""
+import subprocess, sys, time, urllib.request
+other = subprocess.Popen({self.fake("--latency-s", "0.5")!r}, start_new_session=True)
+open({other_pid!r}, "w").write(str(other.pid))
+for _ in range(200):
+    try:
+        urllib.request.urlopen({self.url!r} + "/health", timeout=1)
+        break
+    except OSError:
+        time.sleep(0.05)
+time.sleep(0.8)
+""")
+        result = self.start("--ready-file", self.ready, server=[sys.executable, launcher],
+                            timeout=60)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("server exited with status 0", result.stderr)
+        self.assertNotIn("OK:", result.stdout)
+        self.assertFalse(os.path.exists(self.ready), "no ready file for a server that is gone")
+
+    def kill_group_in(self, pid_file: str) -> None:
+        if os.path.exists(pid_file):
+            with open(pid_file) as handle:
+                pid = int(handle.read() or 0)
+            if pid and group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+
+    def daemonizing(self, *args: str) -> list[str]:
+        """A server command that forks the fake into the background and exits 0."""
+        return ["bash", "-c", '"$@" & exit 0', "daemonize", *self.fake(*args)]
+
+    def test_server_that_daemonizes_is_followed_by_its_group(self):
+        result = self.start("--ready-file", self.ready, server=self.daemonizing())
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        pid = self.server_pid()
+        self.assertIn(f"launched pid {pid} exited with status 0 but its process group is still "
+                      f"running: the server daemonized; start.sh tracks process group {pid}",
+                      result.stdout)
+        self.assertIn("OK: warm-up passed", result.stdout)
+        self.assertTrue(os.path.exists(self.ready))
+        self.assertTrue(group_alive(pid), "the daemonized server keeps running")
+
+    def test_daemonized_server_is_stopped_on_error(self):
+        result = self.start("--start-guard-s", "2",
+                            server=self.daemonizing("--health-delay-s", "1000"), timeout=30)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("did not answer 200 within the 2 s start guard", result.stderr)
+        self.assertFalse(group_alive(self.server_pid()), "the whole group must be stopped")
+
+    def test_server_that_forks_and_leaves_nothing(self):
+        result = self.start(server=["bash", "-c", "sleep 0.3 & exit 0"], timeout=30)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        pid = self.server_pid()
+        self.assertIn(f"server exited with status 0", result.stderr)
+        self.assertIn(f"nothing of its process group {pid} is left", result.stderr)
+        self.assertLess(result.elapsed, 10)
+
+    def test_unwritable_paths_are_usage_errors_before_launch(self):
+        marker = os.path.join(self.tmp, "launched")
+        regular = self.write_script("regular-file", "")
+        cases = (("--ready-file", os.path.join(self.tmp, "missing", "ready")),
+                 ("--log-dir", "/proc/1"),
+                 ("--log-dir", os.path.join(regular, "logs")))
+        for option, path in cases:
+            with self.subTest(option=option, path=path):
+                args = ["--log-dir", self.logs, option, path]
+                result = self.run_process(["bash", START, "--base-url", self.url, *args, "--",
+                                           "bash", "-c", f"touch {marker}"], timeout=30)
+                self.assertEqual(result.code, 2, result.stdout + result.stderr)
+                self.assertIn(f"'{path}'", result.stderr)
+                self.assertFalse(os.path.exists(marker), "nothing may be launched")
+
+    def test_credentials_in_base_url_are_used_and_never_shown(self):
+        password = "pw-CREDMARKER-77"
+        server = self.write_script("auth_health.py", f"""
+import base64, http.server, sys
+expected = "Basic " + base64.b64encode(b"ops:{password}").decode()
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.headers.get("Authorization") == expected
+        self.send_response(200 if ok else 401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
+""")
+        for given, code, guard in ((password, 0, "20"), ("wrong-CREDMARKER", 1, "1")):
+            with self.subTest(password=given):
+                url = f"http://ops:{given}@127.0.0.1:{self.port}"
+                command = ["bash", START, "--base-url", url, "--log-dir", self.logs,
+                           "--start-guard-s", guard, "--no-warmup", "--",
+                           sys.executable, server]
+                result = self.run_process(command, timeout=30, env={"START_POLL_S": "0.2",
+                                                                    "START_STOP_GRACE_S": "3"})
+                self.stop_server()
+                self.assertEqual(result.code, code, result.stdout + result.stderr)
+                if code == 0:
+                    self.assertIn(f"ready after", result.stdout)
+                else:
+                    self.assertIn(f"{self.url}/health did not answer 200", result.stderr)
+                for text in (result.stdout, result.stderr, self.start_log()):
+                    self.assertNotIn("CREDMARKER", text)
+                    self.assertNotIn("ops:", text)
+
+    def test_credentials_reach_the_warm_up_and_are_never_shown(self):
+        url = f"http://ops:pw-CREDMARKER-78@127.0.0.1:{self.port}"
+        command = ["bash", START, "--base-url", url, "--log-dir", self.logs, "--", *self.fake()]
+        result = self.run_process(command, timeout=60, records=self.records(),
+                                  env={"START_POLL_S": "0.2", "START_STOP_GRACE_S": "3"})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("OK: warm-up passed", result.stdout)
+        _, records_text = read_records(self.records())
+        for text in (result.stdout, result.stderr, self.start_log(), records_text):
+            self.assertNotIn("CREDMARKER", text)
+
+    def test_launch_line_hides_secret_values_only(self):
+        table = (
+            (["vllm", "serve", "m", "--api-key", "S1"], "vllm serve m --api-key [redacted]"),
+            (["--api-key=S1", "--hf-token", "S2"], "--api-key=[redacted] --hf-token [redacted]"),
+            (["--db-password", "S1", "--client-secret=S2", "--my_key", "S3", "--TOKEN", "S4"],
+             "--db-password [redacted] --client-secret=[redacted] --my_key [redacted] "
+             "--TOKEN [redacted]"),
+            (["--max-num-batched-tokens", "4096"], "--max-num-batched-tokens 4096"),
+            (["--enable-prompt-tokens-details", "--tokenizer", "/models/x"],
+             "--enable-prompt-tokens-details --tokenizer /models/x"),
+            (["--ssl-keyfile", "/k.pem", "--keys", "3", "--tokenizer-mode", "auto"],
+             "--ssl-keyfile /k.pem --keys 3 --tokenizer-mode auto"),
+            (["--api-key"], "--api-key"),
+        )
+        for argv, expected in table:
+            with self.subTest(argv=argv):
+                proc = subprocess.run(["bash", "-c", 'source "$1"; shift; redacted_command "$@"',
+                                       "redact", START, *argv], capture_output=True, text=True, timeout=10)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertEqual(proc.stdout, expected + "\n")
+
+    def test_help_names_every_exit_status(self):
+        result = self.run_process(["bash", START, "--help"], timeout=10)
+        self.assertEqual(result.code, 0)
+        for line in (r"\n  0 +server up", r"\n  1 +server not started", r"\n  2 +usage error",
+                     r"\n  130 +interrupted by INT", r"\n  143 +interrupted by TERM"):
+            self.assertRegex(result.stdout, line)
+        self.assertIn("Read the records before releasing HOLD", result.stdout)
+
+    def test_ok_line_says_when_the_cache_check_was_not_made(self):
+        for details, said in ((False, True), (True, False)):
+            with self.subTest(prompt_tokens_details=details):
+                flags = ("--prompt-tokens-details",) if details else ()
+                result = self.start(server=self.fake(*flags))
+                self.stop_server()
+                self.assertEqual(result.code, 0, result.stdout + result.stderr)
+                ok = [line for line in result.stdout.splitlines() if " OK: " in line]
+                self.assertEqual(len(ok), 1, result.stdout)
+                self.assertIn("read them before releasing HOLD", ok[0])
+                self.assertEqual("B1 cache check not made" in ok[0], said, ok[0])
+
     def test_usage_errors(self):
         for args in (["--start-guard-s", "soon", "--", "true"], ["--bogus"], []):
             with self.subTest(args=args):
@@ -216,6 +404,14 @@ class TestWrapper(HelperCase):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+    def test_help_and_usage_errors_name_the_wrapper(self):
+        result = self.run_process(["bash", WRAPPER, "--help"], timeout=30)
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertTrue(result.stdout.startswith("usage: warmup_serve.sh "), result.stdout[:80])
+        result = self.run_process(["bash", WRAPPER, "--waves", "2,3"], timeout=30)
+        self.assertEqual(result.code, 2)
+        self.assertIn("warmup_serve.sh: error:", result.stderr)
 
     def test_trap_is_set_before_the_helper_starts(self):
         result = self.run_process(["bash", "-x", WRAPPER, "--dry-run"], timeout=30)
