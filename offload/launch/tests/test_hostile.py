@@ -658,15 +658,30 @@ REPORT = [
     Case("report: a nested records line", command="report", args=("{tmp}/r.jsonl",),
          fixture=file_fixture("r.jsonl", NEST + b"\n"), exit=(1, 2), summary=False,
          time_s=3.0),
-    Case("report: fields of unexpected types", command="report", args=("{tmp}/r.jsonl",),
-         fixture=file_fixture("r.jsonl", b"\n".join(json.dumps(r).encode() for r in (
-             {"record": "run", "plan": "x", "versions": 3, "run_id": ["a"]},
-             {"record": "request", "wave": 5, "index": {}, "problems": "abc", "ok": False},
-             {"record": "wave", "wave": None, "depth": "2", "ok": 1},
-             {"record": "metrics", "highlights": [1, 2], "warnings": 7},
-             {"record": ["list"]},
-             {"record": "summary", "verdict": 7, "exit_code": "0", "problems": 9},
-         )) + b"\n"), exit=(1, 2), summary=False, time_s=3.0),
+] + [
+    Case(f"report: {label}", command="report", args=("{tmp}/r.jsonl",),
+         fixture=file_fixture("r.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in (
+             {"record": "run", "run_id": "r1", "plan": {"waves": []}}, odd))),
+         exit=(1, 2), summary=False, time_s=3.0)
+    for label, odd in (
+        ("a record kind that is a list", {"record": ["list"]}),
+        ("a line that is an array", [1, 2]),
+        ("a line that is a number", 5),
+        ("a run whose plan and versions are not objects",
+         {"record": "run", "plan": "x", "versions": 3, "run_id": ["a"]}),
+        ("a request of odd types", {"record": "request", "wave": 5, "index": {}, "problems": "abc",
+                                    "ok": False, "latency_s": "slow"}),
+        ("a wave of odd types", {"record": "wave", "wave": None, "depth": "2", "ok": 1,
+                                 "release_skew_ms": [], "duration_s": {}}),
+        ("metrics of odd types", {"record": "metrics", "highlights": [1, 2], "warnings": 7}),
+        ("a summary of odd types", {"record": "summary", "verdict": 7, "exit_code": "0",
+                                    "problems": 9}),
+        ("a summary whose exit_code is 300", {"record": "summary", "verdict": "pass",
+                                              "exit_code": 300, "problems": []}),
+        ("a summary whose exit_code is true", {"record": "summary", "verdict": "pass",
+                                               "exit_code": True, "problems": []}),
+    )
+] + [
     Case("report: /dev/zero", command="report", args=("/dev/zero",), exit=(1, 2),
          summary=False, time_s=3.0, mem_mib=150),
 ]
