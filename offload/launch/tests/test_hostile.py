@@ -31,7 +31,8 @@ import unittest
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received, chunked,
+from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received, Trickle,
+                     chunked,
                      completion_doc, completion_with, error_answer, http, json_answer,
                      metrics_answer, metrics_text, model_entry, models_doc, sse_answer,
                      stream_events)
@@ -552,6 +553,9 @@ GUARD = [
          {"/metrics": lambda req: metrics_answer(metrics_text(f"{R1} 1.0"))
           if req.seen.get("/v1/completions") else Default()},
          exit=3, completions=1, fragments=("not idle",)),
+    Case("guard: a /metrics that trickles a byte every 0.2 s",
+         {"/metrics": Trickle(metrics_answer(metrics_text()), 0.2)},
+         exit=(1, 3), completions=0, time_s=float(DEADLINE_S) + 1.5),
     Case("guard: a /metrics body of 4 MiB + 1", {"/metrics": metrics_answer(
          metrics_text("#" + "x" * ((4 << 20) - len(metrics_text()) - 1)).encode())},
          exit=(1, 3), one_of=("larger than", "cannot be read"), completions=0),
@@ -564,6 +568,10 @@ def tokenize_count(value) -> Callable:
 
 
 TOKENIZE = [
+    Case("/tokenize trickles a byte every 0.2 s", {"/tokenize": lambda req: Trickle(
+        json_answer({"count": 5000, "max_model_len": 32768, "tokens": [], "token_strs": None}),
+        0.2)}, exit=1, completions=0, time_s=float(DEADLINE_S) + 1.5),
+] + [
     Case(f"/tokenize count {label}", {"/tokenize": tokenize_count(value)}, exit=1,
          fragments=("could not size the B1 prompt",), completions=0, mem_mib=150)
     for label, value in (("0", 0), ("1", 1), ("-5", -5), ("10**12", 10 ** 12),
@@ -814,6 +822,12 @@ LEAKS = [
 ]
 
 MODELS = [
+    Case("/v1/models with 20,000 entries (3 MB)", {"/v1/models": json_answer(models_doc(
+         *(model_entry(f"model-{i}") for i in range(20000))))},
+         exit=2, completions=0, mem_mib=250, checks=(short_lines(1000), short_problems(1000))),
+    Case("--waves 1,64: 64 clients at once, under the 1 GiB cap", args=("--waves", "1,64"),
+         exit=0, completions=65, mem_mib=250),
+] + [
     Case(f"/v1/models entry {label}", models_with_id(value) if label != "without id" else
          {"/v1/models": json_answer(models_doc({k: v for k, v in model_entry().items()
                                                 if k != "id"}))},
