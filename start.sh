@@ -196,21 +196,51 @@ probe_health() {
   START_PROBE_URL="${base_url}" python3 -I -S -c "${HEALTH_PROBE}" "$1" >/dev/null 2>&1
 }
 
-# Whether the launched server still runs: any process of its group, not only the
-# launched pid (a server that forks and exits leaves its group running). The first time
-# the launched pid is seen gone, keeps its status and says so when the group lives on.
-# Globals: server_pid, server_status (set). Returns: 0 while the group has a process.
+# Whether a process group has a live member. A zombie does not count: it holds no
+# port and waits for a reaper that may never come (pid 1 in a container often does
+# not reap), so `kill -0 -- -PGID` alone would see a dead server as running.
+# Arguments: the process group id. Returns: 0 when a non-zombie member exists.
+group_alive() {
+  local pgid="$1" stat line state pgrp
+  kill -0 -- "-${pgid}" 2>/dev/null || return 1
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"${stat}"; } 2>/dev/null || continue
+    read -r state _ pgrp _ <<<"${line##*) }"
+    if [[ "${pgrp}" == "${pgid}" && "${state}" != "Z" ]]; then
+      return 0
+    fi
+  done
+  [[ ! -d /proc/self ]]     # without /proc, trust kill -0
+}
+
+# Whether a process is alive: a zombie is not.
+# Arguments: the pid. Returns: 0 when it runs.
+process_alive() {
+  local line state
+  kill -0 "$1" 2>/dev/null || return 1
+  { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 0
+  read -r state _ <<<"${line##*) }"
+  [[ "${state}" != "Z" ]]
+}
+
+# Whether the launched server still runs: the launched pid, or once it has exited, any
+# process of its group (a server that forks and exits leaves its group running). The
+# first time the launched pid is seen gone, keeps its status and says so when the
+# group lives on. (Until the launched pid has called setsid its group is empty: the
+# pid itself is checked first.)
+# Globals: server_pid, server_status (set). Returns: 0 while the server runs.
 server_alive() {
-  if [[ -z "${server_status}" ]] && ! kill -0 "${server_pid}" 2>/dev/null; then
+  if [[ -z "${server_status}" ]]; then
+    process_alive "${server_pid}" && return 0
     server_status=0
     wait "${server_pid}" 2>/dev/null || server_status=$?
-    if kill -0 -- "-${server_pid}" 2>/dev/null; then
+    if group_alive "${server_pid}"; then
       log "launched pid ${server_pid} exited with status ${server_status} but its process" \
         "group is still running: the server daemonized; start.sh tracks process group" \
         "${server_pid}"
     fi
   fi
-  kill -0 -- "-${server_pid}" 2>/dev/null
+  group_alive "${server_pid}"
 }
 
 # ERROR for a server that is gone, with the end of its log; exits 1 (no ready file).
@@ -231,7 +261,7 @@ stop_server() {
   [[ -n "${server_pid}" ]] || return 0
   kill -TERM -- "-${server_pid}" 2>/dev/null || return 0
   local waited=0
-  while kill -0 -- "-${server_pid}" 2>/dev/null; do
+  while group_alive "${server_pid}"; do
     if ((waited >= stop_grace_s * 10)); then
       log "server group ${server_pid} still alive after ${stop_grace_s} s: KILL"
       kill -KILL -- "-${server_pid}" 2>/dev/null || true
@@ -387,7 +417,7 @@ check_pid_file() {
   local pid_file="${log_dir}/server.pid" old
   [[ -f "${pid_file}" ]] || return 0
   old="$(tr -dc '0-9' <"${pid_file}")"
-  if [[ -n "${old}" ]] && { kill -0 "${old}" || kill -0 -- "-${old}"; } 2>/dev/null; then
+  if [[ -n "${old}" ]] && { process_alive "${old}" || group_alive "${old}"; }; then
     error "${pid_file} names pid ${old}, which is still alive: a server may already run here." \
       "Stop it (kill -TERM -- -${old}) or remove the file if that pid is not the server."
     exit 1
