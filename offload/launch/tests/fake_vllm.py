@@ -2,10 +2,12 @@
 """A fake vLLM 0.32 OpenAI-compatible server for the helper's tests and demo.
 
 It speaks the wire format of shared/VLLM_FACTS.md: /health, /version, /v1/models,
-/tokenize, /v1/completions and /metrics, 401 {"error":"Unauthorized"} under /v1 when
+/tokenize, /v1/completions, /v1/chat/completions and /metrics, 401 {"error":"Unauthorized"} under /v1 when
 a key is set, context-length and min_tokens errors, prefix caching in 128-token
 blocks, usage details absent (null) unless switched on, and request gauges that
 count the requests really in flight. Faults are switched per test on `FakeConfig`.
+The quality gate's copy probes (text between <text> and </text>) are answered as
+`--copy` says: faithful (an exact copy), typos, or garbage.
 
 Standalone: python3 offload/launch/tests/fake_vllm.py --port 8000
 Demo:       python3 offload/launch/tests/fake_vllm.py --demo   (fake + warm-up, then stop)
@@ -17,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import random
 import re
 import secrets
 import signal
@@ -39,7 +42,8 @@ TOKEN_ID_MARKER = 987654321
 # Completion faults; each changes what the server answers for matching requests.
 FAULTS = ("", "one_token", "stop_string", "wrong_finish", "short_prompt_tokens", "cache_hit",
           "status", "truncated_json", "not_json", "no_usage", "no_choices", "hang", "trickle",
-          "headers_close", "oversized", "oversized_stream", "redirect", "slow")
+          "headers_close", "oversized", "oversized_stream", "redirect", "slow",
+          "chat_template", "reasoning_exhausted")
 METRICS_MODES = ("normal", "404", "garbage", "absent", "flaky_once")
 
 
@@ -73,6 +77,7 @@ class FakeConfig:
     compile_lines: int = 0                # log lines like vLLM's JIT monitor, first completion
     cold_s: float = 0.0                   # extra time for the first request of each shape
     counter_skew: int = 0                 # generation tokens counted beyond those sent (foreign)
+    copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
 
 
 def tokenize(text: str) -> list[int]:
@@ -82,6 +87,57 @@ def tokenize(text: str) -> list[int]:
         for start in range(0, len(piece), 3):
             ids.append(100 + zlib.crc32(piece[start:start + 3].encode()) % 50000)
     return ids
+
+
+# The quality gate's copy probes: the text to copy stands between these markers.
+COPY_OPEN, COPY_CLOSE = "<text>\n", "\n</text>"
+COPY_MODES = ("faithful", "typos", "garbage")
+CHAT_TEMPLATE_TOKENS = 12               # what the chat template adds around the messages
+# What vLLM answers when the model's tokenizer has no chat template (HTTP 400).
+CHAT_TEMPLATE_ERROR = ("As of transformers v4.44, default chat template is no longer allowed, "
+                       "so you must provide a chat template if the tokenizer does not define "
+                       "one.")
+
+
+def copy_reference(prompt: str) -> str | None:
+    """The text a copy probe asks for: between the first pair of markers."""
+    start = prompt.find(COPY_OPEN)
+    end = prompt.find(COPY_CLOSE, start + len(COPY_OPEN)) if start >= 0 else -1
+    return prompt[start + len(COPY_OPEN):end] if end >= 0 else None
+
+
+def with_typos(text: str) -> str:
+    """Swap two neighbouring letters in about one word in twenty, as a garbling build does."""
+    words = list(re.finditer(r"\w{4,}", text))
+    chars = list(text)
+    for match in words[7::20]:
+        i = match.start() + 1
+        if chars[i] == chars[i + 1]:
+            i += 1
+        chars[i], chars[i + 1] = chars[i + 1], chars[i]
+    return "".join(chars)
+
+
+def copy_answer(reference: str, mode: str, batched: bool) -> str:
+    """A copy probe's answer: faithful copies exactly; typos changes one identifier (a
+    version tag's last digit) and the passages (the Russian one always, the English one
+    only in a batch); garbage answers noise. Every unfaithful passage carries TEXT_MARKER."""
+    if mode == "garbage":
+        rng = random.Random(zlib.crc32(reference.encode()))
+        noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in reference)
+        return f"{TEXT_MARKER} {noise}"
+    if mode != "typos":
+        return reference
+    if not any(ch.isspace() for ch in reference):             # an identifier
+        digits = [i for i, ch in enumerate(reference) if ch.isdigit()]
+        if not re.match(r"v[0-9]", reference) or not digits:
+            return reference
+        i = digits[-1]
+        return reference[:i] + str((int(reference[i]) + 1) % 10) + reference[i + 1:]
+    cyrillic = any("\u0400" <= ch <= "\u04ff" for ch in reference)
+    if cyrillic or batched:
+        return with_typos(reference) + " " + TEXT_MARKER
+    return reference
 
 
 class FakeState:
@@ -100,6 +156,7 @@ class FakeState:
         self.lingering: list[tuple[int, float]] = []   # (engine, until): counted out late
         self.next_engine = 0
         self.metrics_failed = False
+        self.copying: list[dict] = []          # copy probes in flight (is this one batched?)
         self.warm_shapes: set = set()          # (engine, concurrency or "long") already served
         self.counters: dict[tuple[str, tuple], float] = {}
         # Like vLLM, every counter series exists from the start, at 0, for every engine.
@@ -267,6 +324,8 @@ class Handler(BaseHTTPRequestHandler):
                                         "tokens": ids + [TOKEN_ID_MARKER], "token_strs": None})
         if self.path == "/v1/completions":
             return self.completion(body or {})
+        if self.path == "/v1/chat/completions":
+            return self.copy_request(body if isinstance(body, dict) else {}, chat=True)
         self.send_json(404, {"detail": "Not Found"})
 
     def metrics(self):
@@ -312,6 +371,8 @@ class Handler(BaseHTTPRequestHandler):
 
     # -- completions --------------------------------------------------------
     def completion(self, body: dict):
+        if COPY_OPEN in str(body.get("prompt", "")):
+            return self.copy_request(body, chat=False)
         cfg, st = self.state.config, self.state
         priority = body.get("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -498,6 +559,100 @@ class Handler(BaseHTTPRequestHandler):
             pass
 
 
+    # -- copy probes (the quality gate): chat completions, and raw ones with markers ----
+    def copy_request(self, body: dict, chat: bool):
+        """Answer a copy probe as config.copy says, with vLLM's chat or completion shape."""
+        cfg, st = self.state.config, self.state
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages \
+                    or not all(isinstance(m, dict) for m in messages):
+                return self.send_json(400, {"error": {
+                    "message": "Field required", "type": "Bad Request",
+                    "param": "body.messages", "code": 400}})
+            kwargs = body.get("chat_template_kwargs")
+            if kwargs is not None and not isinstance(kwargs, dict):
+                return self.send_json(400, {"error": {
+                    "message": "Input should be a valid dictionary", "type": "Bad Request",
+                    "param": "body.chat_template_kwargs", "code": 400}})
+            prompt = "\n".join(str(m.get("content", "")) for m in messages)
+        else:
+            prompt = str(body.get("prompt", ""))
+        fault = cfg.fault if cfg.fault_match in str(body.get("request_id", "")) else ""
+        if fault == "chat_template" and chat:
+            return self.send_error_json(400, CHAT_TEMPLATE_ERROR)
+        if fault == "status":
+            return self.send_error_json(cfg.fault_status, cfg.fault_message,
+                                        "InternalServerError" if cfg.fault_status >= 500
+                                        else "BadRequestError")
+        n_prompt = len(tokenize(prompt)) + (CHAT_TEMPLATE_TOKENS if chat else 0)
+        max_tokens = body.get("max_tokens")
+        max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else 16
+        if n_prompt + max_tokens > cfg.max_model_len:
+            return self.send_error_json(
+                400, f"This model's maximum context length is {cfg.max_model_len} tokens. "
+                     f"However, you requested {n_prompt + max_tokens} tokens ({n_prompt} in "
+                     f"the messages, {max_tokens} in the completion). Please reduce the length "
+                     f"of the messages or completion.", param="input_tokens")
+        engine = st.route(self.headers.get("X-data-parallel-rank"))
+        self.entry["engine"] = engine
+        me = {"batched": False}
+        with st.lock:
+            st.running[engine] += 1
+            st.copying.append(me)
+            if len(st.copying) > 1:               # requests in flight together: a batch
+                for other in st.copying:
+                    other["batched"] = True
+        try:
+            st.stop.wait(max(cfg.latency_s, 0.05))
+        finally:
+            with st.lock:
+                st.copying.remove(me)
+                st.running[engine] -= 1
+                st.served[engine] += 1
+        reference = copy_reference(prompt)
+        reasoning, reasoning_tokens, stop_reason = None, None, None
+        if fault == "reasoning_exhausted":
+            answer, n_out, finish = None, max_tokens, "length"
+            reasoning, reasoning_tokens = f"{TEXT_MARKER} Let me think about this.", max_tokens
+        else:
+            answer = f"{TEXT_MARKER} lorem" if reference is None else \
+                copy_answer(reference, cfg.copy, me["batched"])
+            if not chat:
+                answer += "\n"                   # then the stop string, which is not returned
+            n_out = len(tokenize(answer))         # its tokens and an end-of-text token
+            finish = "stop"
+            if n_out > max_tokens:
+                answer, n_out, finish = answer[:len(answer) * max_tokens // n_out], \
+                    max_tokens, "length"
+            elif not chat:
+                stop_reason = COPY_CLOSE.strip()   # the stop string that ended it
+        st.count("vllm:prompt_tokens_total", n_prompt, engine)
+        st.count("vllm:generation_tokens_total", n_out, engine)
+        st.count("vllm:request_success_total", 1, engine, finished_reason=finish)
+        st.count("vllm:prefix_cache_queries_total", n_prompt, engine)
+        if not chat:
+            doc = self.completion_doc(body, n_prompt, n_out, finish, stop_reason, 0)
+            doc["choices"][0]["text"] = answer
+            return self.send_json(200, doc)
+        details = ({"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
+                   if cfg.prompt_tokens_details else None)
+        self.send_json(200, {
+            "id": f"chatcmpl-{secrets.token_hex(16)}", "object": "chat.completion",
+            "created": int(time.time()), "model": body.get("model", cfg.model),
+            "choices": [{"index": 0, "message": {
+                "role": "assistant", "content": answer, "refusal": None, "annotations": None,
+                "audio": None, "function_call": None, "tool_calls": [], "reasoning": reasoning},
+                "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason,
+                "token_ids": None}],
+            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{secrets.token_hex(4)}",
+            "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
+                      "completion_tokens": n_out, "prompt_tokens_details": details,
+                      "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}
+                      if reasoning_tokens else None},
+            "prompt_logprobs": None, "prompt_token_ids": None, "kv_transfer_params": None})
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -547,6 +702,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine time of one completion")
     parser.add_argument("--fault", choices=FAULTS, default="")
     parser.add_argument("--fault-match", default="", help="request ids the fault hits")
+    parser.add_argument("--copy", choices=COPY_MODES, default="faithful",
+                        help="how the quality gate's copy probes are answered (chat and raw "
+                             "completions): faithful (exact), typos, garbage")
     parser.add_argument("--metrics-mode", choices=METRICS_MODES, default="normal")
     parser.add_argument("--busy", type=float, default=0.0,
                         help="report this many running requests on engine 0")
@@ -591,6 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = FakeConfig(model=args.model, max_model_len=args.max_model_len,
                         api_key=args.api_key, latency_s=args.latency_s, fault=args.fault,
+                        copy=args.copy,
                         fault_match=args.fault_match, metrics_mode=args.metrics_mode,
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,

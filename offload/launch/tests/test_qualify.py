@@ -89,10 +89,11 @@ class TestReportPieces(unittest.TestCase):
             handle.write('{"record": "wave", "wa')
         records, issues = qualify.load_records(path)
         self.assertEqual(len(records), 2)
-        self.assertIn("line 3 is not valid JSON", issues[0])
+        self.assertIn("line 3 is not valid JSON: the file ends there", issues[0])
         report = qualify.build_report(records, issues)
         self.assertIsNone(report["verdict"])
-        self.assertIn("ends after a 'request' record", report["ends"])
+        self.assertEqual(report["exit_code"], 1)
+        self.assertIn("ends after a 'request' record", report["runs"][0]["ends"])
         self.assertIn("verdict: none", qualify.format_report(report))
 
     def test_cut_short_probe_names_its_failed_requests(self):
@@ -100,7 +101,7 @@ class TestReportPieces(unittest.TestCase):
                    {"record": "probe", "item": "burst3", "round": 2, "index": 1, "ok": False,
                     "problems": ["HTTP 500"]}]
         report = qualify.build_report(records, [])
-        self.assertEqual(report["problems"], ["burst3 round 2#1: HTTP 500"])
+        self.assertEqual(report["runs"][0]["problems"], ["burst3 round 2#1: HTTP 500"])
 
     def test_probe_summary_compares_first_round_with_later_ones(self):
         def rec(item, rnd, ttft, total, index=0):
@@ -286,7 +287,7 @@ class TestQualificationRuns(HelperCase):
                      "verdict: pass (exit 0)"):
             self.assertIn(text, shown.stdout)
         as_json = json.loads(self.report(self.records_path, "--json").stdout)
-        self.assertEqual(len(as_json["requests"]), 10)
+        self.assertEqual(len(as_json["runs"][0]["requests"]), 10)
         self.assertEqual(as_json["verdict"], "pass")
 
     def test_report_of_a_failed_run_exits_with_its_status(self):
