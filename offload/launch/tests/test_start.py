@@ -6,6 +6,7 @@ cleanup from the pid start.sh recorded.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -14,8 +15,8 @@ import sys
 import time
 import unittest
 
-from support import FAKE, START, WARMUP, WRAPPER, HelperCase, SilentServer, free_port, \
-    read_records
+from support import FAKE, QUALIFY, START, WARMUP, WRAPPER, HelperCase, SilentServer, \
+    free_port, read_records
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
 
@@ -35,7 +36,10 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-class TestStart(HelperCase):
+class StartCase(HelperCase):
+    """start.sh as a process against a fake server on a free port; its group killed at
+    cleanup."""
+
     def setUp(self):
         super().setUp()
         self.port = free_port()
@@ -62,8 +66,9 @@ class TestStart(HelperCase):
     def fake(self, *args: str) -> list[str]:
         return [sys.executable, FAKE, "--port", str(self.port), "--latency-s", "0.01", *args]
 
-    def start(self, *args: str, server: list[str], env: dict | None = None, timeout=90):
-        command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs, *args, "--",
+    def start(self, *args: str, server: list[str], env: dict | None = None, timeout=90,
+              script: str = START):
+        command = ["bash", script, "--base-url", self.url, "--log-dir", self.logs, *args, "--",
                    *server]
         return self.run_process(command, env=dict({"START_POLL_S": "0.2",
                                                    "START_STOP_GRACE_S": "3"}, **(env or {})),
@@ -79,6 +84,8 @@ class TestStart(HelperCase):
         with open(os.path.join(self.logs, "start.log"), encoding="utf-8") as handle:
             return handle.read()
 
+
+class TestStart(StartCase):
     def test_passing_start(self):
         result = self.start("--ready-file", self.ready,
                             server=self.fake("--compile-lines", "2"))
@@ -375,12 +382,134 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                 self.assertIn("read them before releasing HOLD", ok[0])
                 self.assertEqual("B1 cache check not made" in ok[0], said, ok[0])
 
+    def test_gate_with_the_real_gate(self):
+        # The gate's own verdicts are tested with it; here: start.sh runs it and obeys it.
+        for copy, verdict in (("faithful", "pass"), ("typos", "fail")):
+            with self.subTest(copy=copy):
+                result = self.start("--gate", "--ready-file", self.ready,
+                                    server=self.fake("--copy", copy))
+                self.stop_server()
+                self.assertEqual(result.code, 0, result.stdout + result.stderr)
+                gates = [f for f in os.listdir(self.logs) if f.startswith("gate-")]
+                self.assertTrue(gates, "the gate writes its records in the log dir")
+                if verdict == "pass":
+                    self.assertIn("OK: warm-up passed, gate passed (identifiers 6/6 alone and "
+                                  "batched, worst CER 0.000); records: ", result.stdout)
+                    self.assertTrue(os.path.exists(self.ready))
+                else:
+                    self.assertIn("WARN: warm-up passed, gate failed (exit 1, verdict fail; "
+                                  "identifiers ", result.stdout)
+                    self.assertFalse(os.path.exists(self.ready))
+                self.assert_no_leak(None, result.stdout, result.stderr, self.start_log())
+
     def test_usage_errors(self):
         for args in (["--start-guard-s", "soon", "--", "true"], ["--bogus"], []):
             with self.subTest(args=args):
                 result = self.run_process(["bash", START, *args], timeout=30)
                 self.assertEqual(result.code, 2)
                 self.assertIn("start.sh:", result.stderr)
+
+
+# Stands in for qualify.py in a copy of the tree: `report` is the real one, `gate` does
+# what STUB_GATE says (print a JSON summary and exit with a status, or hang), so that
+# start.sh's side of the gate is tested whatever the real gate finds.
+GATE_STUB = """
+import json, os, sys, time
+if sys.argv[1:2] != ["gate"]:
+    os.execv(sys.executable, [sys.executable, {qualify!r}, *sys.argv[1:]])
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate-argv"), "w") as out:
+    json.dump(sys.argv[1:], out)
+plan = json.loads(os.environ["STUB_GATE"])
+if plan.get("hang"):
+    time.sleep(600)
+print("gate: human lines go to stderr", file=sys.stderr)
+print(json.dumps(plan["summary"]))
+sys.exit(plan["summary"]["exit_code"])
+"""
+
+PASSED_GATE = {"verdict": "pass", "exit_code": 0, "worst_cer": 0.0, "problems": [],
+               "identifiers_exact": {"alone": "6/6", "batched": "6/6"}}
+
+
+class TestStartGate(StartCase):
+    """start.sh --gate, with a stand-in gate (its real side: bounds, OK/WARN, ready file)."""
+
+    def setUp(self):
+        super().setUp()
+        repo = os.path.join(self.tmp, "repo")
+        self.launch = os.path.join(repo, "offload", "launch")
+        os.makedirs(self.launch)
+        shutil.copy(START, repo)
+        for source in (WARMUP, WRAPPER):
+            shutil.copy(source, self.launch)
+        with open(os.path.join(self.launch, "qualify.py"), "w") as handle:
+            handle.write(GATE_STUB.format(qualify=QUALIFY))
+        self.script = os.path.join(repo, "start.sh")
+
+    def gate(self, *args: str, plan: dict, server_args=(), timeout=60):
+        return self.start("--gate", "--ready-file", self.ready, *args,
+                          server=self.fake(*server_args), script=self.script, timeout=timeout,
+                          env={"STUB_GATE": json.dumps(plan)})
+
+    def gate_argv(self) -> list[str]:
+        with open(os.path.join(self.launch, "gate-argv")) as handle:
+            return json.load(handle)
+
+    def test_warm_up_and_gate_passed(self):
+        result = self.gate(plan={"summary": PASSED_GATE})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("OK: warm-up passed, gate passed (identifiers 6/6 alone and batched, "
+                      "worst CER 0.000); records: ", result.stdout)
+        self.assertIn("read them before releasing HOLD", result.stdout)
+        argv = self.gate_argv()
+        self.assertEqual(argv[:3], ["gate", "--base-url", self.url])
+        self.assertEqual(argv[3], "--records")
+        self.assertRegex(os.path.basename(argv[4]), r"^gate-\d{8}T\d{6}Z\.jsonl$")
+        self.assertEqual(os.path.dirname(argv[4]), self.logs)
+        self.assertEqual(argv[5:], ["--json"])
+        with open(self.ready) as handle:
+            ready = handle.read()
+        self.assertIn("warm-up and gate passed", ready)
+        self.assertIn(argv[4], ready)
+
+    def test_failed_gate_warns_without_a_ready_file(self):
+        failed = dict(PASSED_GATE, verdict="fail", exit_code=1, worst_cer=0.125,
+                      identifiers_exact={"alone": "6/6", "batched": "4/6"})
+        result = self.gate(plan={"summary": failed})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertRegex(result.stdout, r"WARN: warm-up passed, gate failed \(exit 1, verdict "
+                                        r"fail; identifiers 6/6 alone, 4/6 batched, worst CER "
+                                        r"0\.125\); records: \S+/warmup-\S+\.jsonl and "
+                                        r"\S+/gate-\S+\.jsonl — inspect before releasing HOLD")
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertTrue(group_alive(self.server_pid()), "the server keeps running after a WARN")
+
+    def test_gate_is_ended_by_its_hard_bound(self):
+        result = self.gate("--gate-hard-s", "1", plan={"hang": True})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("WARN: warm-up passed, gate failed (exit 124, verdict none", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertLess(result.elapsed, 15)
+
+    def test_no_gate_after_a_failed_warm_up(self):
+        result = self.gate(plan={"summary": PASSED_GATE}, server_args=("--fault", "one_token"))
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("WARN: warm-up failed (exit 1, verdict fail)", result.stdout)
+        self.assertFalse(os.path.exists(os.path.join(self.launch, "gate-argv")))
+        self.assertFalse(os.path.exists(self.ready))
+
+    def test_gate_from_the_environment_and_its_bound_checked(self):
+        result = self.start("--ready-file", self.ready, server=self.fake(), script=self.script,
+                            env={"START_GATE": "1", "STUB_GATE": json.dumps(
+                                {"summary": PASSED_GATE})})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("gate passed", result.stdout)
+        for env in ({"START_GATE": "yes"}, {"START_GATE_HARD_S": "0"}):
+            with self.subTest(env=env):
+                result = self.run_process(["bash", self.script, "--", "true"], env=env,
+                                          timeout=30)
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn(f"'{list(env.values())[0]}'", result.stderr)
 
 
 def processes_naming(marker: str, program: str = "") -> list[int]:
