@@ -149,10 +149,146 @@ class TestReportPieces(unittest.TestCase):
                       record["problems"][0])
         self.assertIsNone(record["ttft_s"])
 
+    def test_probe_summary_names_cached_rounds_per_engine(self):
+        def rec(rnd, ttft, cached, engine):
+            return {"item": "long", "round": rnd, "index": 0, "ttft_s": ttft, "total_s": ttft,
+                    "cached_tokens": cached, "engine": engine}
+        records = [rec(1, 0.27, 0, 0), rec(2, 0.03, 4992, 0), rec(3, 0.2, 0, 0),
+                   rec(1, 0.3, None, 1), rec(2, 0.1, None, 1)]
+        e0, e1 = qualify.probe_summary(records)
+        self.assertEqual((e0["engine"], e0["cached_rounds"]), (0, [2]))
+        self.assertEqual(e0["ttft_later_median_s"], 0.2, "the cached round is left out")
+        self.assertEqual(e0["ttft_ratio"], 1.35)
+        self.assertEqual((e1["engine"], e1["cached_rounds"], e1["ttft_ratio"]), (1, [], 3.0))
+        self.assertIn("long e0", qualify.probe_line(e0))
+        self.assertIn("round 2 served from the prefix cache, left out", qualify.probe_line(e0))
+
+    def test_bad_usage_values_are_cut(self):
+        counts, problems = qualify.usage_counts({"completion_tokens": "9" * 10000,
+                                                 "prompt_tokens_details": {"cached_tokens": 1.5}})
+        self.assertEqual((counts["completion_tokens"], counts["cached_tokens"]), (None, None))
+        self.assertEqual(len(problems), 2)
+        self.assertTrue(all(len(p) <= 300 for p in problems))
+
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
                 b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
         self.assertEqual(qualify.stream_usage(body), ({"completion_tokens": 32}, True))
+
+
+class TestReportReading(unittest.TestCase):
+    """report reads any file: bad lines, several runs, odd types, huge or endless input."""
+
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.path = os.path.join(tmp.name, "records.jsonl")
+
+    def write(self, *lines):
+        with open(self.path, "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+
+    def report(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, QUALIFY, "report", self.path, *args],
+                              capture_output=True, text=True, timeout=30, **kwargs)
+
+    def test_reads_past_bad_lines_and_names_them(self):
+        self.write({"record": "run", "run_id": "a", "mode": "warmup", "plan": {}},
+                   '{"record": "request", "wave": "B1"', "[1, 2]",
+                   {"record": "summary", "run_id": "a", "verdict": "pass", "exit_code": 0,
+                    "problems": [], "notes": ["B1 cache check not made"], "warnings": ["w1"]})
+        records, issues = qualify.load_records(self.path)
+        self.assertEqual([r["record"] for r in records], ["run", "summary"])
+        self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
+                                  "line 3 is JSON but not a record (skipped)"])
+        shown = self.report()
+        self.assertEqual(shown.returncode, 0)
+        for text in ("note: line 2 is not valid JSON (skipped)", "note: B1 cache check not made",
+                     "warning: w1", "verdict: pass (exit 0)"):
+            self.assertIn(text, shown.stdout)
+
+    def test_each_run_separately_and_the_last_one_decides(self):
+        def run(rid, verdict, code, n):
+            return [{"record": "run", "run_id": rid, "mode": "warmup", "plan": {}}] + \
+                [{"record": "request", "run_id": rid, "wave": "B1", "index": i, "ok": code == 0,
+                  "problems": [] if code == 0 else ["HTTP 500"]} for i in range(n)] + \
+                [{"record": "summary", "run_id": rid, "verdict": verdict, "exit_code": code,
+                  "problems": [] if code == 0 else ["B1#0: HTTP 500"]}]
+        self.write(*run("first", "fail", 1, 10), *run("second", "pass", 0, 10))
+        shown = self.report()
+        self.assertEqual(shown.returncode, 0)
+        self.assertIn("== run 1 of 2 ==", shown.stdout)
+        self.assertIn("verdict: fail (exit 1)", shown.stdout)
+        self.assertTrue(shown.stdout.rstrip().splitlines()[-2].startswith("verdict: pass"))
+        doc = json.loads(self.report("--json").stdout)
+        self.assertEqual([r["verdict"] for r in doc["runs"]], ["fail", "pass"])
+        self.assertEqual([len(r["requests"]) for r in doc["runs"]], [10, 10])
+        self.assertEqual((doc["verdict"], doc["exit_code"]), ("pass", 0))
+        for key in ("run", "requests", "waves", "metrics", "status", "probe", "probe_summary",
+                    "gate", "summary", "problems", "verdict", "exit_code", "ends"):
+            self.assertIn(key, doc["runs"][0])
+        # The other way round, and a last run cut short: its status decides.
+        self.write(*run("second", "pass", 0, 2), *run("third", "pass", 0, 2)[:-1])
+        shown = self.report()
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("verdict: none (no summary", shown.stdout)
+
+    def test_odd_types_never_crash_and_never_print_none(self):
+        self.write({"record": "run", "run_id": 5, "mode": "warmup", "model": None,
+                    "plan": {"waves": [{"wave": {"x": 1}}, "B2"], "deadline_s": "90"},
+                    "versions": None, "engines": "0,1"},
+                   {"record": "request", "wave": {"a": "\x1b[31m"}, "index": "0", "ok": "yes",
+                    "problems": "a string", "latency_s": "fast", "engine": 1},
+                   {"record": "wave", "wave": ["B1"], "depth": None, "ok": 1},
+                   {"record": "metrics", "highlights": [1, 2], "warnings": "w"},
+                   {"record": "probe_summary", "items": [{"item": 3, "ttft_ratio": "x"}, "bad"]},
+                   {"record": "gate", "shape": 1, "probe": None, "cer": "0.5", "removed": 7},
+                   {"record": "summary", "verdict": None, "exit_code": "0",
+                    "problems": "one problem", "notes": {"n": 1}})
+        shown = self.report()
+        self.assertEqual(shown.returncode, 1, shown.stderr)
+        self.assertEqual(shown.stderr, "")
+        self.assertNotIn("None", shown.stdout)
+        self.assertNotIn("\x1b", shown.stdout)
+        self.assertIn("model unknown (server unknown)", shown.stdout)
+        self.assertIn("  - one problem", shown.stdout)
+        self.assertIn("engine", shown.stdout.splitlines()[2])
+        doc = json.loads(self.report("--json").stdout)
+        self.assertEqual(doc["exit_code"], 1)
+
+    def test_empty_file_and_unreadable_path(self):
+        self.write()
+        shown = self.report()
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("no records", shown.stdout)
+        self.assertEqual(json.loads(self.report("--json").stdout)["runs"], [])
+        gone = subprocess.run([sys.executable, QUALIFY, "report", self.path + ".nope"],
+                              capture_output=True, text=True, timeout=30)
+        self.assertEqual(gone.returncode, 2)
+        self.assertEqual(len(gone.stderr.strip().splitlines()), 1)
+        self.assertNotIn("Traceback", gone.stderr)
+
+    def test_line_and_file_caps(self):
+        import io
+        data = b'{"record": "run"}\n' + b"x" * 5000 + b"\n" + b'{"record": "summary"}\n'
+        lines = list(qualify.read_lines(io.BytesIO(data), max_line=100, max_total=10000))
+        self.assertEqual([(n, line is None) for n, line, _ in lines],
+                         [(1, False), (2, True), (3, False)])
+        capped = list(qualify.read_lines(io.BytesIO(b"y" * 5000), max_line=100, max_total=1000))
+        self.assertEqual(capped[-1], (None, None, False))
+
+    def test_endless_input_is_bounded(self):
+        import resource
+
+        def limit_memory():
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        shown = subprocess.run([sys.executable, QUALIFY, "report", "/dev/zero"],
+                               capture_output=True, text=True, timeout=30,
+                               preexec_fn=limit_memory)
+        self.assertEqual(shown.returncode, 1, shown.stderr)
+        self.assertIn("line 1 is longer than 4 MiB (skipped)", shown.stdout)
+        self.assertIn("stopped reading after 64 MiB", shown.stdout)
 
 
 class StatusWriter:
@@ -309,25 +445,40 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(self.report(os.path.join(self.tmp, "nope.jsonl")).returncode, 2)
 
     def test_probe_finds_what_a_warm_up_leaves_cold(self):
-        server = self.start_fake(cold_s=0.5, latency_s=0.05)
+        server = self.start_fake(cold_s=0.3, latency_s=0.05)
         cold = self.run_probe(server)
         self.assertEqual(cold.code, 0, cold.stdout)
         self.assertEqual(len(cold.kind("probe")), 24)
         summary = {e["item"]: e for e in cold.kind("probe_summary")[0]["items"]}
         self.assertEqual(set(summary), {"single", "burst3", "burst4"})
-        self.assertGreater(summary["single"]["ttft_first_s"], 0.4)
+        self.assertGreater(summary["single"]["ttft_first_s"], 0.25)
         self.assertGreater(summary["single"]["ttft_ratio"], 2)
         self.assertIn("single  TTFT first", cold.stdout)
         self.assert_clean(server, cold)
         # A fresh server warmed up first: the probe's first round is no longer cold.
-        warmed = self.start_fake(cold_s=0.5, latency_s=0.05)
+        warmed = self.start_fake(cold_s=0.3, latency_s=0.05)
         os.remove(self.records_path)
         self.assertEqual(self.run_helper(warmed).code, 0)
         os.remove(self.records_path)
         after = self.run_probe(warmed)
         self.assertEqual(after.code, 0)
         for entry in after.kind("probe_summary")[0]["items"]:
-            self.assertLess(entry["ttft_first_s"], 0.4, entry)
+            self.assertLess(entry["ttft_first_s"], 0.25, entry)
+
+    def test_probe_prompts_are_never_cache_hits(self):
+        server = self.start_fake(prompt_tokens_details=True, engines=2)
+        result = self.run_probe(server, "--long-tokens", "4200", "--json")
+        self.assertEqual(result.code, 0, result.stderr)
+        probes = result.kind("probe")
+        self.assertEqual(len(probes), 2 * 3 * 9)
+        self.assertEqual({r["cached_tokens"] for r in probes}, {0})
+        prompts = [r["body"]["prompt"] for r in server.state.completions()]
+        self.assertEqual(len(set(p.split()[0] for p in prompts)), len(prompts))
+        shown = json.loads(result.stdout)
+        self.assertEqual({(e["item"], e["engine"]) for e in shown["probe"]},
+                         {(i, e) for i in ("single", "burst3", "burst4", "long") for e in (0, 1)})
+        self.assertIn("ttft_ratio", shown["probe"][0])
+        self.assert_clean(server, result)
 
     def test_probe_respects_the_guard(self):
         server = self.start_fake(gauge_values={("vllm:num_requests_waiting", "0"): 1.0})
