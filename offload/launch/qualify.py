@@ -21,6 +21,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -592,9 +593,9 @@ def probe_main(argv: list[str]) -> int:
     settings = warmup.common_settings(parser, args, plan, PROG + " probe", mode="probe",
                                       plan_record=plan_record, planned=planned_per_engine)
     if args.dry_run:
+        long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
         print(f"probe plan for {settings.target.display}: {args.rounds} rounds of single, "
-              f"burst3, burst4{', long (' + str(args.long_tokens) + ' tokens)' if args.long_tokens else ''}"
-              f"; streaming, {plan.tokens} tokens each, every prompt new; deadline "
+              f"burst3, burst4{long}; streaming, {plan.tokens} tokens each, every prompt new; deadline "
               f"{plan.deadline_s:g} s")
         return warmup.EXIT_PASS
     return warmup.run_session(settings, lambda run: execute_probe(run, args,
@@ -635,13 +636,14 @@ def build_probe_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG + " probe", epilog=warmup.EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Did the warm-up work? Measure time to first token and total time with "
+        description=textwrap.fill(
+                    "Did the warm-up work? Measure time to first token and total time with "
                     "streamed completions: a single request, a burst of 3 and a burst of 4 "
                     "(and a long prompt), repeated --rounds times, on every engine; report the "
                     "first round against the median of the later ones, per engine. Every "
                     "prompt is new (a nonce first), so a later round is not a prefix-cache "
                     "hit; cached tokens are recorded and a round served from the cache is "
-                    "named and left out. A ratio, never a verdict.")
+                    "named and left out. A ratio, never a verdict.", 79))
     warmup.add_connection_options(parser)
     parser.add_argument("--tokens", metavar="N", type=warmup.whole(2, 4096), default=32,
                         help="completion tokens per request (default: %(default)s)")
@@ -1215,15 +1217,20 @@ def build_gate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG + " gate", epilog=GATE_EPILOG + "\n" + warmup.EPILOG.split("exit status:")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="The quality gate: can the served model copy text exactly? Six "
+        description=textwrap.fill(
+                    "The quality gate: can the served model copy text exactly? Six "
                     "identifiers (a repo id, a config key, a digest, a path, a version tag, "
                     "a flag) must come back exactly, and an English and a Russian passage of "
                     "about 300 words within a character error rate (--max-cer), each probe "
                     "once alone and once with all the others in one batch, greedy "
                     "(temperature 0, a fixed seed). Same connection options, API key, guards, "
-                    "deadline and records as the warm-up.")
+                    "deadline and records as the warm-up.", 79))
     warmup.add_connection_options(parser)
     parser.set_defaults(deadline_s=180.0)
+    for action in parser._actions:        # the gate prints its gate_summary, not the summary
+        if action.dest == "json":
+            action.help = ("print the gate_summary record as one JSON object on stdout (also "
+                           "on a usage error); the human lines go to stderr")
     parser.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="chat",
                         help="chat: /v1/chat/completions, the server's chat template applies, "
                              "as for real users; completions: raw /v1/completions, for base "

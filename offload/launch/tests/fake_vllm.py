@@ -2,8 +2,8 @@
 """A fake vLLM 0.32 OpenAI-compatible server for the helper's tests and demo.
 
 It speaks the wire format of shared/VLLM_FACTS.md: /health, /version, /v1/models,
-/tokenize, /v1/completions, /v1/chat/completions and /metrics, 401 {"error":"Unauthorized"} under /v1 when
-a key is set, context-length and min_tokens errors, prefix caching in 128-token
+/tokenize, /v1/completions, /v1/chat/completions and /metrics, 401
+{"error":"Unauthorized"} under /v1 when a key is set, context-length and min_tokens errors, prefix caching in 128-token
 blocks, usage details absent (null) unless switched on, and request gauges that
 count the requests really in flight. Faults are switched per test on `FakeConfig`.
 The quality gate's copy probes (text between <text> and </text>) are answered as
