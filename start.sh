@@ -83,6 +83,7 @@ display_url=""     # base_url without credentials: the only form that is ever sh
 server_pid=""      # the launched pid, which is also its process group id (setsid)
 server_status=""   # the launched pid's exit status, once it has exited
 child_pid=""       # the foreground step (health probe, sleep, warm-up), for signals
+gate_out=""        # a temporary file for the gate's JSON summary, while it runs
 launched_at=0      # SECONDS at launch
 
 usage() {
@@ -250,8 +251,12 @@ die_server_gone() {
   if [[ -z "${server_status}" ]]; then
     server_status="unknown"
   fi
+  local hint=""
+  if [[ "${server_status}" == "0" ]]; then
+    hint=" (a server that detaches into a new session cannot be followed: run it in the foreground)"
+  fi
   error "server exited with status ${server_status} after $((SECONDS - launched_at)) s," \
-    "${when}; nothing of its process group ${server_pid} is left"
+    "${when}; nothing of its process group ${server_pid} is left${hint}"
   show_log_tail
   exit 1
 }
@@ -284,6 +289,7 @@ on_signal() {
     kill -TERM "${child_pid}" 2>/dev/null || true
     wait "${child_pid}" 2>/dev/null || true
   fi
+  [[ -z "${gate_out}" ]] || rm -f -- "${gate_out}"
   stop_server
   exit "${code}"
 }
@@ -499,24 +505,25 @@ run_warmup() {
 
 # The quality gate under a hard bound; its --json summary read back.
 # Globals: gate_records, gate_status, gate_verdict, gate_alone, gate_batched,
-# gate_cer (set).
+# gate_cer, gate_out (set).
 run_gate() {
-  local out fields started=${SECONDS}
+  local fields started=${SECONDS}
   gate_records="${log_dir}/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
   gate_status=0
   gate_verdict="none"
   gate_alone="?"
   gate_batched="?"
   gate_cer="n/a"
-  out="$(mktemp "${log_dir}/.gate-summary.XXXXXX")"
+  gate_out="$(mktemp "${log_dir}/.gate-summary.XXXXXX")"
   log "gate: ${QUALIFY} gate --base-url ${display_url} --records ${gate_records}" \
     "(hard bound ${gate_hard_s} s)"
   run_child timeout --kill-after="${KILL_AFTER_S}s" "${gate_hard_s}" python3 "${QUALIFY}" gate \
-    --base-url "${base_url}" --records "${gate_records}" --json >"${out}" || gate_status=$?
-  if fields="$(python3 -I -S -c "${GATE_FIELDS}" <"${out}" 2>/dev/null)"; then
+    --base-url "${base_url}" --records "${gate_records}" --json >"${gate_out}" || gate_status=$?
+  if fields="$(python3 -I -S -c "${GATE_FIELDS}" <"${gate_out}" 2>/dev/null)"; then
     read -r gate_verdict gate_alone gate_batched gate_cer <<<"${fields}"
   fi
-  rm -f -- "${out}"
+  rm -f -- "${gate_out}"
+  gate_out=""
   log "gate ended: exit ${gate_status}, verdict ${gate_verdict}, $((SECONDS - started)) s"
 }
 

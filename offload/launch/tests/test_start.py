@@ -268,10 +268,10 @@ time.sleep(0.8)
         self.assertTrue(group_alive(pid), "the daemonized server keeps running")
 
     def test_daemonized_server_is_stopped_on_error(self):
-        result = self.start("--start-guard-s", "2",
+        result = self.start("--start-guard-s", "1",
                             server=self.daemonizing("--health-delay-s", "1000"), timeout=30)
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
-        self.assertIn("did not answer 200 within the 2 s start guard", result.stderr)
+        self.assertIn("did not answer 200 within the 1 s start guard", result.stderr)
         self.assertFalse(group_alive(self.server_pid()), "the whole group must be stopped")
 
     def test_server_that_forks_and_leaves_nothing(self):
@@ -485,11 +485,39 @@ class TestStartGate(StartCase):
         self.assertTrue(group_alive(self.server_pid()), "the server keeps running after a WARN")
 
     def test_gate_is_ended_by_its_hard_bound(self):
-        result = self.gate("--gate-hard-s", "1", plan={"hang": True})
+        result = self.gate("--gate-hard-s", "0.5", plan={"hang": True})
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
         self.assertIn("WARN: warm-up passed, gate failed (exit 124, verdict none", result.stdout)
         self.assertFalse(os.path.exists(self.ready))
         self.assertLess(result.elapsed, 15)
+
+    def test_term_during_the_gate_stops_everything(self):
+        proc = subprocess.Popen(["bash", self.script, "--base-url", self.url, "--log-dir",
+                                 self.logs, "--gate", "--", *self.fake()],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, START_POLL_S="0.2", START_STOP_GRACE_S="3",
+                                         STUB_GATE=json.dumps({"hang": True})))
+        self.addCleanup(proc.wait)
+        self.addCleanup(proc.kill)
+        self.addCleanup(self.kill_leftover_gate)
+        deadline = time.monotonic() + 30
+        while not os.path.exists(os.path.join(self.launch, "gate-argv")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        self.assertEqual(proc.returncode, 143, err)
+        self.assertIn("interrupted by TERM", err)
+        self.assertFalse(group_alive(self.server_pid()))
+        self.assertEqual(processes_naming(self.launch, "python"), [], "the gate outlived TERM")
+        self.assertFalse([f for f in os.listdir(self.logs) if f.startswith(".gate-summary")])
+
+    def kill_leftover_gate(self):
+        for pid in processes_naming(self.launch):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def test_no_gate_after_a_failed_warm_up(self):
         result = self.gate(plan={"summary": PASSED_GATE}, server_args=("--fault", "one_token"))
