@@ -99,7 +99,7 @@ def load_records(path: str) -> tuple[list[dict], list[str]]:
     issues = bad[:ISSUES_NAMED]
     if len(bad) > ISSUES_NAMED:
         issues.append(f"and {len(bad) - ISSUES_NAMED} more bad lines (skipped)")
-    if not last_ended and not any("ends there" in b for b in bad[-1:]):
+    if not last_ended and not notes and not any("ends there" in b for b in bad[-1:]):
         notes.append("the last line has no newline: the file was cut short")
     return records, issues + notes
 
