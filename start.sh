@@ -86,6 +86,7 @@ child_pid=""       # the foreground step (health probe, sleep, warm-up), for sig
 gate_out=""        # a temporary file for the gate's JSON summary, while it runs
 launched_at=0      # SECONDS at launch
 
+# The --help text, on stdout.
 usage() {
   cat <<'EOF'
 usage: start.sh [options] -- <server command and its arguments>
@@ -128,6 +129,8 @@ exit status:
 EOF
 }
 
+# A usage error: what is wrong, where to look; exits 2 (nothing has been launched).
+# Arguments: the message.
 die_usage() {
   echo "start.sh: $*" >&2
   echo "start.sh: see start.sh --help" >&2
@@ -142,10 +145,12 @@ log() {
   echo "${line}"
 }
 
+# An ERROR line, timestamped in start.log and on stderr.
 error() {
   log "ERROR: $*" >&2
 }
 
+# Returns: 0 when the argument is a non-negative decimal number.
 is_number() {
   [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]
 }
@@ -281,6 +286,8 @@ stop_server() {
   log "server process group ${server_pid} stopped"
 }
 
+# TERM/INT while starting: stop the current step, then the server; exit 143/130.
+# Globals: child_pid, gate_out, server_pid. Arguments: signal name, exit status.
 on_signal() {
   local name="$1" code="$2"
   trap - TERM INT
@@ -305,6 +312,7 @@ run_child() {
   return "${status}"
 }
 
+# The end of server.log on stderr, for an ERROR about the server.
 show_log_tail() {
   echo "---- last ${TAIL_LINES} lines of ${log_dir}/server.log ----" >&2
   tail -n "${TAIL_LINES}" "${log_dir}/server.log" >&2 || true
@@ -442,12 +450,15 @@ check_nothing_answers() {
   fi
 }
 
+# Start the server command in its own session and process group (setsid), its output
+# appended to server.log. Globals: server_pid, launched_at (set).
 launch() {
   setsid "${server_cmd[@]}" >>"${log_dir}/server.log" 2>&1 </dev/null &
   server_pid=$!
   launched_at=${SECONDS}
   echo "${server_pid}" >"${log_dir}/server.pid"
-  log "launch pid ${server_pid} (process group ${server_pid}): $(redacted_command "${server_cmd[@]}")"
+  log "launch pid ${server_pid} (process group ${server_pid}):" \
+    "$(redacted_command "${server_cmd[@]}")"
 }
 
 # Poll /health until 200; ERROR and exit when the server is gone or the guard expires.
@@ -498,7 +509,8 @@ run_warmup() {
     warmup_status=$?
   read_run "${warmup_records}"
   # Kernels compiled while serving the warm-up are worth knowing about.
-  compiles="$(tail -c "+$((offset + 1))" "${log_dir}/server.log" | grep -Eci "${COMPILE_PATTERN}" || true)"
+  compiles="$(tail -c "+$((offset + 1))" "${log_dir}/server.log" |
+    grep -Eci "${COMPILE_PATTERN}" || true)"
   log "warm-up ended: exit ${warmup_status}, verdict ${run_verdict}, $((SECONDS - started)) s," \
     "${compiles} compile lines in server.log during it"
 }
@@ -581,6 +593,7 @@ warm_up_and_report() {
     "(${notes})"
 }
 
+# Arguments: start.sh's arguments.
 main() {
   parse_args "$@"
   check_settings

@@ -17,7 +17,8 @@ pending=0    # 1 when a TERM/INT came before timeout started
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py. prog makes
 # --help and usage errors name the program the operator ran.
-readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup; sys.exit(warmup.main(prog="warmup_serve.sh"))'
+readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
+sys.exit(warmup.main(prog="warmup_serve.sh"))'
 
 die() {
   echo "warmup_serve.sh: $*" >&2
@@ -71,8 +72,13 @@ main() {
   done
   trap - TERM INT
   case "${status}" in
-    124) echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2 ;;
-    137) echo "warmup_serve.sh: warm-up killed by the hard bound (KILL at ${hard}+${KILL_AFTER_S} s, exit 137)" >&2 ;;
+    124)
+      echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2
+      ;;
+    137)
+      echo "warmup_serve.sh: warm-up killed by the hard bound" \
+        "(KILL at ${hard}+${KILL_AFTER_S} s, exit 137)" >&2
+      ;;
   esac
   return "${status}"
 }
