@@ -99,7 +99,8 @@ the base URL: it reports only on a server it launched and still sees running (it
 process group: a server that forks and exits is still followed).
 
 options (environment variable in brackets):
-  --base-url URL      where the server answers, passed to the warm-up as is; user:pass@
+  --base-url URL      where the server answers, passed to the warm-up and the gate as
+                      is (as WARMUP_BASE_URL, out of their command lines); user:pass@
                       in it is sent as Basic auth and never shown
                       [START_BASE_URL, default http://127.0.0.1:8000]
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
@@ -504,8 +505,9 @@ run_warmup() {
   warmup_records="${log_dir}/warmup-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
   warmup_status=0
   offset="$(stat -c %s "${log_dir}/server.log")"
-  log "warm-up: ${WRAPPER} --base-url ${display_url} --records ${warmup_records}"
-  run_child bash "${WRAPPER}" --base-url "${base_url}" --records "${warmup_records}" ||
+  log "warm-up: ${WRAPPER} --records ${warmup_records} (WARMUP_BASE_URL ${display_url})"
+  # The URL goes in the environment: a command line is visible to every user (ps).
+  WARMUP_BASE_URL="${base_url}" run_child bash "${WRAPPER}" --records "${warmup_records}" ||
     warmup_status=$?
   read_run "${warmup_records}"
   # Kernels compiled while serving the warm-up are worth knowing about.
@@ -515,7 +517,9 @@ run_warmup() {
     "${compiles} compile lines in server.log during it"
 }
 
-# The quality gate under a hard bound; its --json summary read back.
+# The quality gate under a hard bound; its --json summary read back. Like the warm-up,
+# it gets the base URL in WARMUP_BASE_URL: a command line is visible to every user (ps),
+# and the URL may hold credentials.
 # Globals: gate_records, gate_status, gate_verdict, gate_alone, gate_batched,
 # gate_cer, gate_out (set).
 run_gate() {
@@ -527,10 +531,11 @@ run_gate() {
   gate_batched="?"
   gate_cer="n/a"
   gate_out="$(mktemp "${log_dir}/.gate-summary.XXXXXX")"
-  log "gate: ${QUALIFY} gate --base-url ${display_url} --records ${gate_records}" \
+  log "gate: ${QUALIFY} gate --records ${gate_records} --json (WARMUP_BASE_URL ${display_url})" \
     "(hard bound ${gate_hard_s} s)"
-  run_child timeout --kill-after="${KILL_AFTER_S}s" "${gate_hard_s}" python3 "${QUALIFY}" gate \
-    --base-url "${base_url}" --records "${gate_records}" --json >"${gate_out}" || gate_status=$?
+  WARMUP_BASE_URL="${base_url}" run_child timeout --kill-after="${KILL_AFTER_S}s" \
+    "${gate_hard_s}" python3 "${QUALIFY}" gate --records "${gate_records}" --json \
+    >"${gate_out}" || gate_status=$?
   if fields="$(python3 -I -S -c "${GATE_FIELDS}" <"${gate_out}" 2>/dev/null)"; then
     read -r gate_verdict gate_alone gate_batched gate_cer <<<"${fields}"
   fi

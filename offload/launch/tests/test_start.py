@@ -418,7 +418,7 @@ import json, os, sys, time
 if sys.argv[1:2] != ["gate"]:
     os.execv(sys.executable, [sys.executable, {qualify!r}, *sys.argv[1:]])
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate-argv"), "w") as out:
-    json.dump(sys.argv[1:], out)
+    json.dump(sys.argv[1:] + ["WARMUP_BASE_URL=" + os.environ.get("WARMUP_BASE_URL", "")], out)
 plan = json.loads(os.environ["STUB_GATE"])
 if plan.get("hang"):
     time.sleep(600)
@@ -447,6 +447,7 @@ class TestStartGate(StartCase):
         self.script = os.path.join(repo, "start.sh")
 
     def gate(self, *args: str, plan: dict, server_args=(), timeout=60):
+        """start.sh --gate in the copied tree (the stand-in gate), the fake as server."""
         return self.start("--gate", "--ready-file", self.ready, *args,
                           server=self.fake(*server_args), script=self.script, timeout=timeout,
                           env={"STUB_GATE": json.dumps(plan)})
@@ -456,21 +457,24 @@ class TestStartGate(StartCase):
             return json.load(handle)
 
     def test_warm_up_and_gate_passed(self):
-        result = self.gate(plan={"summary": PASSED_GATE})
+        secret_url = f"http://ops:pw-CREDMARKER-79@127.0.0.1:{self.port}"
+        result = self.gate("--base-url", secret_url, plan={"summary": PASSED_GATE})
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
         self.assertIn("OK: warm-up passed, gate passed (identifiers 6/6 alone and batched, "
                       "worst CER 0.000); records: ", result.stdout)
         self.assertIn("read them before releasing HOLD", result.stdout)
+        # The URL as given, in the environment: a command line is visible to every user.
         argv = self.gate_argv()
-        self.assertEqual(argv[:3], ["gate", "--base-url", self.url])
-        self.assertEqual(argv[3], "--records")
-        self.assertRegex(os.path.basename(argv[4]), r"^gate-\d{8}T\d{6}Z\.jsonl$")
-        self.assertEqual(os.path.dirname(argv[4]), self.logs)
-        self.assertEqual(argv[5:], ["--json"])
+        self.assertEqual(argv[:2], ["gate", "--records"])
+        self.assertRegex(os.path.basename(argv[2]), r"^gate-\d{8}T\d{6}Z\.jsonl$")
+        self.assertEqual(os.path.dirname(argv[2]), self.logs)
+        self.assertEqual(argv[3:], ["--json", f"WARMUP_BASE_URL={secret_url}"])
         with open(self.ready) as handle:
             ready = handle.read()
         self.assertIn("warm-up and gate passed", ready)
-        self.assertIn(argv[4], ready)
+        self.assertIn(argv[2], ready)
+        for text in (result.stdout, result.stderr, self.start_log(), ready):
+            self.assertNotIn("CREDMARKER", text)
 
     def test_failed_gate_warns_without_a_ready_file(self):
         failed = dict(PASSED_GATE, verdict="fail", exit_code=1, worst_cer=0.125,
