@@ -138,12 +138,12 @@ class TestStart(StartCase):
         self.assertIn("engine died", result.stderr)
 
     def test_server_never_healthy_is_stopped_at_the_guard(self):
-        result = self.start("--start-guard-s", "2", server=self.fake("--health-delay-s", "1000"),
+        result = self.start("--start-guard-s", "1", server=self.fake("--health-delay-s", "1000"),
                             timeout=30)
         self.assertEqual(result.code, 1)
-        self.assertIn(f"{self.url}/health did not answer 200 within the 2 s start guard",
+        self.assertIn(f"{self.url}/health did not answer 200 within the 1 s start guard",
                       result.stderr)
-        self.assertLess(result.elapsed, 2 + 8)
+        self.assertLess(result.elapsed, 1 + 8)
         self.assertFalse(group_alive(self.server_pid()), "the server's group must be stopped")
         self.assertIn("server process group", self.start_log())
 
