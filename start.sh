@@ -114,7 +114,8 @@ options (environment variable in brackets):
                       [START_GATE_HARD_S, 180]
   -h, --help          this text
   START_POLL_S (1) and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
-  WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up unchanged.
+  WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
+  unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url.
 
 Read the records before releasing HOLD, after OK as after WARN.
 
