@@ -1300,6 +1300,8 @@ COMMANDS = {"report": report_main, "probe": probe_main, "gate": gate_main}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        warmup._as_program.set()      # run as the process: signals stay ignored after the summary
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         if argv[:1] in (["-h"], ["--help"]):

@@ -177,6 +177,8 @@ class Run:
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
     """The warm-up's command line; returns the exit status."""
+    if argv is None:
+        _as_program.set()
     try:
         settings = parse_settings(sys.argv[1:] if argv is None else argv, prog)
     except SystemExit as exc:             # argparse: --help, --version, a usage error
@@ -1378,10 +1380,10 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
     while True:
         while head is None:
             end = buf.find(b"\r\n\r\n")
+            if (end < 0 and len(buf) > MAX_HEADER_BYTES) or end > MAX_HEADER_BYTES:
+                raise TransportError("malformed", "malformed HTTP response: headers larger "
+                                     f"than {MAX_HEADER_BYTES} bytes")
             if end < 0:
-                if len(buf) > MAX_HEADER_BYTES:
-                    raise TransportError("malformed", "malformed HTTP response: headers too "
-                                         "large")
                 break
             head = _parse_head(bytes(buf[:end]), max_body)
             del buf[:end + 4]
@@ -1595,7 +1597,7 @@ def release_batch(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]
     threads = [threading.Thread(target=_client, args=(target, clock, slot, barrier),
                                 name=f"warmup-{slot.request_id}", daemon=True) for slot in slots]
     for thread in threads:
-        thread.start()
+        start_quiet(thread)
     for thread in threads:
         thread.join(timeout=max(clock.remaining(), 0))
     finished = []
@@ -1607,6 +1609,26 @@ def release_batch(target: Target, clock: Clock, slots: list[Slot]) -> list[Slot]
             barrier.abort()
         finished.append(slot)
     return finished
+
+
+CLIENT_STACK_BYTES = 512 << 10       # 64 clients stay small under an address-space limit
+
+
+def start_quiet(thread: threading.Thread) -> None:
+    """Start a helper thread that never receives the caught signals, so the kernel delivers
+    them to the main thread and interrupts its wait at once (a signal taken by another thread
+    would leave the main thread blocked until its timeout)."""
+    signums = {getattr(signal, name) for name in CAUGHT_SIGNALS if hasattr(signal, name)}
+    blocked = hasattr(signal, "pthread_sigmask")
+    if blocked:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    stack = threading.stack_size(CLIENT_STACK_BYTES)
+    try:
+        thread.start()
+    finally:
+        threading.stack_size(stack)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def release_skew_ms(slots: list[Slot]) -> float | None:
@@ -1655,7 +1677,7 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
     if isinstance(choices, list):
         fields["n_choices"] = len(choices)
         choice = choices[0] if choices and isinstance(choices[0], dict) else {}
-        fields["finish_reason"] = _short_str(choice.get("finish_reason"), 32, redact)
+        fields["finish_reason"] = exact_str(choice.get("finish_reason"), 32, redact)
         fields["stop_reason"] = clean_stop_reason(choice.get("stop_reason"), redact)
     usage = doc.get("usage")
     if isinstance(usage, dict):
@@ -1890,6 +1912,16 @@ def _short_str(value, limit: int, redact: tuple[str, ...] = ()) -> str | None:
     return clean_text(value, limit, redact) if isinstance(value, str) else None
 
 
+def exact_str(value, limit: int, redact: tuple[str, ...] = ()) -> str | None:
+    """A server's short string kept exact when it is clean; otherwise its quoted form, so a
+    'length\\n' can never be judged as 'length'."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value == clean_text(value, limit, redact):
+        return value
+    return clean_text(repr(value), limit, redact)
+
+
 def clean_stop_reason(value, redact: tuple[str, ...] = ()) -> int | str | None:
     """stop_reason as the server gave it (a token id or a stop string, cut to 64 characters)."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool)
@@ -1959,8 +1991,7 @@ def open_records(path: str):
         if not stat.S_ISREG(info.st_mode):
             raise OSError(0, "not a regular file")
         os.set_blocking(fd, True)
-        needs_newline = info.st_size > 0 and os.pread(os.open(path, os.O_RDONLY), 1,
-                                                      info.st_size - 1) != b"\n"
+        needs_newline = info.st_size > 0 and _last_byte(path) != b"\n"
         stream = os.fdopen(fd, "a", encoding="utf-8")
     except BaseException:
         os.close(fd)
@@ -1969,6 +2000,12 @@ def open_records(path: str):
         stream.write("\n")
         stream.flush()
     return stream
+
+
+def _last_byte(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1)
 
 
 def append_record(stream, record: dict) -> None:
@@ -1990,7 +2027,7 @@ class Printer:
         self.lines: queue.Queue = queue.Queue()
         self.closed = False
         self.thread = threading.Thread(target=self._drain, name="warmup-printer", daemon=True)
-        self.thread.start()
+        start_quiet(self.thread)
 
     def say(self, line: str, stream=None) -> None:
         self.lines.put((line, stream or self.stream))
@@ -2330,6 +2367,7 @@ def dry_run(plan: Plan, target: Target, as_json: bool, engines: str) -> None:
 
 _terminating = threading.Event()
 _stuck_output = threading.Event()
+_as_program = threading.Event()      # main() run as the process (not called by a test)
 
 
 def _raise_terminated(signum, frame):
@@ -2351,6 +2389,12 @@ def install_signal_handlers() -> dict:
 
 
 def restore_signal_handlers(previous: dict) -> None:
+    """Give the signals back to their previous handlers; as a program, keep ignoring them
+    instead: a second TERM arriving after the summary must not kill the process untidily."""
+    if _as_program.is_set():
+        for signum in previous:           # SIG_IGN survives the interpreter's exit;
+            signal.signal(signum, signal.SIG_IGN)   # our handler would become SIG_DFL there
+        return
     for signum, handler in previous.items():
         signal.signal(signum, handler)
 
