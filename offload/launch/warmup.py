@@ -120,6 +120,8 @@ class Settings:
     plan_record: dict | None = None       # the plan as recorded, when not the waves'
     planned: int | None = None            # requests planned, when not the waves'
     prog: str = "warmup.py"
+    after_summary: object = None          # (run, summary) -> a record written right after it,
+                                          # printed instead of the summary with --json
 
 
 @dataclass
@@ -148,6 +150,7 @@ class Outcome:
     settled_s: list = field(default_factory=list)
     run_written: bool = False
     summary_extra: dict = field(default_factory=dict)
+    final_record: dict | None = None                 # what --json prints
 
 
 @dataclass
@@ -307,7 +310,7 @@ def run_session(settings: Settings, steps) -> int:
     if summary is not None:
         printer.say(verdict_line(summary, path))
         if settings.json:
-            printer.say(json.dumps(summary), stream=sys.stdout)
+            printer.say(json.dumps(run.outcome.final_record or summary), stream=sys.stdout)
     if not printer.close(max(min(run.clock.remaining(), 2.0), 0.2)):
         _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
     return summary["exit_code"] if summary is not None else EXIT_USAGE
@@ -365,6 +368,12 @@ def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None
         "counters": outcome.counter_highlights, **outcome.summary_extra,
     }
     run.write(summary)
+    outcome.final_record = summary
+    if run.settings.after_summary is not None:
+        follow = run.settings.after_summary(run, summary)
+        if follow is not None:
+            run.write(follow)
+            outcome.final_record = follow
     return summary
 
 
@@ -1833,8 +1842,12 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None) -> l
 
 
 def request_label(record: dict) -> str:
-    """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe)."""
-    where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
+    """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe),
+    'alone id_repo#0' (gate)."""
+    if record.get("shape"):
+        where = f"{record.get('shape')} {record.get('probe')}"
+    else:
+        where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
     engine = record.get("engine")
     return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
 
