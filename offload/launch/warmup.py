@@ -365,6 +365,7 @@ def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None
         "elapsed_s": round(elapsed, 4), "deadline_s": run.settings.plan.deadline_s,
         "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
         "notes": outcome.notes, "warnings": outcome.warnings,
+        "records": run.settings.records_path,
         "counters": outcome.counter_highlights, **outcome.summary_extra,
     }
     run.write(summary)
@@ -560,8 +561,9 @@ def resolve_model(run: Run) -> None:
         if wanted:
             run.server.model = wanted
             return
-        raise Fatal(f"cannot find the model: GET /v1/models answered HTTP {status} without a "
-                    f"model list; pass --model or set WARMUP_MODEL", EXIT_USAGE)
+        raise Fatal(f"cannot find the model: GET {display}/v1/models answered HTTP {status} "
+                    f"without a model list (is --base-url the server's address, with no extra "
+                    f"path?); pass --model or set WARMUP_MODEL", EXIT_USAGE)
     served = {e["id"]: e for e in entries
               if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]}
     names = ", ".join(clean_text(n, 80) for n in sorted(served)[:10])
@@ -937,8 +939,8 @@ def read_guard(run: Run, label: str) -> GuardRead:
                 raise Fatal(f"guard before {label}: {exc.problem}")
             time.sleep(METRICS_RETRY_PAUSE_S)
     if response.status != 200:
-        return GuardRead(False, [f"guard cannot be read: GET /metrics answered HTTP "
-                                 f"{response.status}"], [], None)
+        return GuardRead(False, [f"guard cannot be read: GET {run.settings.target.display}"
+                                 f"/metrics answered HTTP {response.status}"], [], None)
     exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
     if not exposition.samples:
         return GuardRead(False, ["guard cannot be read: /metrics is not Prometheus text"],

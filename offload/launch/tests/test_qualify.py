@@ -347,9 +347,9 @@ class TestQualificationRuns(HelperCase):
         self.assertIsNone(result.summary["counters"]["vllm:spec_decode_*"])
 
     def test_counters_are_skipped_rather_than_making_the_run_late(self):
-        # Four waves of 0.5 s leave 0.9 s of a 2.9 s deadline: too little for the reads after.
-        server = self.start_fake(latency_s=0.5)
-        result = self.run_helper(server, "--deadline-s", "2.9")
+        # Four waves of 0.2 s leave about 0.7 s of a 1.6 s deadline: too little for the reads after.
+        server = self.start_fake(latency_s=0.2)
+        result = self.run_helper(server, "--deadline-s", "1.6")
         self.assertEqual(result.code, 0, result.stdout)
         self.assertEqual(result.kind("metrics"), [])
         self.assertIn("not read after the last wave", result.summary["warnings"][0])
@@ -401,7 +401,7 @@ class TestQualificationRuns(HelperCase):
             json.dump({"pid": 1, "steps": 5}, handle)
         missing = os.path.join(self.tmp, "missing.json")
         result = self.run_helper(server, "--status-file", stale, "--status-file", missing,
-                                 "--status-wait-s", "0.5")
+                                 "--status-wait-s", "0.25")
         self.assertEqual(result.code, 0)
         states = {r["path"]: r for r in result.kind("status")}
         self.assertEqual(states[stale]["state"], "incomplete")
@@ -445,25 +445,25 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(self.report(os.path.join(self.tmp, "nope.jsonl")).returncode, 2)
 
     def test_probe_finds_what_a_warm_up_leaves_cold(self):
-        server = self.start_fake(cold_s=0.3, latency_s=0.05)
+        server = self.start_fake(cold_s=0.2, latency_s=0.02)
         cold = self.run_probe(server)
         self.assertEqual(cold.code, 0, cold.stdout)
         self.assertEqual(len(cold.kind("probe")), 24)
         summary = {e["item"]: e for e in cold.kind("probe_summary")[0]["items"]}
         self.assertEqual(set(summary), {"single", "burst3", "burst4"})
-        self.assertGreater(summary["single"]["ttft_first_s"], 0.25)
+        self.assertGreater(summary["single"]["ttft_first_s"], 0.18)
         self.assertGreater(summary["single"]["ttft_ratio"], 2)
         self.assertIn("single  TTFT first", cold.stdout)
         self.assert_clean(server, cold)
         # A fresh server warmed up first: the probe's first round is no longer cold.
-        warmed = self.start_fake(cold_s=0.3, latency_s=0.05)
+        warmed = self.start_fake(cold_s=0.2, latency_s=0.02)
         os.remove(self.records_path)
         self.assertEqual(self.run_helper(warmed).code, 0)
         os.remove(self.records_path)
         after = self.run_probe(warmed)
         self.assertEqual(after.code, 0)
         for entry in after.kind("probe_summary")[0]["items"]:
-            self.assertLess(entry["ttft_first_s"], 0.25, entry)
+            self.assertLess(entry["ttft_first_s"], 0.15, entry)
 
     def test_probe_prompts_are_never_cache_hits(self):
         server = self.start_fake(prompt_tokens_details=True, engines=2)

@@ -393,9 +393,9 @@ class TestRuns(HelperCase):
 
     def test_deadline_passed_mid_wave_fails_and_later_waves_do_not_run(self):
         server = self.start_fake(fault="slow", fault_match="-B2-")
-        result = self.run_helper(server, "--deadline-s", "2")
+        result = self.run_helper(server, "--deadline-s", "1")
         self.assertEqual(result.code, 1)
-        self.assertLess(result.elapsed, 3.5)
+        self.assertLess(result.elapsed, 2.5)
         b2 = [r for r in result.requests if r["wave"] == "B2"]
         self.assertTrue(all("deadline" in r["problems"][0] for r in b2), b2)
         self.assertEqual({e["body"]["request_id"].split("-")[-2]
@@ -403,8 +403,8 @@ class TestRuns(HelperCase):
         self.assertIn("deadline passed before B3: waves B3,B4 not run", result.summary["problems"])
 
     def test_late_run_fails_even_with_every_response_correct(self):
-        server = self.start_fake(latency_s=0.6)
-        result = self.run_helper(server, "--deadline-s", "2.3")
+        server = self.start_fake(latency_s=0.3)
+        result = self.run_helper(server, "--deadline-s", "1.1")
         self.assertEqual(result.code, 1)
         self.assertTrue(any("deadline" in p for p in result.summary["problems"]))
 
@@ -461,12 +461,12 @@ class TestProcesses(HelperCase):
     """The helper and the wrapper as real processes: signals and the hard bound."""
 
     def test_wrapper_kills_a_helper_stuck_on_a_trickling_server(self):
-        server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.5)
+        server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.25)
         result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",
                                    self.records_path, "--deadline-s", "60"],
-                                  env={"WARMUP_HARD_S": "2"}, timeout=30)
+                                  env={"WARMUP_HARD_S": "1"}, timeout=30)
         self.assertEqual(result.code, 124, result.stderr)
-        self.assertLess(result.elapsed, 6)
+        self.assertLess(result.elapsed, 5)
         self.assertEqual(result.summary["verdict"], "killed")
         self.assertIn("hard bound", result.stderr)
 
