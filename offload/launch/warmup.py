@@ -1189,8 +1189,8 @@ def read_after(run: Run) -> None:
         before, why_before = outcome.status_before.get(path, (None, "not read"))
         after, why_after = wait_for_status(run, path, missing_before=before is None
                                            and str(why_before).startswith("missing"))
-        why = (f"before: {why_before}" if why_before else None) or \
-            (f"after: {why_after}" if why_after else None)
+        why = "; ".join([f"before: {why_before}"] * bool(why_before)
+                        + [f"after: {why_after}"] * bool(why_after)) or None
         result = status_delta(before, after, why)
         run.write(dict({"record": "status", "run_id": settings.plan.run_id, "path": path},
                        **result))
@@ -2145,7 +2145,7 @@ exit status:
   2    usage or configuration error (bad option, bad URL, records not writable,
        model not served, several models and no --model)
   3    refused: a request gauge in /metrics was missing, unreadable or non-zero
-  124  ended by warmup_serve.sh's hard bound (TERM); 137 if it had to KILL
+  124/137  ended by warmup_serve.sh's hard bound (TERM at WARMUP_HARD_S; KILL 5 s later)
   129/130/143  the helper received SIGHUP / SIGINT (Ctrl-C) / SIGTERM and wrote a
        'killed' summary first (any caught signal N: 128 + N)
 
@@ -2255,9 +2255,9 @@ def add_connection_options(parser: argparse.ArgumentParser) -> None:
 def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Warm up a freshly started vLLM server: waves B1..B4 of raw completions "
-                    "(a ~5K-token prefill, then 2, 3 and 4 requests released together), on "
-                    "every engine; check every response; write JSON Lines records for the "
+        description="Warm up a freshly started vLLM server: waves B1..B4 of raw completions\n"
+                    "(a ~5K-token prefill, then 2, 3 and 4 requests released together), on\n"
+                    "every engine; check every response; write JSON Lines records for the\n"
                     "operator to inspect. After a start: qualify.py report|probe|gate.")
     add_connection_options(parser)
     parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=32,

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A fake vLLM 0.32 OpenAI-compatible server for the helper's tests and demo.
 
-It speaks the wire format of shared/VLLM_FACTS.md: /health, /version, /v1/models,
-/tokenize, /v1/completions, /v1/chat/completions and /metrics, 401
-{"error":"Unauthorized"} under /v1 when a key is set, context-length and min_tokens errors, prefix caching in 128-token
-blocks, usage details absent (null) unless switched on, and request gauges that
-count the requests really in flight. Faults are switched per test on `FakeConfig`.
-The quality gate's copy probes (text between <text> and </text>) are answered as
-`--copy` says: faithful (an exact copy), typos, or garbage.
+It speaks the wire format of a real vLLM 0.32 server, as observed on one: /health,
+/version, /v1/models, /tokenize, /v1/completions, /v1/chat/completions and /metrics, 401
+{"error":"Unauthorized"} under /v1 when a key is set, context-length and min_tokens
+errors, prefix caching in 128-token blocks per engine, usage details absent (null) unless
+switched on, request gauges that count the requests really in flight, and data
+parallelism (--engines N: per-engine counters from the start, gauge samples only once an
+engine has run a request, X-data-parallel-rank routing). Faults are switched per test on
+`FakeConfig`. The quality gate's copy probes (text between <text> and </text>) are
+answered as `--copy` says: faithful (an exact copy), typos, or garbage.
 
 Standalone: python3 offload/launch/tests/fake_vllm.py --port 8000
 Demo:       python3 offload/launch/tests/fake_vllm.py --demo   (fake + warm-up, then stop)

@@ -2,8 +2,8 @@
 
 fake_vllm.py answers the way vLLM 0.32 does; this one answers the way an attacker or a
 broken proxy might. Each endpoint (/v1/models, /version, /tokenize, /metrics,
-/v1/completions) gets either a faithful default answer (the shapes of fake_vllm and
-VLLM_FACTS: one model "m" with max_model_len 32768, /tokenize counting about 1.6
+/v1/completions) gets either a faithful default answer (the shapes of fake_vllm and of
+a real vLLM 0.32: one model "m" with max_model_len 32768, /tokenize counting about 1.6
 tokens a word, idle request gauges, a 32-token length completion with usage) or what
 the case scripts: raw bytes (status line, headers, body, or nothing at all), a trickle,
 a hang, a close, a function of the request, or a list played by request number.

@@ -1,6 +1,6 @@
 """Every engine of a data-parallel server: routing, the fresh-server guard, settling, proof.
 
-The fake behaves as VLLM_FACTS' data-parallel section says: counters for every engine from
+The fake behaves as a real data-parallel vLLM 0.32 was seen to: counters for every engine from
 the start, gauge samples for an engine only once it has run a request, the
 X-data-parallel-rank header routes, requests without it are balanced.
 """

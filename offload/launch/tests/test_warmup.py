@@ -491,17 +491,18 @@ class TestProcesses(HelperCase):
 
     def test_scripts_parse(self):
         for script in (WRAPPER, os.path.join(REPO, "start.sh")):
-            if os.path.exists(script):
-                with self.subTest(script=script):
-                    subprocess.run(["bash", "-n", script], check=True, timeout=30)
+            with self.subTest(script=script):
+                self.assertTrue(os.path.isfile(script), f"{script} is missing")
+                subprocess.run(["bash", "-n", script], check=True, timeout=30)
 
 
 def load_tests(loader, standard_tests, pattern):
-    """Run alone (the coordinator's `-p test_warmup.py`), also run the fault matrix and the
-    qualification tools' tests: they are the helper's too. Discovered with the other files,
+    """Run alone (the coordinator's `-p test_warmup.py`), also run the fault matrix, engines,
+    hostile inputs, claims and the qualification tools' tests: they are the helper's too. Discovered with the other files,
     they run once, from their own modules."""
     if pattern == "test_warmup.py":
-        for name in ("test_faults", "test_qualify"):
+        for name in ("test_faults", "test_qualify", "test_engines", "test_hostile", "test_gate",
+                     "test_claims"):
             standard_tests.addTests(loader.loadTestsFromName(name))
     return standard_tests
 

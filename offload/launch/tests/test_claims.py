@@ -1,0 +1,192 @@
+"""Say only what is true: documents against the code, messages against behaviour.
+
+The exit-code tables of the README, CONTRACT.md and --help are checked against the
+code's constants; the rest drives each claim through a real run or process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+from support import FAKE, LAUNCH, REPO, WRAPPER, HelperCase, warmup
+
+CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+def table_codes(markdown: str, heading: str) -> set[int]:
+    """Every number in the first column of the table under `heading`."""
+    section = markdown[markdown.index(heading):]
+    section = section[:section.index("\n#", 1)] if "\n#" in section[1:] else section
+    codes = set()
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| code"):
+            codes |= {int(n) for n in re.findall(r"\b\d+\b", line.split("|")[1])}
+    return codes
+
+
+def code_constants() -> set[int]:
+    """What the helper and its wrapper can exit with, from the code."""
+    signals = {128 + getattr(signal, name) for name in ("SIGHUP", "SIGINT", "SIGTERM")}
+    return {warmup.EXIT_PASS, warmup.EXIT_FAIL, warmup.EXIT_USAGE, warmup.EXIT_REFUSED,
+            warmup.EXIT_INTERRUPTED, warmup.EXIT_TERMINATED, 124, 137} | signals
+
+
+class TestDocumentsMatchTheCode(unittest.TestCase):
+    def test_exit_code_tables_match_the_constants(self):
+        expected = code_constants()
+        self.assertEqual(warmup.EXIT_TERMINATED, 128 + signal.SIGTERM)
+        self.assertEqual(warmup.EXIT_INTERRUPTED, 128 + signal.SIGINT)
+        readme_codes = table_codes(read(os.path.join(REPO, "README.md")), "## Exit status")
+        contract_codes = table_codes(read(CONTRACT), "## 9. Exit status")
+        self.assertEqual(readme_codes - {128}, expected)       # "128 + N" names the rule
+        self.assertEqual(contract_codes - {128}, expected)
+        epilog = warmup.EPILOG[warmup.EPILOG.index("exit status:"):]
+        help_codes = {int(n) for n in re.findall(r"^\s+(\d+(?:/\d+)*)", epilog, re.M)
+                      for n in n.split("/")}
+        self.assertEqual(help_codes, expected)
+
+    def test_start_sh_exit_codes_are_in_the_readme(self):
+        help_text = subprocess.run(["bash", os.path.join(REPO, "start.sh"), "--help"],
+                                   capture_output=True, text=True, timeout=30).stdout
+        codes = {int(n) for n in re.findall(r"^\s+(\d+)\s", help_text[help_text.index(
+            "exit status:"):], re.M)}
+        self.assertEqual(codes, {0, 1, 2, 130, 143})
+        readme = read(os.path.join(REPO, "README.md"))
+        self.assertIn("start.sh: 0 server up (OK or WARN), 1 server not started or not "
+                      "trustworthy, 2 usage error, 130 / 143 interrupted", readme.replace("\n", " "))
+
+    def test_no_file_a_reader_cannot_open_is_cited(self):
+        for root, _, files in os.walk(REPO):
+            if ".git" in root or "__pycache__" in root:
+                continue
+            for name in files:
+                if not name.endswith((".py", ".md", ".sh")) and name != "run":
+                    continue
+                text = read(os.path.join(root, name))
+                for cited in ("SPEC" + ".md", "../" + "shared", "VLLM" + "_FACTS"):
+                    self.assertNotIn(cited, text, f"{name} cites {cited}")
+
+    def test_limits_and_client_concurrency_are_said_everywhere(self):
+        help_text = warmup.build_parser().format_help()
+        for text in (help_text, read(os.path.join(REPO, "README.md")), read(CONTRACT)):
+            flat = " ".join(text.split())
+            self.assertIn("client concurrency", flat)
+            self.assertIn("long-context attention", flat)
+            self.assertIn("every verification depth" if "every verification" in flat
+                          else "every speculative verification depth", flat)
+            self.assertIn("B6/B8", flat)
+            self.assertNotIn("generation_config.json end such a request", flat)
+
+    def test_one_token_problem_names_what_the_response_showed_not_a_cause(self):
+        fields = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
+                  "prompt_tokens": 10, "cached_tokens": None, "completion_tokens": 1,
+                  "finish_reason": "length", "stop_reason": None}
+        problems = warmup.judge_response(fields, tokens=32, is_b1=False)
+        self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
+                                    "'length', stop_reason None)"])
+        self.assertNotIn("EOS", " ".join(problems))
+
+
+class TestMessages(HelperCase):
+    def test_option_errors_name_the_option_once_and_no_function(self):
+        for args, said in ((["--deadline-s", "1e10"], "argument --deadline-s: must be a number "
+                                                      "of seconds greater than 0 and at most "
+                                                      "3600, got '1e10'"),
+                           (["--tokens", "x"], "argument --tokens: must be a whole number from "
+                                               "2 to 4096, got 'x'"),
+                           (["--waves", "2"], "argument --waves: must start with 1")):
+            with self.subTest(args=args):
+                result = self.run_argv([*args, "--dry-run"])
+                self.assertEqual(result.code, 2)
+                self.assertIn(said, result.stderr)
+                self.assertNotIn("invalid", result.stderr)
+                self.assertEqual(result.stderr.count(args[0]), 2, "usage line and error only")
+
+    def test_json_on_a_usage_error_still_prints_json(self):
+        result = self.run_argv(["--json", "--deadline-s", "0"])
+        self.assertEqual(result.code, 2)
+        self.assertEqual(json.loads(result.stdout)["exit_code"], 2)
+        dry = json.loads(self.run_argv(["--json", "--dry-run"], env={"WARMUP_HARD_S": "40"})
+                         .stdout)
+        self.assertEqual(dry["hard_bound_s"], 40.0)
+
+    def test_json_summary_names_the_records(self):
+        server = self.start_fake(model="a")
+        result = self.run_helper(server, "--json", "--model", "b")
+        self.assertEqual(result.code, 2)
+        self.assertEqual(json.loads(result.stdout)["records"], self.records_path)
+
+    def test_a_base_url_with_a_path_names_the_url_it_asked(self):
+        server = self.start_fake()
+        result = self.run_helper(server.url + "/foo")
+        self.assertEqual(result.code, 2)
+        self.assertIn(f"GET {server.url}/foo/v1/models answered HTTP 404",
+                      result.summary["problems"][0])
+        self.assertIn("with no extra path", result.summary["problems"][0])
+
+    def test_wrapper_help_names_the_wrapper(self):
+        result = self.run_process(["bash", WRAPPER, "--help"], timeout=30)
+        self.assertEqual(result.code, 0)
+        self.assertTrue(result.stdout.startswith("usage: warmup_serve.sh"), result.stdout[:80])
+
+    def test_a_run_after_a_cut_line_starts_on_a_fresh_line(self):
+        with open(self.records_path, "w", encoding="utf-8") as handle:
+            handle.write('{"record": "request", "wave": "B2"')          # a kill cut it here
+        server = self.start_fake()
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = warmup.main(["--base-url", server.url, "--records", self.records_path])
+        self.assertEqual(code, 0)
+        lines = read(self.records_path).splitlines()
+        self.assertEqual(lines[0], '{"record": "request", "wave": "B2"')
+        self.assertEqual(json.loads(lines[1])["record"], "run")
+
+    def test_missing_status_file_is_said_and_waited_for_once(self):
+        server = self.start_fake()
+        missing = os.path.join(self.tmp, "missing.json")
+        started = time.monotonic()
+        result = self.run_helper(server, "--status-file", missing, "--status-wait-s", "0.6")
+        elapsed = time.monotonic() - started
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn(f"waiting up to 0.6 s for {missing} to be rewritten", result.stdout)
+        self.assertEqual(result.stdout.count("waiting up to"), 1)
+        self.assertLess(elapsed, 0.6 * 2)
+        (status,) = result.kind("status")
+        self.assertIn("not waited for again", status["why"])
+
+    def test_status_file_without_identity_is_unverified(self):
+        result = warmup.status_delta({"steps": 1}, {"steps": 4})
+        self.assertEqual((result["state"], result["delta"]), ("unverified", {"steps": 3}))
+        self.assertIn("no identity field", result["why"])
+        self.assertEqual(warmup.status_delta({"pid": 1, "steps": 1},
+                                             {"pid": 1, "steps": 4})["state"], "valid")
+
+    def test_fake_on_a_busy_port_says_one_line(self):
+        with socket.socket() as busy:
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            port = busy.getsockname()[1]
+            proc = subprocess.run([sys.executable, FAKE, "--port", str(port)],
+                                  capture_output=True, text=True, timeout=30)
+        self.assertEqual(proc.returncode, 2)
+        self.assertNotIn("Traceback", proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+        self.assertIn(f"cannot listen on 127.0.0.1:{port}", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
