@@ -594,7 +594,8 @@ def probe_main(argv: list[str]) -> int:
     if args.dry_run:
         long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
         print(f"probe plan for {settings.target.display}: {args.rounds} rounds of single, "
-              f"burst3, burst4{long}; streaming, {plan.tokens} tokens each, every prompt new; deadline "
+              f"burst3, burst4{long}; streaming, {plan.tokens} tokens each, every prompt new; "
+              f"deadline "
               f"{plan.deadline_s:g} s")
         return warmup.EXIT_PASS
     return warmup.run_session(settings, lambda run: execute_probe(run, args,

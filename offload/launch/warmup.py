@@ -240,12 +240,12 @@ def warm_wave(run: Run, depth: int, first: bool) -> bool:
     if finished is None:
         return False
     duration = run.clock.elapsed() - started
-    records = [request_record(run, depth, slot, first) for slot in finished]
-    for record in records:
+    wave_requests = [request_record(run, depth, slot, first) for slot in finished]
+    for record in wave_requests:
         run.write(record)
-    run.outcome.requests += records
+    run.outcome.requests += wave_requests
     for engine in engines_of(run):
-        mine = [r for r in records if r["engine"] == engine]
+        mine = [r for r in wave_requests if r["engine"] == engine]
         skew = release_skew_ms([s for s in finished if s.engine == engine])
         problems = judge_wave(mine, depth, engine)
         run.write({"record": "wave", "run_id": run.settings.plan.run_id, "wave": name,
@@ -255,8 +255,8 @@ def warm_wave(run: Run, depth: int, first: bool) -> bool:
                    "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
                    "problems": problems})
         run.say(wave_line(name, engine, mine, skew, duration, first))
-    if first and records and records[0]["http_status"] == 200 \
-            and records[0]["cached_tokens"] is None:
+    if first and wave_requests and wave_requests[0]["http_status"] == 200 \
+            and wave_requests[0]["cached_tokens"] is None:
         run.outcome.notes.append("B1 cache check not made: the server does not report cached "
                                  "tokens (start it with --enable-prompt-tokens-details to check)")
     return True
@@ -2077,17 +2077,17 @@ def _silence(stream) -> None:
         pass
 
 
-def wave_line(name: str, engine: int | None, records: list[dict], skew: float | None,
+def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: float | None,
               duration: float, first: bool) -> str:
-    ok = sum(r["ok"] for r in records)
+    ok = sum(r["ok"] for r in wave_requests)
     where = name if engine is None else f"{name} e{engine}"
-    line = (f"{where:<4} {ok}/{len(records)} ok  skew {'-' if skew is None else f'{skew:.1f}'}"
-            f" ms  {duration:.2f} s")
-    if first and records:
-        cached = records[0]["cached_tokens"]
-        line += (f"  prompt {records[0]['prompt_tokens']}"
+    shown_skew = "-" if skew is None else f"{skew:.1f}"
+    line = f"{where:<4} {ok}/{len(wave_requests)} ok  skew {shown_skew} ms  {duration:.2f} s"
+    if first and wave_requests:
+        cached = wave_requests[0]["cached_tokens"]
+        line += (f"  prompt {wave_requests[0]['prompt_tokens']}"
                  f"  cached {'n/a' if cached is None else cached}")
-    for r in records:
+    for r in wave_requests:
         if not r["ok"]:
             line += f"\n     #{r['index']}: " + "; ".join(r["problems"])
     return line

@@ -68,7 +68,8 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
         self.assertEqual(codes, {0, 1, 2, 130, 143})
         readme = read(os.path.join(REPO, "README.md"))
         self.assertIn("start.sh: 0 server up (OK or WARN), 1 server not started or not "
-                      "trustworthy, 2 usage error, 130 / 143 interrupted", readme.replace("\n", " "))
+                      "trustworthy, 2 usage error, 130 / 143 interrupted",
+                      readme.replace("\n", " "))
 
     def test_no_file_a_reader_cannot_open_is_cited(self):
         for root, _, files in os.walk(REPO):

@@ -498,8 +498,8 @@ class TestProcesses(HelperCase):
 
 def load_tests(loader, standard_tests, pattern):
     """Run alone (the coordinator's `-p test_warmup.py`), also run the fault matrix, engines,
-    hostile inputs, claims and the qualification tools' tests: they are the helper's too. Discovered with the other files,
-    they run once, from their own modules."""
+    hostile inputs, claims and the qualification tools' tests: they are the helper's too.
+    Discovered with the other files, they run once, from their own modules."""
     if pattern == "test_warmup.py":
         for name in ("test_faults", "test_qualify", "test_engines", "test_hostile", "test_gate",
                      "test_claims"):
