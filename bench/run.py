@@ -228,6 +228,7 @@ class Shapes:
         self.copy = copy
 
     def wrapper(self, *args: str) -> tuple[list[str], dict]:
+        """The production path: bash warmup_serve.sh with these options."""
         return ["bash", WRAPPER, *args], base_env()
 
     def wrapped(self, code: str, flags: str = "-I -S",
@@ -238,6 +239,7 @@ class Shapes:
 
     @staticmethod
     def bare(*args: str) -> tuple[list[str], dict]:
+        """The interpreter alone, no shell around it."""
         return [PYTHON, *args], base_env()
 
 
@@ -675,14 +677,17 @@ def sdk_row(shapes: Shapes, dry_s: float, runs: int, deadline: float) -> str:
 # ---------------------------------------------------------------------------
 
 def fmt_ms(seconds: float) -> str:
+    """Seconds as milliseconds, one decimal."""
     return f"{seconds * 1000:.1f} ms"
 
 
 def mib(kib: float) -> str:
+    """KiB as MiB, one decimal."""
     return f"{kib / 1024:.1f} MiB"
 
 
 def row(name: str, measured: str, ratio: str, target: str, verdict: bool | None) -> str:
+    """One Markdown table row; verdict None: informational, no target."""
     mark = {True: "met", False: "MISSED", None: "-"}[verdict]
     return f"| {name} | {measured} | {ratio} | {target} | {mark} |"
 
@@ -701,6 +706,7 @@ def machine_line() -> str:
 
 
 def _over_budget(signum, frame):
+    """SIGALRM at the budget: unwind, stopping every server and process on the way."""
     raise BenchError(f"over its {BUDGET_S} s budget; stopped (servers and processes "
                      f"are stopped on the way out)")
 
@@ -765,6 +771,8 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Options, the machine, every measure, the table; 1 with one line when a measure
+    could not be made."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--no-sdk", action="store_true",
