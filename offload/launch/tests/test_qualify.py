@@ -380,7 +380,7 @@ class TestQualificationRuns(HelperCase):
         path = os.path.join(self.tmp, "status.json")
         writer = StatusWriter(path)
         self.addCleanup(writer.stop)
-        server = self.start_fake(latency_s=0.2)
+        server = self.start_fake(latency_s=0.05)
 
         def restart_worker():
             while not server.state.completions() and not writer.stopped.is_set():
@@ -401,7 +401,7 @@ class TestQualificationRuns(HelperCase):
             json.dump({"pid": 1, "steps": 5}, handle)
         missing = os.path.join(self.tmp, "missing.json")
         result = self.run_helper(server, "--status-file", stale, "--status-file", missing,
-                                 "--status-wait-s", "0.25")
+                                 "--status-wait-s", "0.15")
         self.assertEqual(result.code, 0)
         states = {r["path"]: r for r in result.kind("status")}
         self.assertEqual(states[stale]["state"], "incomplete")
@@ -446,9 +446,9 @@ class TestQualificationRuns(HelperCase):
 
     def test_probe_finds_what_a_warm_up_leaves_cold(self):
         server = self.start_fake(cold_s=0.2, latency_s=0.02)
-        cold = self.run_probe(server)
+        cold = self.run_probe(server, "--rounds", "2")
         self.assertEqual(cold.code, 0, cold.stdout)
-        self.assertEqual(len(cold.kind("probe")), 24)
+        self.assertEqual(len(cold.kind("probe")), 16)
         summary = {e["item"]: e for e in cold.kind("probe_summary")[0]["items"]}
         self.assertEqual(set(summary), {"single", "burst3", "burst4"})
         self.assertGreater(summary["single"]["ttft_first_s"], 0.18)
@@ -460,7 +460,7 @@ class TestQualificationRuns(HelperCase):
         os.remove(self.records_path)
         self.assertEqual(self.run_helper(warmed).code, 0)
         os.remove(self.records_path)
-        after = self.run_probe(warmed)
+        after = self.run_probe(warmed, "--rounds", "2")
         self.assertEqual(after.code, 0)
         for entry in after.kind("probe_summary")[0]["items"]:
             self.assertLess(entry["ttft_first_s"], 0.15, entry)

@@ -131,7 +131,7 @@ class TestStart(StartCase):
         self.assertLess(result.elapsed, 10)
 
     def test_server_that_dies_while_starting(self):
-        result = self.start(server=self.fake("--health-delay-s", "100", "--exit-after-s", "1"),
+        result = self.start(server=self.fake("--health-delay-s", "100", "--exit-after-s", "0.4"),
                             timeout=30)
         self.assertEqual(result.code, 1)
         self.assertIn("server exited with status 3", result.stderr)
