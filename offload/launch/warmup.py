@@ -147,7 +147,7 @@ class Outcome:
     counters_before: dict = field(default_factory=dict)   # source -> (counters or None, why)
     status_before: dict = field(default_factory=dict)     # path -> (document or None, why)
     counter_highlights: dict | None = None
-    settled_s: list = field(default_factory=list)
+    settled_s: list = field(default_factory=list)    # how long each settled guard waited
     run_written: bool = False
     summary_extra: dict = field(default_factory=dict)
     final_record: dict | None = None                 # what --json prints
@@ -365,7 +365,7 @@ def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None
         "elapsed_s": round(elapsed, 4), "deadline_s": run.settings.plan.deadline_s,
         "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
         "notes": outcome.notes, "warnings": outcome.warnings,
-        "records": run.settings.records_path,
+        "records": run.settings.records_path, "settled_s": outcome.settled_s,
         "counters": outcome.counter_highlights, **outcome.summary_extra,
     }
     run.write(summary)

@@ -142,6 +142,7 @@ class TestEngines(HelperCase):
         settled = [g["settle_s"] for g in result.kind("gauges")]
         self.assertIsNone(settled[0], "before B1 nothing of ours ran: no settling")
         self.assertTrue(any(s and 0.1 <= s <= 2 for s in settled[1:]), settled)
+        self.assertEqual(result.summary["settled_s"], [s for s in settled if s])
 
     def test_gauge_that_stays_busy_is_refused_after_the_settle_window(self):
         server = self.start_fake(engines=2, late_gauge_s=30)
