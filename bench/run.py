@@ -41,9 +41,15 @@ WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, LAUNCH)
 
+import fake_vllm  # noqa: E402
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import warmup  # noqa: E402
+
+# The fake's listen backlog as vLLM's (uvicorn --backlog, 2048 by default), not
+# socketserver's 5: 16 connections opened at once (4 engines, B4) overflowed a backlog
+# of 5 under load, and each dropped handshake cost a TCP retransmission (0.2-1 s).
+fake_vllm._Server.request_queue_size = 2048
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
 # would be measured otherwise. The wrapper is told to use it too (WARMUP_PYTHON).
@@ -428,15 +434,17 @@ def bench_engines(shapes: Shapes, runs: int, tmp: str) -> dict:
     helper_cpu: dict[int, list[float]] = {1: [], ENGINES: []}
     server_cpu: dict[int, list[float]] = {1: [], ENGINES: []}
     skews: list[float] = []
+    overflows = 0
     for i in range(runs):
         for engines in (1, ENGINES):
             server = FakeServer(FakeConfig(engines=engines, latency_s=LATENCY_S)).start()
             try:
                 command, env = shapes.wrapper("--base-url", server.url, "--records",
                                               os.path.join(tmp, f"e{engines}-{i}.jsonl"))
-                cpu_before = time.process_time()
+                cpu_before, dropped = time.process_time(), listen_overflows()
                 wall, code, cpu = run_timed(command, env)
                 server_cpu[engines].append(time.process_time() - cpu_before)
+                overflows += listen_overflows() - dropped
                 helper_cpu[engines].append(cpu)
                 served = server.state.completions_by_engine()
                 entries = server.state.completions()
@@ -455,7 +463,18 @@ def bench_engines(shapes: Shapes, runs: int, tmp: str) -> dict:
             "helper_cpu": {k: statistics.median(v) for k, v in helper_cpu.items()},
             "server_cpu": {k: statistics.median(v) for k, v in server_cpu.items()},
             "b4_skew_ms": statistics.median(skews) if skews else None,
-            "load": os.getloadavg()[0]}
+            "load": os.getloadavg()[0], "overflows": overflows}
+
+
+def listen_overflows() -> int:
+    """Machine-wide count of connections dropped on a full listen queue (TcpExt
+    ListenOverflows in /proc/net/netstat); 0 when it cannot be read."""
+    try:
+        with open("/proc/net/netstat") as netstat:
+            lines = [line.split() for line in netstat if line.startswith("TcpExt:")]
+        return int(dict(zip(lines[0], lines[1]))["ListenOverflows"])
+    except (OSError, IndexError, KeyError, ValueError):
+        return 0
 
 
 def engines_row(result: dict, runs: int) -> str:
@@ -472,7 +491,8 @@ def engines_row(result: dict, runs: int) -> str:
         why = (f". Why the target is missed: not the work (the CPU above); a wave ends with "
                f"its slowest request, and {4 * ENGINES} at once instead of 4 are more exposed "
                f"to scheduling delays, here on {os.cpu_count()} cores under a load average "
-               f"of {result['load']:.1f}: rerun on an idle machine")
+               f"of {result['load']:.1f}; connections dropped on a full listen queue during "
+               f"these runs (machine-wide): {result['overflows']}; rerun on an idle machine")
     return row(f"engines: full warm-up, {ENGINES} engines ({10 * ENGINES} requests) vs 1 "
                f"(median of {runs} each)",
                f"{result['many']:.3f} s vs {result['one']:.3f} s{skew}{cpu}{why}",
