@@ -57,7 +57,8 @@ PYTHON = sys.executable
 BUDGET_S = 180
 LATENCY_S = 1.0      # about 32 tokens at 30 ms a token on a large model
 ENGINES = 4          # the data-parallel size of the engines row
-POLL_S = 0.002       # how often a process tree's peak RSS is read
+POLL_S = 0.002       # how often a process tree's peak RSS is read in its first half second
+POLL_LATER_S = 0.02  # and later: VmHWM only grows, and the fake server shares this process
 HOLD_S = 0.2         # a baseline stays this long, so its peak can be read by polling
 START_TARGET = 1.4
 RSS_TARGET = 1.6
@@ -139,7 +140,7 @@ def run_peak(command: list[str], env: dict | None = None) -> tuple[float, int, i
         while not done.is_set():
             for pid in process_tree(proc.pid):
                 peaks[pid] = max(peaks.get(pid, 0), vm_hwm_kib(pid))
-            done.wait(POLL_S)
+            done.wait(POLL_S if time.perf_counter() - started < 0.5 else POLL_LATER_S)
 
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -423,6 +424,28 @@ def bench_overhead(shapes: Shapes, runs: int, tmp: str) -> dict:
     # The median peak: a run that recompiled the helper (edited meanwhile) is not typical.
     return {"wall": statistics.median(walls), "busy": statistics.median(busies),
             "rss_kib": statistics.median(rss)}
+
+
+def overhead_row(over: dict, start: dict, runs: int) -> str:
+    """Wall against busy time, the overhead split into the start to a plan and the rest."""
+    base, overhead = start["wrapped -I -S pass"], over["wall"] - over["busy"]
+    ratio_net = (over["wall"] - base) / over["busy"]
+    to_plan = min(start["wrapper --dry-run"], overhead)
+    why = ""
+    if ratio_net > 1.02:
+        why = (f". Why the target is missed: it allows {fmt_ms(0.02 * over['busy'])} beyond "
+               f"the interpreter's start; the helper's own start-up (the breakdown below) "
+               f"takes {fmt_ms(to_plan - base)} of it; load average now "
+               f"{os.getloadavg()[0]:.1f}")
+    return row(f"overhead: full warm-up through the wrapper, wall vs server busy "
+               f"(median of {runs})",
+               f"{over['wall']:.3f} s vs {over['busy']:.3f} s, overhead {fmt_ms(overhead)}: "
+               f"start to a plan (`--dry-run`) {fmt_ms(to_plan)}, the rest "
+               f"{fmt_ms(overhead - to_plan)} (model lookup, /tokenize, a /metrics read "
+               f"before each wave and after the last, records, exit){why}",
+               f"{over['wall'] / over['busy']:.3f} ({ratio_net:.3f} less the wrapped "
+               f"interpreter's start)",
+               "≤ 1.02 plus the interpreter's start", ratio_net <= 1.02)
 
 
 def bench_engines(shapes: Shapes, runs: int, tmp: str) -> dict:
@@ -772,14 +795,8 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
         progress(f"overhead: {n} full warm-ups at {LATENCY_S:g} s per completion")
         over = bench_overhead(shapes, n, tmp)
         base = start["wrapped -I -S pass"]
-        ratio_net = (over["wall"] - base) / over["busy"]
-        rows.append(row(f"overhead: full warm-up through the wrapper, wall vs server busy "
-                        f"(median of {n})",
-                        f"{over['wall']:.3f} s vs {over['busy']:.3f} s, overhead "
-                        f"{fmt_ms(over['wall'] - over['busy'])}",
-                        f"{over['wall'] / over['busy']:.3f} ({ratio_net:.3f} less the wrapped "
-                        f"interpreter's start)",
-                        "≤ 1.02 plus the interpreter's start", ratio_net <= 1.02))
+        rows.append(overhead_row(over, start, n))
+
         engine_runs = 3
         progress(f"engines: {engine_runs} warm-ups each of 1 and {ENGINES} engines")
         rows.append(engines_row(bench_engines(shapes, engine_runs, tmp), engine_runs))
