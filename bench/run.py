@@ -32,6 +32,7 @@ import tempfile
 import threading
 import time
 import venv
+from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "offload", "launch")
@@ -103,25 +104,25 @@ def base_env(python: str = PYTHON) -> dict:
     return dict(os.environ, WARMUP_PYTHON=python)
 
 
-def run_timed(command: list[str], env: dict | None = None) -> tuple[float, int, float]:
-    """(wall seconds, exit status, CPU seconds) of one child process, waited for without
-    polling. The CPU time (user + system) counts the child and every descendant it
-    waited for (bash, timeout, python): unlike the wall time, it does not grow when
-    other work loads the machine."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    finally:
-        stop_process(proc)
-    return wall, proc.returncode, usage.ru_utime + usage.ru_stime
+@dataclass
+class Run:
+    """One child process's measures, and the last line it wrote on stderr."""
+    wall: float            # seconds, start to exit
+    code: int              # exit status
+    cpu: float             # user + system seconds of the child and its reaped descendants
+    peak_kib: int          # the tree's peak RSS (0 unless asked for)
+    error: str             # the last line of its stderr, for a failure's one-line message
 
 
-def run_peak(command: list[str], env: dict | None = None) -> tuple[float, int, int]:
-    """(wall seconds, exit status, peak RSS in KiB) of a child and all its descendants.
+def run_timed(command: list[str], env: dict | None = None) -> Run:
+    """One child process, waited for without polling. The CPU time counts the child and
+    every descendant it waited for (bash, timeout, python): unlike the wall time, it
+    does not grow when other work loads the machine."""
+    return _run(command, env, peak=False)
+
+
+def run_peak(command: list[str], env: dict | None = None) -> Run:
+    """One child process, and the peak RSS of it and all its descendants.
 
     The peak is the largest VmHWM from /proc of any process in the tree (bash, timeout,
     python), polled until the child exits: each is the high-water mark of the address
@@ -129,29 +130,40 @@ def run_peak(command: list[str], env: dict | None = None) -> tuple[float, int, i
     parent between fork and exec.) A process shorter than a few polls may be missed:
     baselines hold for HOLD_S.
     """
-    started = time.perf_counter()
-    proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
+    return _run(command, env, peak=True)
+
+
+def _run(command: list[str], env: dict | None, peak: bool) -> Run:
+    """Start, optionally poll peaks from a thread (the wall time stays exact), wait."""
     peaks: dict[int, int] = {}
-    done = threading.Event()
+    finished = threading.Event()
+    with tempfile.TemporaryFile() as stderr:
+        started = time.perf_counter()
+        proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=stderr, env=env)
 
-    def poll() -> None:
-        """Read the tree's peaks while the main thread waits: the wall time stays exact."""
-        while not done.is_set():
-            for pid in process_tree(proc.pid):
-                peaks[pid] = max(peaks.get(pid, 0), vm_hwm_kib(pid))
-            done.wait(POLL_S if time.perf_counter() - started < 0.5 else POLL_LATER_S)
+        def poll() -> None:
+            while not finished.is_set():
+                for pid in process_tree(proc.pid):
+                    peaks[pid] = max(peaks.get(pid, 0), vm_hwm_kib(pid))
+                finished.wait(POLL_S if time.perf_counter() - started < 0.5 else POLL_LATER_S)
 
-    poller = threading.Thread(target=poll, daemon=True)
-    poller.start()
-    try:
-        code = proc.wait()
-        wall = time.perf_counter() - started
-    finally:
-        done.set()
-        poller.join()
-        stop_process(proc)
-    return wall, code, max(peaks.values(), default=0)
+        poller = threading.Thread(target=poll, daemon=True)
+        if peak:
+            poller.start()
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - started
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        finally:
+            finished.set()
+            if peak:
+                poller.join()
+            stop_process(proc)
+        stderr.seek(0)
+        lines = stderr.read().decode("utf-8", "replace").strip().splitlines()
+    return Run(wall, proc.returncode, usage.ru_utime + usage.ru_stime,
+               max(peaks.values(), default=0), lines[-1][:200] if lines else "")
 
 
 def stop_process(proc: subprocess.Popen) -> None:
@@ -205,11 +217,11 @@ def interleaved_medians(commands: dict[str, tuple[list[str], dict]], runs: int) 
     times: dict[str, list[float]] = {name: [] for name in commands}
     for round_ in range(runs + 1):
         for name, (command, env) in commands.items():
-            wall, code, _ = run_timed(command, env)
-            if code != 0:
-                raise BenchError(f"'{name}' exited {code}; run it by hand to see why")
+            done = run_timed(command, env)
+            if done.code != 0:
+                raise BenchError(f"'{name}' exited {done.code}: {done.error or 'no message'}")
             if round_:
-                times[name].append(wall)
+                times[name].append(done.wall)
     return {name: statistics.median(walls) for name, walls in times.items()}
 
 
@@ -399,8 +411,8 @@ def merged_busy(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def wrapper_run(shapes: Shapes, url: str, records: str, *extra: str) -> tuple[float, int, int]:
-    """A full warm-up through the wrapper: (wall, exit status, peak RSS in KiB)."""
+def wrapper_run(shapes: Shapes, url: str, records: str, *extra: str) -> Run:
+    """A full warm-up through the wrapper, with its peak RSS."""
     command, env = shapes.wrapper("--base-url", url, "--records", records, *extra)
     return run_peak(command, env)
 
@@ -411,16 +423,17 @@ def bench_overhead(shapes: Shapes, runs: int, tmp: str) -> dict:
     for i in range(runs):
         server = FakeServer(FakeConfig(latency_s=LATENCY_S)).start()
         try:
-            wall, code, peak = wrapper_run(shapes, server.url, os.path.join(tmp, f"o{i}.jsonl"))
+            done = wrapper_run(shapes, server.url, os.path.join(tmp, f"o{i}.jsonl"))
             busy = merged_busy([(e["arrived"], e["done"]) for e in server.state.requests
                                 if e["done"] is not None])
         finally:
             server.stop()
-        if code != 0:
-            raise BenchError(f"a warm-up failed in the overhead bench (exit {code})")
-        walls.append(wall)
+        if done.code != 0:
+            raise BenchError(f"a warm-up failed in the overhead bench (exit {done.code}): "
+                             f"{done.error}")
+        walls.append(done.wall)
         busies.append(busy)
-        rss.append(peak)
+        rss.append(done.peak_kib)
     # The median peak: a run that recompiled the helper (edited meanwhile) is not typical.
     return {"wall": statistics.median(walls), "busy": statistics.median(busies),
             "rss_kib": statistics.median(rss)}
@@ -465,20 +478,21 @@ def bench_engines(shapes: Shapes, runs: int, tmp: str) -> dict:
                 command, env = shapes.wrapper("--base-url", server.url, "--records",
                                               os.path.join(tmp, f"e{engines}-{i}.jsonl"))
                 cpu_before, dropped = time.process_time(), listen_overflows()
-                wall, code, cpu = run_timed(command, env)
+                done = run_timed(command, env)
                 server_cpu[engines].append(time.process_time() - cpu_before)
                 overflows += listen_overflows() - dropped
-                helper_cpu[engines].append(cpu)
+                helper_cpu[engines].append(done.cpu)
                 served = server.state.completions_by_engine()
                 entries = server.state.completions()
             finally:
                 server.stop()
-            if code != 0:
-                raise BenchError(f"a {engines}-engine warm-up failed (exit {code})")
+            if done.code != 0:
+                raise BenchError(f"a {engines}-engine warm-up failed (exit {done.code}): "
+                                 f"{done.error}")
             if sorted(served.values()) != [10] * engines:
                 raise BenchError(f"a {engines}-engine warm-up served {served} requests per "
                                  f"engine, not 10 each")
-            walls[engines].append(wall)
+            walls[engines].append(done.wall)
             if engines > 1:
                 skews += [s for wave, s in wave_skews(entries, across_engines=True).items()
                           if wave.endswith("-B4")]
@@ -542,9 +556,11 @@ def bench_memory(shapes: Shapes, runs: int) -> dict:
     for name, ((command, env), times) in {**{k: (v, runs) for k, v in steps.items()},
                                           **alone}.items():
         samples = [run_peak(command, env) for _ in range(times)]
-        if any(code != 0 for _, code, _ in samples):
-            raise BenchError(f"'{name}' failed in the memory bench; run it by hand to see why")
-        peaks[name] = statistics.median(peak for _, _, peak in samples)
+        for done in samples:
+            if done.code != 0:
+                raise BenchError(f"'{name}' failed in the memory bench (exit {done.code}): "
+                                 f"{done.error or 'no message'}")
+        peaks[name] = statistics.median(done.peak_kib for done in samples)
     return peaks
 
 
@@ -612,9 +628,10 @@ def bench_skew_helper(shapes: Shapes, server: FakeServer, runs: int, tmp: str) -
         before = len(server.state.completions())
         command, env = shapes.wrapper("--base-url", server.url, "--records",
                                       os.path.join(tmp, f"s{i}.jsonl"), "--waves", "1,2,3,4")
-        _, code, _ = run_timed(command, env)
-        if code != 0:
-            raise BenchError(f"a warm-up failed in the skew bench (exit {code})")
+        done = run_timed(command, env)
+        if done.code != 0:
+            raise BenchError(f"a warm-up failed in the skew bench (exit {done.code}): "
+                             f"{done.error}")
         skews += wave_skews(server.state.completions()[before:]).values()
     return skews
 
@@ -693,13 +710,13 @@ def bench_deadline(shapes: Shapes, deadline_s: float, runs: int, start_s: float,
             command, env = shapes.wrapper("--base-url", silent.url, "--records",
                                           os.path.join(tmp, f"d{i}.jsonl"), "--model", "m",
                                           "--deadline-s", str(deadline_s))
-            wall, code, _ = run_timed(command, env)
+            done = run_timed(command, env)
         finally:
             silent.stop()
-        if code != 1:
+        if done.code != 1:
             raise BenchError(f"expected a failed run (exit 1) against a silent server, "
-                             f"got {code}")
-        late.append(wall - deadline_s - start_s)
+                             f"got {done.code}: {done.error}")
+        late.append(done.wall - deadline_s - start_s)
     return late
 
 
