@@ -144,7 +144,9 @@ log() {
   local line
   line="$(date -u +%Y-%m-%dT%H:%M:%SZ) $*"
   echo "${line}" >>"${log_dir}/start.log"
-  echo "${line}"
+  # A terminal that went away (| head -1, a full disk) must not end start.sh: the log
+  # file has the line, and the server it launched must still be followed or stopped.
+  echo "${line}" 2>/dev/null || true
 }
 
 # An ERROR line, timestamped in start.log and on stderr.
@@ -157,14 +159,17 @@ is_number() {
   [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]
 }
 
-# A URL without its user:password@ part.
-# Arguments: the URL. Outputs: the URL as it may be shown.
+# The base URL as it may be shown (no user:password@), checked by the helper's own URL
+# parser, so start.sh and the warm-up accept the same URLs; its errors never quote the
+# URL. Arguments: the URL. Outputs: the URL to show. Returns: 2 when it is not valid.
+readonly URL_CHECK='import sys; sys.path.insert(0, sys.argv[1]); import warmup
+try:
+    print(warmup.parse_url(sys.argv[2]).display)
+except warmup.UsageError as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(2)'
 url_without_credentials() {
-  if [[ "$1" =~ ^([A-Za-z][A-Za-z0-9+.-]*://)[^/]*@(.*)$ ]]; then
-    echo "${BASH_REMATCH[1]}${BASH_REMATCH[2]}"
-  else
-    echo "$1"
-  fi
+  python3 -I -S -c "${URL_CHECK}" "${HERE}/offload/launch" "$1"
 }
 
 # Whether a flag's value is a secret: --api-key, --hf-token, and any flag whose name
@@ -406,11 +411,14 @@ check_ready_file() {
 # Validates every setting before anything is launched, then makes them readonly.
 check_settings() {
   ((${#server_cmd[@]})) || die_usage "no server command: start.sh [options] -- vllm serve MODEL ..."
-  [[ "${guard_s}" =~ ^[1-9][0-9]*$ ]] ||
-    die_usage "--start-guard-s must be a whole number of seconds > 0, got '${guard_s}'"
+  # Whole numbers in decimal, bounded: bash arithmetic reads 08 as octal and overflows
+  # past 2^63.
+  [[ "${guard_s}" =~ ^[1-9][0-9]{0,6}$ ]] ||
+    die_usage "--start-guard-s must be a whole number of seconds from 1 to 9999999," \
+      "got '${guard_s}'"
   is_number "${poll_s}" || die_usage "START_POLL_S must be a number of seconds, got '${poll_s}'"
-  [[ "${stop_grace_s}" =~ ^[0-9]+$ ]] ||
-    die_usage "START_STOP_GRACE_S must be whole seconds, got '${stop_grace_s}'"
+  [[ "${stop_grace_s}" =~ ^(0|[1-9][0-9]{0,4})$ ]] ||
+    die_usage "START_STOP_GRACE_S must be whole seconds from 0 to 99999, got '${stop_grace_s}'"
   [[ "${warmup}" =~ ^[01]$ ]] || die_usage "START_WARMUP must be 0 or 1, got '${warmup}'"
   [[ "${gate}" =~ ^[01]$ ]] || die_usage "START_GATE must be 0 or 1, got '${gate}'"
   if ! is_number "${gate_hard_s}" || [[ "${gate_hard_s}" =~ ^0*([.]0*)?$ ]]; then
@@ -422,7 +430,8 @@ check_settings() {
   if [[ -n "${ready_file}" ]]; then
     check_ready_file
   fi
-  display_url="$(url_without_credentials "${base_url%/}")"
+  display_url="$(url_without_credentials "${base_url%/}" 2>&1)" ||
+    die_usage "${display_url}"
   readonly base_url guard_s log_dir ready_file warmup gate gate_hard_s poll_s stop_grace_s
   readonly display_url server_cmd
 }
@@ -601,6 +610,9 @@ warm_up_and_report() {
 
 # Arguments: start.sh's arguments.
 main() {
+  # A write to a terminal that went away fails (log() carries on) instead of killing
+  # start.sh; a handler, not an ignore, so the server's own SIGPIPE stays the default.
+  trap ':' PIPE
   parse_args "$@"
   check_settings
   if [[ -n "${ready_file}" ]]; then

@@ -47,11 +47,6 @@ from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import warmup  # noqa: E402
 
-# The fake's listen backlog as vLLM's (uvicorn --backlog, 2048 by default), not
-# socketserver's 5: 16 connections opened at once (4 engines, B4) overflowed a backlog
-# of 5 under load, and each dropped handshake cost a TCP retransmission (0.2-1 s).
-fake_vllm._Server.request_queue_size = 2048
-
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
 # would be measured otherwise. The wrapper is told to use it too (WARMUP_PYTHON).
 PYTHON = sys.executable

@@ -33,8 +33,9 @@ PROG = "qualify.py"
 # report: read a records file back (also one cut short by a kill, or holding several runs).
 # ---------------------------------------------------------------------------
 
-MAX_RECORD_LINE_BYTES = 4 << 20       # a longer line is a bad line, skipped unread
-MAX_REPORT_BYTES = 64 << 20           # report reads no more of a file than this
+MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
+MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this
+MAX_RECORDS = 20000                   # nor keeps more records than this
 READ_CHUNK_BYTES = 1 << 20
 ISSUES_NAMED = 20                     # bad lines named one by one; the rest counted
 SHOW_LIMIT = 80                       # one value in a table or a line
@@ -70,11 +71,20 @@ def read_lines(handle, max_line: int = MAX_RECORD_LINE_BYTES,
 def load_records(path: str) -> tuple[list[dict], list[str]]:
     """Every record of a records file, read past bad lines, which are named in the issues.
 
-    OSError when the file cannot be opened or read.
+    Bounded: at most MAX_REPORT_BYTES read, lines of at most MAX_RECORD_LINE_BYTES, and at
+    most MAX_KEPT_VALUES values kept over all records (a file of junk cannot fill memory).
+    OSError when the file cannot be opened or read, or is not a regular file.
     """
     records, bad, notes = [], [], []
-    last_ended = True
-    with open(path, "rb") as handle:
+    bad_count, last_ended, budget = 0, True, [MAX_KEPT_VALUES]
+
+    def note_bad(message: str) -> None:
+        nonlocal bad_count
+        bad_count += 1
+        if len(bad) < ISSUES_NAMED:
+            bad.append(message)
+
+    with warmup.open_regular(path) as handle:
         for number, line, ended in read_lines(handle):
             if number is None:
                 notes.append(f"stopped reading after {MAX_REPORT_BYTES >> 20} MiB: the rest "
@@ -82,25 +92,50 @@ def load_records(path: str) -> tuple[list[dict], list[str]]:
                 break
             last_ended = ended
             if line is None:
-                bad.append(f"line {number} is longer than {MAX_RECORD_LINE_BYTES >> 20} MiB "
-                           f"(skipped)")
+                note_bad(f"line {number} is longer than {MAX_RECORD_LINE_BYTES >> 20} MiB "
+                         f"(skipped)")
                 continue
             if not line.strip():
                 continue
             record, why = warmup.decode_json(line)
             if why is not None:
                 cut = "" if ended else ": the file ends there (cut short by a kill?)"
-                bad.append(f"line {number} is not valid JSON{cut or ' (skipped)'}")
+                note_bad(f"line {number} is not valid JSON{cut or ' (skipped)'}")
             elif not isinstance(record, dict) or not isinstance(record.get("record"), str):
-                bad.append(f"line {number} is JSON but not a record (skipped)")
+                note_bad(f"line {number} is JSON but not a record (skipped)")
+            elif budget[0] <= 0 or len(records) >= MAX_RECORDS:
+                notes.append(f"stopped at line {number}: the records so far hold as many "
+                             f"values as report keeps; the rest of the file is not shown")
+                break
             else:
-                records.append(record)
-    issues = bad[:ISSUES_NAMED]
-    if len(bad) > ISSUES_NAMED:
-        issues.append(f"and {len(bad) - ISSUES_NAMED} more bad lines (skipped)")
+                records.append(prune(record, budget))
+    issues = list(bad)
+    if bad_count > len(bad):
+        issues.append(f"and {bad_count - len(bad)} more bad lines (skipped)")
     if not last_ended and not notes and not any("ends there" in b for b in bad[-1:]):
         notes.append("the last line has no newline: the file was cut short")
     return records, issues + notes
+
+
+MAX_KEPT_VALUES = 500_000             # values kept over all records of one report
+MAX_CONTAINER_ITEMS = 1000            # items kept of one list or object
+MAX_KEPT_DEPTH = 8
+
+
+def prune(value, budget: list, depth: int = 0):
+    """A record as report keeps it: containers cut to MAX_CONTAINER_ITEMS and MAX_KEPT_DEPTH,
+    every value counted against the shared budget."""
+    budget[0] -= 1
+    if isinstance(value, dict):
+        if depth >= MAX_KEPT_DEPTH:
+            return {}
+        return {key: prune(item, budget, depth + 1)
+                for key, item in list(value.items())[:MAX_CONTAINER_ITEMS]}
+    if isinstance(value, list):
+        if depth >= MAX_KEPT_DEPTH:
+            return []
+        return [prune(item, budget, depth + 1) for item in value[:MAX_CONTAINER_ITEMS]]
+    return value
 
 
 def split_runs(records: list[dict]) -> list[list[dict]]:
@@ -351,12 +386,12 @@ def report_main(argv: list[str]) -> int:
     try:
         records, issues = load_records(args.records)
     except OSError as exc:
-        print(f"{PROG} report: cannot read {show(args.records, 200)}: "
-              f"{exc.strerror or type(exc).__name__}; give the path of a records file",
-              file=sys.stderr)
+        warmup.emit(f"{PROG} report: cannot read {show(args.records, 200)}: "
+                    f"{exc.strerror or type(exc).__name__}; give the path of a records file",
+                    sys.stderr)
         return warmup.EXIT_USAGE
     report = build_report(records, issues)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    warmup.emit(json.dumps(report, indent=2) if args.json else format_report(report))
     return report["exit_code"]
 
 
@@ -634,7 +669,7 @@ def execute_probe(run: warmup.Run, args: argparse.Namespace, planned_per_engine:
 
 def build_probe_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG + " probe", epilog=warmup.EPILOG,
+        prog=PROG + " probe", epilog=PROBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
                     "Did the warm-up work? Measure time to first token and total time with "
@@ -898,7 +933,7 @@ def score_problem(probe: Probe, score: dict, max_cer: float) -> str | None:
 # -- one response -> one record ---------------------------------------------
 
 GATE_WORDS = frozenset(w.lower() for probe in PROBES
-                       for w in re.findall(r"\w{3,}", probe.reference))
+                       for w in re.findall(r"\w+", probe.reference))
 _ANY_WORD = re.compile(r"\w+")
 
 
@@ -1181,6 +1216,14 @@ def fraction(text: str) -> float:
     return value
 
 
+PROBE_EPILOG = warmup.ENVIRONMENT_HELP + """
+exit status:
+  0    every streamed request was answered completely (usage, [DONE], its tokens), in
+       time; says nothing about warmth: the ratios are measurements, not a verdict
+  1    a request failed, or late; 2 usage or configuration error; 3 refused by a guard;
+  129/130/143  SIGHUP / SIGINT / SIGTERM: a 'killed' summary was written first
+"""
+
 GATE_EPILOG = """\
 what it proves, and what it cannot:
   A model that garbles text (typos, swapped or dropped characters), a random or wrong
@@ -1198,7 +1241,7 @@ problems; the human lines go to stderr.
 
 def build_gate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG + " gate", epilog=GATE_EPILOG + "\n" + warmup.EPILOG.split("exit status:")[0],
+        prog=PROG + " gate", epilog=GATE_EPILOG + "\n" + warmup.ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(
                     "The quality gate: can the served model copy text exactly? Six "

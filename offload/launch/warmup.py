@@ -47,6 +47,7 @@ EXIT_USAGE = 2
 EXIT_REFUSED = 3
 EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
+EXIT_HARD_BOUND = 124               # TERM from warmup_serve.sh's hard bound (timeout's status)
 # Every terminating signal the helper catches ends in one 'killed' summary, 128 + signum.
 CAUGHT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
 
@@ -132,7 +133,8 @@ class Server:
     version: str | None = None
     engines: tuple[int, ...] | None = None   # None: one engine, no routing header
     b1_prompts: dict = field(default_factory=dict)   # engine -> B1 prompt (text never recorded)
-    b1_counted: int | None = None
+    b1_counted: int | None = None                    # the smallest B1 counted (None: estimated)
+    b1_counts: dict = field(default_factory=dict)    # engine -> its B1's counted tokens
 
 
 @dataclass
@@ -198,11 +200,13 @@ def warm_up(run: Run) -> None:
     plan, server = run.settings.plan, run.server
     engines = "" if server.engines is None else \
         f", engines {','.join(map(str, server.engines))}"
+    counted = sorted(server.b1_counts.values()) or [server.b1_counted]
+    b1_size = "estimated" if counted[0] is None else \
+        "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
     run.say(f"warm-up {plan.run_id}: {run.settings.target.display} model "
             f"{clean_text(server.model or '', 80)}{engines}, waves "
             f"{','.join(wave_name(d) for d in plan.waves)} ({requests_planned(run)} requests), "
-            f"B1 prompt {server.b1_counted or 'estimated'} tokens, deadline "
-            f"{plan.deadline_s:g} s")
+            f"B1 prompt {b1_size} tokens, deadline {plan.deadline_s:g} s")
     read_before(run)
     warm_waves(run)
     if run.outcome.requests:
@@ -286,9 +290,9 @@ def run_session(settings: Settings, steps) -> int:
     try:
         sink = open_records(path)
     except OSError as exc:
-        print(f"{settings.prog}: cannot write records to {path}: {exc.strerror or exc}; "
-              f"choose a writable regular file with --records PATH or WARMUP_RECORDS_DIR",
-              file=sys.stderr)
+        emit(f"{settings.prog}: cannot write records to {path}: {exc.strerror or exc}; "
+             f"choose a writable regular file with --records PATH or WARMUP_RECORDS_DIR",
+             sys.stderr)
         return EXIT_USAGE
     printer = Printer(sys.stderr if settings.json else sys.stdout)
     run = Run(settings, Clock.start(settings.plan.deadline_s, settings.plan.socket_cap_s),
@@ -327,6 +331,10 @@ def conclude(run: Run, steps) -> dict:
             return summarize(run, extra=problem)
         return summarize(run, "fail", exc.exit_code, problem)   # configuration: exit 2
     except Terminated as exc:
+        if exc.signum == signal.SIGTERM and hard_bound_reached():
+            return summarize(run, "killed", EXIT_HARD_BOUND, [
+                f"ended by warmup_serve.sh's hard bound (TERM at "
+                f"{os.environ.get('WARMUP_HARD_S', '?')} s){killed_where(run)}"])
         return summarize(run, "killed", 128 + exc.signum, [killed_problem(run, exc.signum)])
     except RecordsError:
         raise
@@ -340,9 +348,22 @@ def conclude(run: Run, steps) -> dict:
             f"{clean_text(str(exc), 200, run.redact)} (run with --debug for the traceback)"])
 
 
+def killed_where(run: Run) -> str:
+    return f" during {run.outcome.current}" if run.outcome.current else ""
+
+
 def killed_problem(run: Run, signum: int) -> str:
-    where = f" during {run.outcome.current}" if run.outcome.current else ""
-    return f"terminated by {signal.Signals(signum).name}{where}"
+    return f"terminated by {signal.Signals(signum).name}{killed_where(run)}"
+
+
+def hard_bound_reached() -> bool:
+    """True when warmup_serve.sh said when its hard bound falls (WARMUP_HARD_BOUND_AT, epoch
+    seconds) and that moment has come: the TERM is the bound's, so the run ends with the
+    wrapper's 124, not 143."""
+    try:
+        return time.time() >= float(os.environ["WARMUP_HARD_BOUND_AT"]) - 0.5
+    except (KeyError, ValueError):
+        return False
 
 
 def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None,
@@ -365,7 +386,8 @@ def summarize(run: Run, verdict: str | None = None, exit_code: int | None = None
         "elapsed_s": round(elapsed, 4), "deadline_s": run.settings.plan.deadline_s,
         "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
         "notes": outcome.notes, "warnings": outcome.warnings,
-        "records": run.settings.records_path, "settled_s": outcome.settled_s,
+        "records": clean_text(run.settings.records_path, 500),
+        "settled_s": outcome.settled_s,
         "counters": outcome.counter_highlights, **outcome.summary_extra,
     }
     run.write(summary)
@@ -655,6 +677,8 @@ def size_b1_prompts(run: Run) -> None:
             prompt, counted = size_long_prompt(count, nonce, budget)
         server.b1_prompts[engine] = prompt
         counts.append(counted)
+        if counted is not None and engine is not None:
+            server.b1_counts[str(engine)] = counted
     server.b1_counted = None if None in counts else min(counts)
 
 
@@ -693,7 +717,10 @@ def write_run_record(run: Run) -> None:
         return
     outcome.run_written = True
     plan = dict(settings.plan_record or plan_description(settings.plan))
+    plan["requests_per_engine"] = plan.get("requests_total")
+    plan["requests_total"] = requests_planned(run)
     plan["b1_prompt_tokens_counted"] = server.b1_counted
+    plan["b1_prompt_tokens_by_engine"] = server.b1_counts or None
     plan["b1_sizing"] = "tokenize" if server.b1_counted is not None else "estimate"
     run.write({
         "record": "run", "run_id": settings.plan.run_id, "mode": settings.mode,
@@ -1114,6 +1141,8 @@ def wait_for_status(run: Run, path: str, missing_before: bool = False
     if missing_before and not os.path.exists(path):
         return None, "missing (and missing before the first wave: not waited for again)"
     wait_s = run.settings.status_wait_s
+    if os.path.exists(path) and not os.path.isfile(path):
+        return None, "not a regular file (a FIFO or a device could block the read)"
     run.say(f"waiting up to {wait_s:g} s for {path} to be rewritten")
     asked = time.time()
     limit = time.monotonic() + min(wait_s, max(run.clock.remaining() - 1, 0))
@@ -1135,8 +1164,9 @@ def wait_for_status(run: Run, path: str, missing_before: bool = False
 
 
 def read_json_file(path: str) -> tuple[object, str | None]:
-    """A small JSON file (status files), read within the body cap; (None, why) when bad."""
-    with open(path, "rb") as handle:
+    """A small JSON file (status files), read within the body cap; (None, why) when bad.
+    Only a regular file: a FIFO or a device could block the read past the deadline."""
+    with open_regular(path) as handle:
         data = handle.read(MAX_BODY_BYTES + 1)
     if len(data) > MAX_BODY_BYTES:
         return None, "larger than the body cap"
@@ -1248,8 +1278,9 @@ def parse_url(text: str, option: str = "--base-url") -> Target:
     try:
         parts = urllib.parse.urlsplit(text)
         port = parts.port
-    except ValueError as exc:
-        raise UsageError(f"{option} is not a valid URL: {exc}")
+    except ValueError:                  # its message may quote a password: not shown
+        raise UsageError(f"{option} is not a valid URL (check the port, and percent-encode "
+                         f"any / : @ in a user:password@ part)")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UsageError(f"{option} must look like http://HOST:PORT/PATH")
     if parts.query or parts.fragment:
@@ -1701,8 +1732,9 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
                                                      "reasoning_tokens"))):
             fields[key] = count_value(value)
             if value is not None and fields[key] is None:
+                shown = redact_secrets(value, redact) if isinstance(value, str) else value
                 fields["usage_problems"].append(
-                    f"usage {key} is not a count: {clean_text(repr(value), 40, redact)}")
+                    f"usage {key} is not a count: {clean_text(repr(shown), 40, redact)}")
     metrics = doc.get("metrics")
     if isinstance(metrics, dict):
         fields["metrics"] = {k: _number(metrics.get(k)) for k in REQUEST_METRIC_FIELDS}
@@ -1881,16 +1913,24 @@ def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusa
 # Control characters, line and paragraph separators, bidi overrides and zero-width marks:
 # nothing from a server may move the cursor, start a line or hide text on a terminal.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e"
-                      r"\u2066-\u2069\ufeff]+")
+                      r"\u2066-\u2069\ufeff\ud800-\udfff]+")
 
 
-def clean_text(text: str, limit: int, redact: tuple[str, ...] = ()) -> str:
-    """One line, no control characters, secrets replaced, at most `limit` characters."""
-    if len(text) > 64 * limit:
-        text = text[:64 * limit]
+def redact_secrets(text: str, redact: tuple[str, ...] = ()) -> str:
+    """Every secret (the key, URL credentials, our nonces) replaced, before anything cuts or
+    quotes the text (a cut could keep half a key; repr() would double its backslashes)."""
     for secret in redact:
         if secret:
             text = text.replace(secret, "[redacted]")
+    return text
+
+
+def clean_text(text: str, limit: int, redact: tuple[str, ...] = ()) -> str:
+    """One line, no control characters or lone surrogates, secrets replaced, at most
+    `limit` characters."""
+    text = redact_secrets(text, redact)
+    if len(text) > 64 * limit:
+        text = text[:64 * limit]
     text = " ".join(_CONTROL.sub(" ", text).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -1906,7 +1946,7 @@ def scrub(text: str, limit: int, redact: tuple[str, ...] = ()) -> str:
     Validation errors echo the request: any run of three or more of our filler words, and
     any nonce or prompt tag, becomes [prompt text].
     """
-    text = text[:64 * limit]
+    text = redact_secrets(text, redact)[:64 * limit]
     words = list(_WORD.finditer(text))
     spans, run = [], []
     for match in words + [None]:
@@ -1934,6 +1974,8 @@ def exact_str(value, limit: int, redact: tuple[str, ...] = ()) -> str | None:
         return None
     if isinstance(value, str) and value == clean_text(value, limit, redact):
         return value
+    if isinstance(value, str):
+        value = redact_secrets(value, redact)
     return clean_text(repr(value), limit, redact)
 
 
@@ -2017,6 +2059,20 @@ def open_records(path: str):
     return stream
 
 
+def open_regular(path: str):
+    """A regular file opened for reading without blocking on a FIFO; OSError otherwise."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _last_byte(path: str) -> bytes:
     with open(path, "rb") as handle:
         handle.seek(-1, os.SEEK_END)
@@ -2025,7 +2081,12 @@ def _last_byte(path: str) -> bytes:
 
 def append_record(stream, record: dict) -> None:
     """One JSON object a line, flushed at once, so a killed run keeps what finished."""
-    stream.write(json.dumps(record, allow_nan=False, ensure_ascii=False) + "\n")
+    try:
+        line = json.dumps(record, allow_nan=False, ensure_ascii=False) + "\n"
+        line.encode("utf-8")
+    except UnicodeEncodeError:          # a lone surrogate somewhere: escape it, keep the record
+        line = json.dumps(record, allow_nan=False) + "\n"
+    stream.write(line)
     stream.flush()
 
 
@@ -2040,24 +2101,24 @@ class Printer:
     def __init__(self, stream):
         self.stream = stream
         self.lines: queue.Queue = queue.Queue()
-        self.closed = False
+        self.closed: set = set()            # ids of streams whose reader went away
         self.thread = threading.Thread(target=self._drain, name="warmup-printer", daemon=True)
         start_quiet(self.thread)
 
     def say(self, line: str, stream=None) -> None:
-        self.lines.put((line, stream or self.stream))
+        self.lines.put((line, self.stream if stream is None else stream))
 
     def _drain(self) -> None:
         while True:
             line, stream = self.lines.get()
             if line is None:
                 return
-            if self.closed:
-                continue
+            if stream is None or id(stream) in self.closed:
+                continue                    # closed at start (2>&-), or its reader went away
             try:
-                print(line, file=stream, flush=True)
+                print(printable(line, stream), file=stream, flush=True)
             except (OSError, ValueError):
-                self.closed = True          # the reader went away: keep running, print no more
+                self.closed.add(id(stream))  # keep running; print no more to this stream
                 _silence(stream)
 
     def close(self, wait_s: float) -> bool:
@@ -2065,6 +2126,30 @@ class Printer:
         self.lines.put((None, None))
         self.thread.join(wait_s)
         return not self.thread.is_alive()
+
+
+def printable(text: str, stream) -> str:
+    """The text as the stream can encode it (an ASCII terminal gets '?', never an error)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        return text.encode(encoding, "replace").decode(encoding, "replace")
+
+
+def emit(text: str, stream=None) -> bool:
+    """Print from the main thread when no run is in flight (reports, plans); a reader that
+    went away (`| head -1`) ends the printing quietly. False when it did."""
+    stream = sys.stdout if stream is None else stream
+    if stream is None:                  # the descriptor was closed at start (1>&-)
+        return False
+    try:
+        print(printable(text, stream), file=stream, flush=True)
+        return True
+    except (OSError, ValueError):
+        _silence(stream)
+        return False
 
 
 def _silence(stream) -> None:
@@ -2127,7 +2212,7 @@ def verdict_line(summary: dict, records_path: str) -> str:
 # The command line.
 # ---------------------------------------------------------------------------
 
-EPILOG = """\
+ENVIRONMENT_HELP = """\
 environment:
   WARMUP_BASE_URL     default for --base-url
   WARMUP_MODEL        default for --model
@@ -2135,13 +2220,17 @@ environment:
   WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
   VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
                       never printed or recorded (another variable: --api-key-env)
+"""
+
+EPILOG = ENVIRONMENT_HELP + """\
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95)
+  WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
 
 exit status:
   0    pass: every response as required (32 tokens, finish 'length', no stop reason;
        B1 more than 4096 prompt tokens, none cached), in time
   1    fail: a wrong response, a request error, cannot connect, context too small,
-       an engine short of its share, or late
+       an engine short of its share, an internal error, or late
   2    usage or configuration error (bad option, bad URL, records not writable,
        model not served, several models and no --model)
   3    refused: a request gauge in /metrics was missing, unreadable or non-zero
@@ -2261,8 +2350,8 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                     "operator to inspect. After a start: qualify.py report|probe|gate.")
     add_connection_options(parser)
     parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=32,
-                        help="completion tokens per request: max_tokens = min_tokens "
-                             "(default: %(default)s)")
+                        help="completion tokens per request: max_tokens = min_tokens, 2 to "
+                             "4096 (default: %(default)s)")
     parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
                         default=20,
                         help="request priority; with --scheduling-policy priority, real "
@@ -2313,8 +2402,8 @@ def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argpar
         return parser.parse_args(argv)
     except SystemExit as exc:
         if exc.code not in (0, None) and "--json" in argv:
-            print(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
-                              "problems": ["usage error (see stderr)"], "records": None}))
+            emit(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+                             "problems": ["usage error (see stderr)"], "records": None}))
         raise
 
 
@@ -2323,8 +2412,8 @@ def common_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, p
     """Settings from the shared options; parser.error (exit 2) on a bad URL or key."""
     def fail(message: str):
         if args.json:
-            print(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
-                              "problems": [message], "records": None}))
+            emit(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+                             "problems": [message], "records": None}))
         parser.error(message)
 
     if not args.api_key_env.isidentifier():
@@ -2360,20 +2449,21 @@ def dry_run(plan: Plan, target: Target, as_json: bool, engines: str) -> None:
     except ValueError:
         description["hard_bound_s"] = None
     if as_json:
-        print(json.dumps(description, indent=2))
+        emit(json.dumps(description, indent=2))
         return
-    print(f"plan for {target.display} (dry run: nothing sent)")
+    lines = [f"plan for {target.display} (dry run: nothing sent)"]
     for i, depth in enumerate(plan.waves):
         prompt = (f"1 long prompt of ~{plan.b1_tokens} tokens (more than "
                   f"{MIN_B1_PROMPT_TOKENS - 1}), run-unique nonce first") if i == 0 else \
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
-        print(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
-    print(f"  budget: {plan.requests_total} requests, at most "
-          f"{plan.requests_total * plan.tokens} completion tokens ({plan.tokens} each, "
-          f"min = max, ignore_eos, greedy, priority {plan.priority}), per engine "
-          f"(engines: {engines})")
-    print(f"  bounds: deadline {plan.deadline_s:g} s, socket cap {plan.socket_cap_s:g} s, "
-          f"body cap {MAX_BODY_BYTES} bytes, hard bound {hard} s (warmup_serve.sh)")
+        lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
+    lines.append(f"  budget: {plan.requests_total} requests, at most "
+                 f"{plan.requests_total * plan.tokens} completion tokens ({plan.tokens} each, "
+                 f"min = max, ignore_eos, greedy, priority {plan.priority}), per engine "
+                 f"(engines: {engines})")
+    lines.append(f"  bounds: deadline {plan.deadline_s:g} s, socket cap {plan.socket_cap_s:g} s, "
+                 f"body cap {MAX_BODY_BYTES} bytes, hard bound {hard} s (warmup_serve.sh)")
+    emit("\n".join(lines))
 
 
 # ---------------------------------------------------------------------------

@@ -13,25 +13,28 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly HERE
 readonly KILL_AFTER_S=5
 child=""     # pid of timeout, once started
-pending=0    # 1 when a TERM/INT came before timeout started
+pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py. prog makes
 # --help and usage errors name the program the operator ran.
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-sys.exit(warmup.main(prog="warmup_serve.sh"))'
+warmup.script_exit(warmup.main(prog="warmup_serve.sh"))'
 
 die() {
   echo "warmup_serve.sh: $*" >&2
   exit 2
 }
 
-# Forward a TERM/INT to the helper's timeout, or remember it until timeout runs.
-# Globals: child (pid of timeout, or empty), pending (set to 1 when no child yet).
-forward_term() {
+# Forward a signal to the helper's timeout (which passes it on to the helper), or
+# remember it until timeout runs. Ctrl-C stays an INT (the helper exits 130), a hangup
+# a HUP (129): the helper writes its 'killed' summary either way.
+# Globals: child (pid of timeout, or empty), pending (the signal, when no child yet).
+# Arguments: $1, the signal's name.
+forward_signal() {
   if [[ -n "${child}" ]]; then
-    kill -TERM "${child}" 2>/dev/null || true
+    kill -s "$1" "${child}" 2>/dev/null || true
   else
-    pending=1
+    pending="$1"
   fi
 }
 
@@ -50,8 +53,14 @@ main() {
   # summary). The trap is set BEFORE timeout starts: a TERM in between would end
   # this script and leave timeout running to the hard bound. A signal that comes
   # before the child exists is remembered and forwarded as soon as it does.
-  local status=0
-  trap forward_term TERM INT
+  local status=0 now
+  trap 'forward_signal TERM' TERM
+  trap 'forward_signal INT' INT
+  trap 'forward_signal HUP' HUP
+  # When the bound falls (epoch seconds, rounded down): a TERM from then on is the
+  # bound's, and the helper records the 124 this script returns rather than 143.
+  now="${EPOCHSECONDS:-$(date +%s)}"
+  export WARMUP_HARD_BOUND_AT="$((now + ${hard%%.*}))"
   # The helper runs as an imported module, not as a script: a script is compiled
   # on every start, an imported module's bytecode is cached (in __pycache__ beside
   # it when that is writable; it still runs when it is not). -I keeps the caller's
@@ -62,15 +71,15 @@ main() {
   timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" -I -S -c "${RUN_HELPER}" \
     "${HERE}" "$@" &
   child=$!
-  if ((pending)); then
-    forward_term
+  if [[ -n "${pending}" ]]; then
+    forward_signal "${pending}"
   fi
   wait "${child}" || status=$?
   while kill -0 "${child}" 2>/dev/null; do   # the wait was interrupted by a signal
     status=0
     wait "${child}" || status=$?
   done
-  trap - TERM INT
+  trap - TERM INT HUP
   case "${status}" in
     124)
       echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2

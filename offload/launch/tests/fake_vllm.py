@@ -657,6 +657,9 @@ class Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # uvicorn's default --backlog; socketserver's 5 drops handshakes when a wave opens more
+    # connections at once (4 engines x B4), and TCP retries them a second later.
+    request_queue_size = 2048
 
     def handle_error(self, request, client_address):
         """A client that hung up (the helper at its deadline) is expected, not an error."""

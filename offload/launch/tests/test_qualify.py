@@ -283,12 +283,38 @@ class TestReportReading(unittest.TestCase):
 
         def limit_memory():
             resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
-        shown = subprocess.run([sys.executable, QUALIFY, "report", "/dev/zero"],
-                               capture_output=True, text=True, timeout=30,
-                               preexec_fn=limit_memory)
+
+        def report(path):
+            return subprocess.run([sys.executable, QUALIFY, "report", path],
+                                  capture_output=True, text=True, timeout=60,
+                                  preexec_fn=limit_memory)
+        shown = report("/dev/zero")                     # a device, not a records file
+        self.assertEqual(shown.returncode, 2, shown.stderr)
+        self.assertIn("/dev/zero is not a regular file", shown.stderr)
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        zeros = os.path.join(tmp.name, "zeros.jsonl")
+        with open(zeros, "wb") as handle:
+            handle.truncate(1 << 30)                    # 1 GiB, sparse: one endless line
+        shown = report(zeros)
         self.assertEqual(shown.returncode, 1, shown.stderr)
-        self.assertIn("line 1 is longer than 4 MiB (skipped)", shown.stdout)
-        self.assertIn("stopped reading after 64 MiB", shown.stdout)
+        self.assertIn("line 1 is longer than 1 MiB (skipped)", shown.stdout)
+        self.assertIn("stopped reading after 16 MiB", shown.stdout)
+        ones = os.path.join(tmp.name, "ones.jsonl")
+        with open(ones, "wb") as handle:
+            handle.write(b"1\n" * 200_000)              # 200,000 bad lines
+        shown = report(ones)
+        self.assertEqual(shown.returncode, 1, shown.stderr)
+        self.assertIn("and 199980 more bad lines (skipped)", shown.stdout)
+        junk = os.path.join(tmp.name, "junk.jsonl")
+        with open(junk, "w") as handle:
+            handle.write(json.dumps({"record": "run", "run_id": "r"}) + "\n")
+            for _ in range(600):                        # values, not bytes, fill memory
+                handle.write('{"record": "request", "junk": [' + "{}," * 999 + "{}]}\n")
+        shown = report(junk)
+        self.assertNotIn("Traceback", shown.stderr)
+        self.assertEqual(shown.returncode, 1, shown.stderr)
+        self.assertIn("the records so far hold as many values as report keeps", shown.stdout)
 
 
 class StatusWriter:

@@ -403,11 +403,32 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                 self.assert_no_leak(None, result.stdout, result.stderr, self.start_log())
 
     def test_usage_errors(self):
-        for args in (["--start-guard-s", "soon", "--", "true"], ["--bogus"], []):
-            with self.subTest(args=args):
-                result = self.run_process(["bash", START, *args], timeout=30)
-                self.assertEqual(result.code, 2)
+        for args, env in ((["--start-guard-s", "soon", "--", "true"], {}), (["--bogus"], {}),
+                          ([], {}), (["--start-guard-s", "9223372036854775808", "--", "true"], {}),
+                          (["--", "true"], {"START_STOP_GRACE_S": "08"}),
+                          (["--base-url", "http://admin:Hunter2secret/x@127.0.0.1:9", "--",
+                            "true"], {})):
+            with self.subTest(args=args, env=env):
+                result = self.run_process(["bash", START, "--log-dir", self.logs, *args],
+                                          env=env, timeout=30)
+                self.assertEqual(result.code, 2, result.stderr)
                 self.assertIn("start.sh:", result.stderr)
+                self.assertNotIn("Hunter2secret", result.stdout + result.stderr)
+                self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+
+    def test_a_terminal_that_goes_away_does_not_end_start_sh(self):
+        # `start.sh ... | head -1`: the reader leaves after one line; start.sh carries on,
+        # warms the server up and says OK in start.log, as if the terminal were still there.
+        proc = subprocess.Popen(["bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                                 "--", *self.fake()], stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, START_POLL_S="0.2"))
+        self.addCleanup(proc.kill)
+        proc.stdout.readline()
+        proc.stdout.close()
+        self.assertEqual(proc.wait(timeout=60), 0)
+        self.assertIn("OK: warm-up passed", self.start_log())
+        self.assertTrue(group_alive(self.server_pid()))
 
 
 # Stands in for qualify.py in a copy of the tree: `report` is the real one, `gate` does

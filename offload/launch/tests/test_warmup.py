@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
+import time
 import unittest
 from unittest import mock
 
-from support import API_KEY, REPO, WRAPPER, HelperCase, warmup
+from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
 from fake_vllm import tokenize
 
 GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
@@ -469,6 +471,28 @@ class TestProcesses(HelperCase):
         self.assertLess(result.elapsed, 5)
         self.assertEqual(result.summary["verdict"], "killed")
         self.assertIn("hard bound", result.stderr)
+        # The records say what the wrapper returned: the bound's 124, not a plain TERM's 143.
+        self.assertEqual(result.summary["exit_code"], 124)
+        self.assertIn("ended by warmup_serve.sh's hard bound (TERM at 1 s) during B1",
+                      result.summary["problems"][0])
+
+    def test_wrapper_passes_ctrl_c_and_hangup_on_as_themselves(self):
+        for signum, code in ((signal.SIGINT, 130), (signal.SIGHUP, 129)):
+            with self.subTest(signal=signum.name):
+                server = self.start_fake(fault="hang", fault_match="-B2-")
+                records = os.path.join(self.tmp, f"{signum.name}.jsonl")
+                proc = subprocess.Popen(["bash", WRAPPER, "--base-url", server.url,
+                                         "--records", records, "--deadline-s", "20"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                self.addCleanup(proc.kill)
+                self.wait_for_completions(server, 3)      # B1, and B2 hanging
+                proc.send_signal(signum)
+                _, err = proc.communicate(timeout=20)
+                self.assertEqual(proc.returncode, code, err)
+                summary = [r for r in read_records(records)[0] if r["record"] == "summary"]
+                self.assertEqual([(s["verdict"], s["exit_code"]) for s in summary],
+                                 [("killed", code)])
+                self.assertIn(f"terminated by {signum.name} during B2", summary[0]["problems"][0])
 
     def test_wrapper_passes_arguments_and_status_through(self):
         result = self.run_process(["bash", WRAPPER, "--waves", "2"], timeout=30)
