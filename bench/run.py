@@ -42,7 +42,6 @@ WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, LAUNCH)
 
-import fake_vllm  # noqa: E402
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import warmup  # noqa: E402
