@@ -197,16 +197,7 @@ def warm_up(run: Run) -> None:
     """Everything the warm-up sends, in order; Fatal ends it early."""
     learn_server(run, size_b1=True)
     write_run_record(run)
-    plan, server = run.settings.plan, run.server
-    engines = "" if server.engines is None else \
-        f", engines {','.join(map(str, server.engines))}"
-    counted = sorted(server.b1_counts.values()) or [server.b1_counted]
-    b1_size = "estimated" if counted[0] is None else \
-        "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
-    run.say(f"warm-up {plan.run_id}: {run.settings.target.display} model "
-            f"{clean_text(server.model or '', 80)}{engines}, waves "
-            f"{','.join(wave_name(d) for d in plan.waves)} ({requests_planned(run)} requests), "
-            f"B1 prompt {b1_size} tokens, deadline {plan.deadline_s:g} s")
+    run.say(start_line(run))
     read_before(run)
     warm_waves(run)
     if run.outcome.requests:
@@ -2160,6 +2151,20 @@ def _silence(stream) -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def start_line(run: Run) -> str:
+    """What the run is about to do: server, model, engines, waves, B1's size, deadline."""
+    plan, server = run.settings.plan, run.server
+    engines = "" if server.engines is None else \
+        f", engines {','.join(map(str, server.engines))}"
+    counted = sorted(server.b1_counts.values()) or [server.b1_counted]
+    b1_size = "estimated" if counted[0] is None else \
+        "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
+    return (f"warm-up {plan.run_id}: {run.settings.target.display} model "
+            f"{clean_text(server.model or '', 80)}{engines}, waves "
+            f"{','.join(wave_name(d) for d in plan.waves)} ({requests_planned(run)} requests), "
+            f"B1 prompt {b1_size} tokens, deadline {plan.deadline_s:g} s")
 
 
 def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: float | None,
