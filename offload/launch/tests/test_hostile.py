@@ -44,8 +44,8 @@ QUALIFY = os.path.join(LAUNCH, "qualify.py")
 
 DEADLINE_S = "3"
 AS_LIMIT = 1 << 30                 # every case runs under this: a runaway dies, not the host
-WORKERS = 6
-KILL_MARGIN_S = 1.5                # a case still running this long after its bound is killed
+WORKERS = 4
+KILL_MARGIN_S = 3.0                # a case still running this long after its bound is killed
 API_KEY = "sk-KEYMARKER-h0st1le"
 NEST = b"[" * 100000               # deeper than any JSON parser's recursion limit
 
