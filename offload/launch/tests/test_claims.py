@@ -7,6 +7,7 @@ code's constants; the rest drives each claim through a real run or process.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -101,6 +102,34 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
         self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
                                     "'length', stop_reason None)"])
         self.assertNotIn("EOS", " ".join(problems))
+
+
+class TestBenchSaysWhatItDoes(unittest.TestCase):
+    """The benchmark is not run here (it is not a timed test); what it claims is checked."""
+
+    def bench(self):
+        spec = importlib.util.spec_from_file_location(
+            "bench_run", os.path.join(REPO, "bench", "run.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["bench_run"] = module              # dataclasses look their module up
+        self.addCleanup(sys.modules.pop, "bench_run", None)
+        spec.loader.exec_module(module)
+        return module
+
+    def test_a_breakdown_step_is_never_negative(self):
+        bench = self.bench()
+        self.assertEqual(bench.fmt_part("the rest", -0.0253), "the rest 0 ms (within noise)")
+        self.assertEqual(bench.fmt_part("imports", 0.0211), "imports 21.1 ms")
+        self.assertEqual(bench.fmt_part("run", -10, unit="KiB"), "run +0 MiB (within noise)")
+
+    def test_the_sdk_venv_is_announced_and_can_be_skipped(self):
+        help_text = subprocess.run([sys.executable, os.path.join(REPO, "bench", "run.py"),
+                                    "--help"], capture_output=True, text=True, timeout=30).stdout
+        self.assertIn("--no-sdk", help_text)
+        self.assertIn("venv and pip", " ".join(help_text.split()))
+        source = read(os.path.join(REPO, "bench", "run.py"))
+        said = source.index("installing the openai SDK")
+        self.assertLess(said, source.index("venv.create(SDK_HOME"), "said before it is done")
 
 
 class TestMessages(HelperCase):
