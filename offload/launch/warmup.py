@@ -306,7 +306,7 @@ def run_session(settings: Settings, steps) -> int:
         printer.say(verdict_line(summary, path))
         if settings.json:
             printer.say(json.dumps(run.outcome.final_record or summary), stream=sys.stdout)
-    if not printer.close(max(min(run.clock.remaining(), 2.0), 0.2)):
+    if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
         _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
     return summary["exit_code"] if summary is not None else EXIT_USAGE
 

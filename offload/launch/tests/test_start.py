@@ -228,7 +228,7 @@ class TestStart(StartCase):
         self.addCleanup(self.kill_group_in, other_pid)
         launcher = self.write_script("launcher.py", f"""
 import subprocess, sys, time, urllib.request
-other = subprocess.Popen({self.fake("--latency-s", "0.5")!r}, start_new_session=True)
+other = subprocess.Popen({self.fake("--latency-s", "0.3")!r}, start_new_session=True)
 open({other_pid!r}, "w").write(str(other.pid))
 for _ in range(200):
     try:
