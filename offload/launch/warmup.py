@@ -631,14 +631,8 @@ def choose_engines(run: Run) -> tuple[int, ...] | None:
 
 def read_engines(run: Run) -> tuple[int, ...] | None:
     """Engine indexes in the `engine` label of vllm:* series; None when there is none."""
-    try:
-        response = fetch(run.settings.target, run.clock, "GET", "/metrics")
-    except TransportError:
-        return None
-    if response.status != 200:
-        return None
-    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
-    return engines_in(exposition.samples) or None
+    samples, _ = read_samples(run, run.settings.target, "/metrics")
+    return engines_in(samples or []) or None
 
 
 def size_b1_prompts(run: Run) -> None:
@@ -1114,8 +1108,8 @@ def metrics_source(target: Target, path: str = "") -> str:
     return target.display + path
 
 
-def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str | None]:
-    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
+def read_samples(run: Run, target: Target, path: str) -> tuple[list | None, str | None]:
+    """The samples of one Prometheus endpoint, or None and why."""
     try:
         response = fetch(target, run.clock, "GET", path)
     except TransportError as exc:
@@ -1123,7 +1117,13 @@ def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str
     if response.status != 200:
         return None, f"HTTP {response.status}"
     samples = parse_prometheus(response.body.decode("utf-8", "replace")).samples
-    return (counters(samples), None) if samples else (None, "not Prometheus text")
+    return (samples, None) if samples else (None, "not Prometheus text")
+
+
+def read_counters(run: Run, target: Target, path: str) -> tuple[dict | None, str | None]:
+    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
+    samples, why = read_samples(run, target, path)
+    return (counters(samples), None) if samples else (None, why)
 
 
 def wait_for_status(run: Run, path: str, missing_before: bool = False

@@ -19,7 +19,7 @@ import sys
 import time
 import unittest
 
-from support import FAKE, LAUNCH, REPO, WRAPPER, HelperCase, warmup
+from support import FAKE, LAUNCH, REPO, HelperCase, warmup
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
 
@@ -168,11 +168,6 @@ class TestMessages(HelperCase):
         self.assertIn(f"GET {server.url}/foo/v1/models answered HTTP 404",
                       result.summary["problems"][0])
         self.assertIn("with no extra path", result.summary["problems"][0])
-
-    def test_wrapper_help_names_the_wrapper(self):
-        result = self.run_process(["bash", WRAPPER, "--help"], timeout=30)
-        self.assertEqual(result.code, 0)
-        self.assertTrue(result.stdout.startswith("usage: warmup_serve.sh"), result.stdout[:80])
 
     def test_a_run_after_a_cut_line_starts_on_a_fresh_line(self):
         with open(self.records_path, "w", encoding="utf-8") as handle:

@@ -524,7 +524,7 @@ class TestStartGate(StartCase):
                                          STUB_GATE=json.dumps({"hang": True})))
         self.addCleanup(proc.wait)
         self.addCleanup(proc.kill)
-        self.addCleanup(self.kill_leftover_gate)
+        self.addCleanup(kill_processes_naming, self.launch)
         deadline = time.monotonic() + 30
         while not os.path.exists(os.path.join(self.launch, "gate-argv")) and \
                 time.monotonic() < deadline:
@@ -536,13 +536,6 @@ class TestStartGate(StartCase):
         self.assertFalse(group_alive(self.server_pid()))
         self.assertEqual(processes_naming(self.launch, "python"), [], "the gate outlived TERM")
         self.assertFalse([f for f in os.listdir(self.logs) if f.startswith(".gate-summary")])
-
-    def kill_leftover_gate(self):
-        for pid in processes_naming(self.launch):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def test_no_gate_after_a_failed_warm_up(self):
         result = self.gate(plan={"summary": PASSED_GATE}, server_args=("--fault", "one_token"))
@@ -583,15 +576,17 @@ def processes_naming(marker: str, program: str = "") -> list[int]:
     return found
 
 
+def kill_processes_naming(marker: str) -> None:
+    """SIGKILL every live process whose command line holds `marker` (test cleanup)."""
+    for pid in processes_naming(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 class TestWrapper(HelperCase):
     """warmup_serve.sh as a real process: its signal handling and how it starts the helper."""
-
-    def kill_leftovers(self):
-        for pid in processes_naming(self.records_path):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def test_help_and_usage_errors_name_the_wrapper(self):
         result = self.run_process(["bash", WRAPPER, "--help"], timeout=30)
@@ -616,7 +611,7 @@ class TestWrapper(HelperCase):
     def test_term_right_after_start_ends_everything(self):
         silent = SilentServer()
         self.addCleanup(silent.stop)
-        self.addCleanup(self.kill_leftovers)
+        self.addCleanup(kill_processes_naming, self.records_path)
         for when in ("at once", "once the helper runs"):
             with self.subTest(when=when):
                 proc = subprocess.Popen(["bash", WRAPPER, "--base-url", silent.url, "--records",
