@@ -487,12 +487,6 @@ def probe_record(run: warmup.Run, item: str, round_no: int, slot: warmup.Slot) -
     }
 
 
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
-
-
 def _median(values: list) -> float | None:
     values = sorted(v for v in values if v is not None)
     if not values:
@@ -503,7 +497,7 @@ def _median(values: list) -> float | None:
 
 def _slowest(values: list) -> float | None:
     """A burst is as slow as its slowest request; a missing time makes the round unknown."""
-    values = [_number(v) for v in values]
+    values = [warmup.finite_number(v) for v in values]
     return None if not values or None in values else max(values)
 
 
@@ -544,7 +538,7 @@ def probe_summary(records: list[dict]) -> list[dict]:
 def probe_line(entry: dict) -> str:
     """One item (on one engine) in a line; any value from a file goes through show()."""
     def ms(v):
-        v = _number(v)
+        v = warmup.finite_number(v)
         return "-" if v is None else f"{v * 1000:.0f} ms"
     where = show(entry.get("item")) + ("" if entry.get("engine") is None
                                        else f" e{show(entry.get('engine'))}")
@@ -1079,7 +1073,7 @@ def gate_line(record: dict) -> str:
         figure = "exact" if record.get("exact") is True else (
             f"MISS (distance {show(record.get('edit_distance'))})")
     else:
-        cer = _number(record.get("cer"))
+        cer = warmup.finite_number(record.get("cer"))
         figure = (f"CER {cer:.4f} ({show(record.get('edit_distance'))}/"
                   f"{show(record.get('reference_chars'))})" if cer is not None else "CER -")
     tokens = f"{show(record.get('completion_tokens'))} tokens"
@@ -1096,7 +1090,7 @@ def gate_line(record: dict) -> str:
 
 def gate_summary_line(summary: dict) -> str:
     exact = _dict(summary.get("identifiers_exact"))
-    worst = _number(summary.get("worst_cer"))
+    worst = warmup.finite_number(summary.get("worst_cer"))
     return (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
             f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage "
             f"CER {'-' if worst is None else f'{worst:.4f}'} (bound "

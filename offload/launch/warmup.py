@@ -1728,7 +1728,8 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
                     f"usage {key} is not a count: {clean_text(repr(shown), 40, redact)}")
     metrics = doc.get("metrics")
     if isinstance(metrics, dict):
-        fields["metrics"] = {k: _number(metrics.get(k)) for k in REQUEST_METRIC_FIELDS}
+        fields["metrics"] = {k: finite_number(metrics.get(k))
+                             for k in REQUEST_METRIC_FIELDS}
         fields["speculative_decoding"] = _numbers_only(metrics.get("speculative_decoding"))
     return fields
 
@@ -1750,7 +1751,8 @@ def positive_int(value) -> int | None:
     return count if count else None
 
 
-def _number(value) -> float | int | None:
+def finite_number(value) -> float | int | None:
+    """A finite number as the server gave it; anything else (bool, NaN, text) is None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return value if math.isfinite(value) else None
@@ -1764,9 +1766,9 @@ def _numbers_only(value) -> dict | None:
     for key, item in list(value.items())[:32]:
         key = clean_text(str(key), 64)
         if isinstance(item, list):
-            kept[key] = [_number(x) for x in item[:64]]
+            kept[key] = [finite_number(x) for x in item[:64]]
         else:
-            kept[key] = _number(item)
+            kept[key] = finite_number(item)
     return kept
 
 
