@@ -401,12 +401,6 @@ def report_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------
 
 PROBE_ITEMS = (("single", 1), ("burst3", 3), ("burst4", 4))
-USAGE_COUNTS = (("prompt_tokens", ("prompt_tokens",)),
-                ("completion_tokens", ("completion_tokens",)),
-                ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
-                ("reasoning_tokens", ("completion_tokens_details", "reasoning_tokens")))
-
-
 def probe_body(model: str, prompt: str, rid: str, plan: warmup.Plan) -> dict:
     """A warm-up request, streamed with usage in the last event (the text is never kept)."""
     return dict(warmup.completion_body(model, prompt, rid, plan), stream=True,
@@ -425,23 +419,6 @@ def stream_usage(body: bytes) -> tuple[dict | None, bool]:
             if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
                 usage = doc["usage"]
     return usage, done
-
-
-def usage_counts(usage: dict | None) -> tuple[dict, list[str]]:
-    """The counts of a usage object (None where not reported) and a problem per bad value.
-
-    A value that is not a count is named, cleaned and cut, never copied whole.
-    """
-    counts, problems = {}, []
-    for name, path in USAGE_COUNTS:
-        value = usage if isinstance(usage, dict) else None
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        counts[name] = warmup.count_value(value)
-        if value is not None and counts[name] is None:
-            problems.append(f"usage {name} is not a count: "
-                            f"{warmup.clean_text(repr(value)[:400], 40)}")
-    return counts, problems
 
 
 def probe_record(run: warmup.Run, item: str, round_no: int, slot: warmup.Slot) -> dict:
@@ -465,7 +442,7 @@ def probe_record(run: warmup.Run, item: str, round_no: int, slot: warmup.Slot) -
             problems.append("stream carried no usage")
         if response.watched_at is None:
             problems.append("no token text arrived")
-    counts, bad_counts = usage_counts(usage)
+    counts, bad_counts = warmup.read_usage(usage, run.redact)
     problems += bad_counts
     if usage is not None and counts["completion_tokens"] != tokens \
             and not any(p.startswith("usage completion_tokens") for p in bad_counts):

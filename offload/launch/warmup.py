@@ -1715,17 +1715,8 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
     usage = doc.get("usage")
     if isinstance(usage, dict):
         fields["usage"] = True
-        for key, value in (("prompt_tokens", usage.get("prompt_tokens")),
-                           ("completion_tokens", usage.get("completion_tokens")),
-                           ("cached_tokens", _get(usage, "prompt_tokens_details",
-                                                  "cached_tokens")),
-                           ("reasoning_tokens", _get(usage, "completion_tokens_details",
-                                                     "reasoning_tokens"))):
-            fields[key] = count_value(value)
-            if value is not None and fields[key] is None:
-                shown = redact_secrets(value, redact) if isinstance(value, str) else value
-                fields["usage_problems"].append(
-                    f"usage {key} is not a count: {clean_text(repr(shown), 40, redact)}")
+        counts, fields["usage_problems"] = read_usage(usage, redact)
+        fields.update(counts)
     metrics = doc.get("metrics")
     if isinstance(metrics, dict):
         fields["metrics"] = {k: finite_number(metrics.get(k))
@@ -1734,9 +1725,26 @@ def extract_fields(status: int, body: bytes, redact: tuple[str, ...] = ()) -> di
     return fields
 
 
-def _get(doc: dict, key: str, inner: str):
-    value = doc.get(key)
-    return value.get(inner) if isinstance(value, dict) else None
+USAGE_COUNTS = (("prompt_tokens", ("prompt_tokens",)),
+                ("completion_tokens", ("completion_tokens",)),
+                ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
+                ("reasoning_tokens", ("completion_tokens_details", "reasoning_tokens")))
+
+
+def read_usage(usage, redact: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
+    """The counts of a usage object (None where not reported, never 0) and a problem per
+    value that is not a count, cleaned and cut, secrets redacted before it is quoted."""
+    counts, problems = {}, []
+    for name, path in USAGE_COUNTS:
+        value = usage
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        counts[name] = count_value(value)
+        if value is not None and counts[name] is None:
+            shown = redact_secrets(value, redact) if isinstance(value, str) else value
+            problems.append(f"usage {name} is not a count: "
+                            f"{clean_text(repr(shown)[:400], 40, redact)}")
+    return counts, problems
 
 
 def count_value(value) -> int | None:

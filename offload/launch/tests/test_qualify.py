@@ -164,8 +164,8 @@ class TestReportPieces(unittest.TestCase):
         self.assertIn("round 2 served from the prefix cache, left out", qualify.probe_line(e0))
 
     def test_bad_usage_values_are_cut(self):
-        counts, problems = qualify.usage_counts({"completion_tokens": "9" * 10000,
-                                                 "prompt_tokens_details": {"cached_tokens": 1.5}})
+        counts, problems = warmup.read_usage({"completion_tokens": "9" * 10000,
+                                              "prompt_tokens_details": {"cached_tokens": 1.5}})
         self.assertEqual((counts["completion_tokens"], counts["cached_tokens"]), (None, None))
         self.assertEqual(len(problems), 2)
         self.assertTrue(all(len(p) <= 300 for p in problems))
