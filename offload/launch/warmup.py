@@ -2417,9 +2417,14 @@ def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argpar
         return parser.parse_args(argv)
     except SystemExit as exc:
         if exc.code not in (0, None) and "--json" in argv:
-            emit(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
-                             "problems": ["usage error (see stderr)"], "records": None}))
+            emit_usage_json("usage error (see stderr)")
         raise
+
+
+def emit_usage_json(problem: str) -> None:
+    """What --json prints for a usage error: a summary-shaped object, no run behind it."""
+    emit(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+                     "problems": [problem], "records": None}))
 
 
 def common_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, plan: Plan,
@@ -2427,8 +2432,7 @@ def common_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, p
     """Settings from the shared options; parser.error (exit 2) on a bad URL or key."""
     def fail(message: str):
         if args.json:
-            emit(json.dumps({"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
-                             "problems": [message], "records": None}))
+            emit_usage_json(message)
         parser.error(message)
 
     if not args.api_key_env.isidentifier():
