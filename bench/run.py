@@ -44,7 +44,8 @@ sys.path.insert(0, LAUNCH)
 
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
-import warmup  # noqa: E402
+import transport  # noqa: E402
+import vllm_client  # noqa: E402
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
 # would be measured otherwise. The wrapper is told to use it too (WARMUP_PYTHON).
@@ -632,17 +633,15 @@ def bench_skew_helper(shapes: Shapes, server: FakeServer, runs: int, tmp: str) -
 
 def bench_skew_threads(server: FakeServer, runs: int) -> list[float]:
     """The naive client: one thread per request started one after another, no barrier."""
-    target = warmup.parse_base_url(server.url)
-    clock = warmup.Clock.start(60, 10)
-    plan = warmup.Plan(run_id="naive", waves=(1,), tokens=32, priority=0, b1_tokens=5000,
-                       deadline_s=60, socket_cap_s=10)
+    target = vllm_client.parse_base_url(server.url)
+    clock = transport.Clock.start(60, 10)
     before = len(server.state.completions())
     for r in range(runs):
         for depth in (2, 3, 4):
             def one(index, depth=depth, r=r):
-                body = warmup.completion_body("fake-model", f"naive {r} {depth} {index}",
-                                              f"naive-{r}-B{depth}-{index}", plan)
-                warmup.fetch(target, clock, "POST", "/v1/completions", body)
+                body = vllm_client.completion_body("fake-model", f"naive {r} {depth} {index}",
+                                                   f"naive-{r}-B{depth}-{index}", 32, 0)
+                transport.fetch(target, clock, "POST", "/v1/completions", body)
             threads = [threading.Thread(target=one, args=(i,)) for i in range(depth)]
             for t in threads:
                 t.start()

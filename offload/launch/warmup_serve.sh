@@ -15,10 +15,11 @@ readonly KILL_AFTER_S=5
 child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 
-# The helper's entry point; argv[1] is the folder that holds warmup.py. prog makes
-# --help and usage errors name the program the operator ran.
+# The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
+# it imports (the folder is one unit). prog makes --help and usage errors name the
+# program the operator ran.
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.script_exit(warmup.main(prog="warmup_serve.sh"))'
+warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 
 die() {
   echo "warmup_serve.sh: $*" >&2

@@ -20,6 +20,8 @@ import time
 import unittest
 
 from support import FAKE, LAUNCH, REPO, HelperCase, warmup
+import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
 
@@ -43,15 +45,15 @@ def table_codes(markdown: str, heading: str) -> set[int]:
 def code_constants() -> set[int]:
     """What the helper and its wrapper can exit with, from the code."""
     signals = {128 + getattr(signal, name) for name in ("SIGHUP", "SIGINT", "SIGTERM")}
-    return {warmup.EXIT_PASS, warmup.EXIT_FAIL, warmup.EXIT_USAGE, warmup.EXIT_REFUSED,
-            warmup.EXIT_INTERRUPTED, warmup.EXIT_TERMINATED, 124, 137} | signals
+    return {runframe.EXIT_PASS, runframe.EXIT_FAIL, runframe.EXIT_USAGE, runframe.EXIT_REFUSED,
+            runframe.EXIT_INTERRUPTED, runframe.EXIT_TERMINATED, 124, 137} | signals
 
 
 class TestDocumentsMatchTheCode(unittest.TestCase):
     def test_exit_code_tables_match_the_constants(self):
         expected = code_constants()
-        self.assertEqual(warmup.EXIT_TERMINATED, 128 + signal.SIGTERM)
-        self.assertEqual(warmup.EXIT_INTERRUPTED, 128 + signal.SIGINT)
+        self.assertEqual(runframe.EXIT_TERMINATED, 128 + signal.SIGTERM)
+        self.assertEqual(runframe.EXIT_INTERRUPTED, 128 + signal.SIGINT)
         readme_codes = table_codes(read(os.path.join(REPO, "README.md")), "## Exit status")
         contract_codes = table_codes(read(CONTRACT), "## 9. Exit status")
         self.assertEqual(readme_codes - {128}, expected)       # "128 + N" names the rule
@@ -194,10 +196,10 @@ class TestMessages(HelperCase):
         self.assertIn("not waited for again", status["why"])
 
     def test_status_file_without_identity_is_unverified(self):
-        result = warmup.status_delta({"steps": 1}, {"steps": 4})
+        result = evidence.status_delta({"steps": 1}, {"steps": 4})
         self.assertEqual((result["state"], result["delta"]), ("unverified", {"steps": 3}))
         self.assertIn("no identity field", result["why"])
-        self.assertEqual(warmup.status_delta({"pid": 1, "steps": 1},
+        self.assertEqual(evidence.status_delta({"pid": 1, "steps": 1},
                                              {"pid": 1, "steps": 4})["state"], "valid")
 
     def test_fake_on_a_busy_port_says_one_line(self):

@@ -11,6 +11,9 @@ import time
 import unittest
 
 from support import HelperCase, warmup
+import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import transport  # noqa: E402  (support puts offload/launch on sys.path)
+import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 
 GAUGE_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -26,20 +29,20 @@ vllm:prompt_tokens_total{engine="1",model_name="m"} 0.0
 
 class TestGuardPerEngine(unittest.TestCase):
     def test_fresh_engines_without_gauge_samples_are_idle(self):
-        exposition = warmup.parse_prometheus(GAUGE_TEXT % "0.0")
-        self.assertEqual(warmup.engines_in(exposition.samples), (0, 1))
-        self.assertEqual(warmup.guard_problems(exposition, (0, 1)), ([], [0, 1]))
+        exposition = transport.parse_prometheus(GAUGE_TEXT % "0.0")
+        self.assertEqual(vllm_client.engines_in(exposition.samples), (0, 1))
+        self.assertEqual(vllm_client.guard_problems(exposition, (0, 1)), ([], [0, 1]))
 
     def test_an_engine_that_ran_requests_needs_its_samples(self):
-        exposition = warmup.parse_prometheus(GAUGE_TEXT % "3.0")
-        problems, fresh = warmup.guard_problems(exposition, (0, 1))
+        exposition = transport.parse_prometheus(GAUGE_TEXT % "3.0")
+        problems, fresh = vllm_client.guard_problems(exposition, (0, 1))
         self.assertEqual(fresh, [0])
         self.assertEqual(len(problems), 2)
         self.assertIn("vllm:num_requests_running has no sample for engine 1", problems[0])
 
     def test_an_undeclared_family_is_still_missing(self):
         text = GAUGE_TEXT.replace("# TYPE vllm:num_requests_waiting gauge\n", "")
-        problems, _ = warmup.guard_problems(warmup.parse_prometheus(text % "0.0"), (0, 1))
+        problems, _ = vllm_client.guard_problems(transport.parse_prometheus(text % "0.0"), (0, 1))
         self.assertEqual(problems, ["vllm:num_requests_waiting missing from /metrics (metrics "
                                     "collection off, or not a vLLM server): the guard cannot "
                                     "see other work"])
@@ -49,12 +52,12 @@ class TestGuardPerEngine(unittest.TestCase):
                   'vllm:generation_tokens_total{engine="1"}': 0.0,
                   'vllm:prompt_tokens_total{engine="0"}': 5200.0,
                   'vllm:prompt_tokens_total{engine="1"}': 0.0}
-        shares, problems, warnings = warmup.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
+        shares, problems, warnings = evidence.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
         self.assertEqual([s["generation_tokens"] for s in shares], [320.0, 0.0])
         self.assertEqual(problems[0], "engine 1 generated 0 of 320 tokens: is "
                                       "X-data-parallel-rank honoured by this server?")
         self.assertEqual(warnings, [])
-        _, problems, warnings = warmup.engine_shares({}, (0, 1), 320, {})
+        _, problems, warnings = evidence.engine_shares({}, (0, 1), 320, {})
         self.assertEqual(problems, [])
         self.assertEqual(len(warnings), 2)
 

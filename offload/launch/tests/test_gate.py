@@ -12,9 +12,10 @@ import time
 import unittest
 
 from support import TEXT_MARKER, HelperCase, qualify
+import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
-IDENTIFIER = qualify.Probe("id", "identifier", "Gullpoint-Labs/Ferry-7B_Instruct.v2")
-PASSAGE = qualify.Probe("p", "passage", "The quick brown fox jumps over the lazy dog. " * 4)
+IDENTIFIER = gate.Probe("id", "identifier", "Gullpoint-Labs/Ferry-7B_Instruct.v2")
+PASSAGE = gate.Probe("p", "passage", "The quick brown fox jumps over the lazy dog. " * 4)
 
 
 def dp_distance(a: str, b: str) -> int:
@@ -32,8 +33,8 @@ def dp_distance(a: str, b: str) -> int:
 def reference_fragments() -> list[str]:
     """Strings that would show a reference text leaked: every identifier, every run of four
     words of each passage, and any Cyrillic letter."""
-    found = [text for _, text in qualify.IDENTIFIERS]
-    for passage in (qualify.PASSAGE_EN, qualify.PASSAGE_RU):
+    found = [text for _, text in gate.IDENTIFIERS]
+    for passage in (gate.PASSAGE_EN, gate.PASSAGE_RU):
         words = passage.split()
         found += [" ".join(words[i:i + 4]) for i in range(len(words) - 3)]
     return found
@@ -49,7 +50,7 @@ class TestScorers(unittest.TestCase):
                        f'"{ref}".', f'"{ref}."', f"```\n{ref}\n```",
                        f"Here is the identifier:\n{ref}"):
             with self.subTest(answer=answer):
-                self.assertTrue(qualify.score_answer(IDENTIFIER, answer, 0.01)["exact"])
+                self.assertTrue(gate.score_answer(IDENTIFIER, answer, 0.01)["exact"])
 
     def test_identifier_near_misses_are_misses(self):
         ref = IDENTIFIER.reference
@@ -57,13 +58,13 @@ class TestScorers(unittest.TestCase):
                        ref + "..", f'""{ref}""', f"{ref} (copied)", ref[:-1], ref + "2",
                        ref.replace("/", " / "), f"The identifier is {ref}"):
             with self.subTest(answer=answer):
-                score = qualify.score_answer(IDENTIFIER, answer, 0.01)
+                score = gate.score_answer(IDENTIFIER, answer, 0.01)
                 self.assertFalse(score["exact"])
                 self.assertFalse(score["ok"])
                 self.assertGreater(score["edit_distance"], 0)
-        near = qualify.score_answer(IDENTIFIER, ref.replace("7B", "8B"), 0.01)
+        near = gate.score_answer(IDENTIFIER, ref.replace("7B", "8B"), 0.01)
         self.assertEqual(near["edit_distance"], 1)
-        self.assertEqual(qualify.score_problem(IDENTIFIER, near, 0.01),
+        self.assertEqual(gate.score_problem(IDENTIFIER, near, 0.01),
                          f"not an exact copy (edit distance 1 of {len(ref)} characters)")
 
     def test_distance_of_known_edits(self):
@@ -73,46 +74,46 @@ class TestScorers(unittest.TestCase):
                  ("река", "реками", 2)]
         for a, b, want in cases:
             with self.subTest(a=a, b=b):
-                self.assertEqual(qualify.levenshtein(a, b), want)
-                self.assertEqual(qualify.levenshtein(b, a), want)
+                self.assertEqual(gate.levenshtein(a, b), want)
+                self.assertEqual(gate.levenshtein(b, a), want)
 
     def test_distance_matches_the_textbook_programme(self):
         rng = random.Random(7)
         for _ in range(300):
             a = "".join(rng.choice("ab cдж") for _ in range(rng.randint(0, 40)))
             b = "".join(rng.choice("ab cдж") for _ in range(rng.randint(0, 40)))
-            self.assertEqual(qualify.levenshtein(a, b), dp_distance(a, b), (a, b))
+            self.assertEqual(gate.levenshtein(a, b), dp_distance(a, b), (a, b))
 
     def test_distance_is_fast_for_two_thousand_characters(self):
         rng = random.Random(3)
         a = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(2000))
         b = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(2000))
         started = time.perf_counter()
-        qualify.levenshtein(a, b)
+        gate.levenshtein(a, b)
         self.assertLess(time.perf_counter() - started, 0.2)
 
     def test_cer_collapses_whitespace_and_counts_known_edits(self):
         ref = PASSAGE.reference
         spaced = "\n\n" + ref.replace(" ", "  \n ") + "\n"
-        self.assertEqual(qualify.score_answer(PASSAGE, spaced, 0.01)["cer"], 0.0)
-        n = len(qualify.collapse(ref))
+        self.assertEqual(gate.score_answer(PASSAGE, spaced, 0.01)["cer"], 0.0)
+        n = len(gate.collapse(ref))
         for answer, edits in ((ref.replace("quick", "quikc", 1), 2),
                               (ref.replace("fox", "fx", 1), 1),
                               (ref.replace("lazy", "lazzy", 1), 1),
                               (ref.replace("dog", "cat"), 12)):
             with self.subTest(answer=answer[:30]):
-                score = qualify.score_answer(PASSAGE, answer, 0.01)
+                score = gate.score_answer(PASSAGE, answer, 0.01)
                 self.assertEqual(score["edit_distance"], edits)
                 self.assertAlmostEqual(score["cer"], edits / n, places=5)
-        self.assertTrue(qualify.score_answer(PASSAGE, ref.replace("fox", "fx", 1), 0.01)["ok"])
-        bad = qualify.score_answer(PASSAGE, ref.replace("dog", "cat"), 0.01)
+        self.assertTrue(gate.score_answer(PASSAGE, ref.replace("fox", "fx", 1), 0.01)["ok"])
+        bad = gate.score_answer(PASSAGE, ref.replace("dog", "cat"), 0.01)
         self.assertFalse(bad["ok"])
         self.assertIn("CER 0.0670 above 0.01 (edit distance 12 of 179 characters)",
-                      qualify.score_problem(PASSAGE, bad, 0.01))
+                      gate.score_problem(PASSAGE, bad, 0.01))
 
     def test_cer_of_a_russian_passage(self):
-        probe = qualify.Probe("ru", "passage", "Паром ходит с мая до заморозков.")
-        score = qualify.score_answer(probe, "Паром ходит с мая до замарозков.", 0.01)
+        probe = gate.Probe("ru", "passage", "Паром ходит с мая до заморозков.")
+        score = gate.score_answer(probe, "Паром ходит с мая до замарозков.", 0.01)
         self.assertEqual(score["edit_distance"], 1)
         self.assertEqual(score["reference_chars"], 32)
 
@@ -120,12 +121,12 @@ class TestScorers(unittest.TestCase):
         for probe in (IDENTIFIER, PASSAGE):
             for answer in ("", "  \n ", "``````", '""'):
                 with self.subTest(probe=probe.kind, answer=answer):
-                    score = qualify.score_answer(probe, answer, 0.01)
+                    score = gate.score_answer(probe, answer, 0.01)
                     self.assertFalse(score["ok"])
                     if probe.kind == "passage" and answer.strip() in ("",):
                         self.assertEqual(score["cer"], 1.0)
-        self.assertTrue(qualify.score_problem(
-            PASSAGE, qualify.score_answer(PASSAGE, "", 0.01), 0.01).startswith("empty answer"))
+        self.assertTrue(gate.score_problem(
+            PASSAGE, gate.score_answer(PASSAGE, "", 0.01), 0.01).startswith("empty answer"))
 
     def test_wrappers_are_removed_and_named(self):
         ref = PASSAGE.reference.strip()
@@ -134,33 +135,33 @@ class TestScorers(unittest.TestCase):
                                 (f"Sure:\n```\n{ref}\n```\n", ["intro line", "code fence"]),
                                 (ref, [])):
             with self.subTest(removed=removed):
-                score = qualify.score_answer(PASSAGE, answer, 0.01)
+                score = gate.score_answer(PASSAGE, answer, 0.01)
                 self.assertEqual(score["removed"], removed)
                 self.assertEqual(score["edit_distance"], 0)
         # A long first line is text, not an introduction: it stays and is scored.
         long_line = "x" * 200 + ":\n" + ref
-        self.assertEqual(qualify.score_answer(PASSAGE, long_line, 0.01)["removed"], [])
+        self.assertEqual(gate.score_answer(PASSAGE, long_line, 0.01)["removed"], [])
         # An answer that is only an introduction keeps it (nothing else would be left).
-        self.assertEqual(qualify.unwrap("Here it is:")[1], [])
+        self.assertEqual(gate.unwrap("Here it is:")[1], [])
 
     def test_server_messages_lose_the_probe_text(self):
-        ident = qualify.IDENTIFIERS[3][1]
-        said = qualify.scrub_probe_text(
+        ident = gate.IDENTIFIERS[3][1]
+        said = gate.scrub_probe_text(
             f"bad request near {ident}: 'The weather station on Gull Point was built' at 3")
         self.assertNotIn(ident, said)
         self.assertNotIn("weather station", said)
         self.assertIn("bad request near [probe text]", said)
 
     def test_probes_are_the_ones_promised(self):
-        self.assertEqual([p.kind for p in qualify.PROBES].count("identifier"), 6)
-        joined = "".join(text for _, text in qualify.IDENTIFIERS)
+        self.assertEqual([p.kind for p in gate.PROBES].count("identifier"), 6)
+        joined = "".join(text for _, text in gate.IDENTIFIERS)
         for char in "-_./:":
             self.assertIn(char, joined)
         self.assertTrue(re.search(r"[a-z]", joined) and re.search(r"[A-Z]", joined)
                         and re.search(r"[0-9]", joined))
-        for passage in (qualify.PASSAGE_EN, qualify.PASSAGE_RU):
+        for passage in (gate.PASSAGE_EN, gate.PASSAGE_RU):
             self.assertTrue(280 <= len(passage.split()) <= 340, len(passage.split()))
-        self.assertTrue(re.search("[а-я]", qualify.PASSAGE_RU))
+        self.assertTrue(re.search("[а-я]", gate.PASSAGE_RU))
 
 
 class TestGateRuns(HelperCase):
@@ -209,7 +210,7 @@ class TestGateRuns(HelperCase):
         self.assertEqual(len(chats), 16)
         body = chats[0]["body"]
         self.assertEqual((body["temperature"], body["seed"], body["max_tokens"]),
-                         (0, qualify.GATE_SEED, qualify.GATE_MAX_TOKENS))
+                         (0, gate.GATE_SEED, gate.GATE_MAX_TOKENS))
         batch = [r["arrived"] for r in chats[8:]]
         self.assertLess(max(batch) - min(batch), 0.05 + 0.5)
         self.assertIn("alone   passage_ru", result.stderr)

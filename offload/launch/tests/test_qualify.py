@@ -13,6 +13,11 @@ import time
 import unittest
 
 from support import QUALIFY, HelperCase, qualify, warmup
+import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import readback  # noqa: E402  (support puts offload/launch on sys.path)
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import transport  # noqa: E402  (support puts offload/launch on sys.path)
+import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 
 SERIES = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}'
 
@@ -23,42 +28,42 @@ class TestCounterDeltas(unittest.TestCase):
                   "reset_total": 9.0}
         after = {SERIES: 14.0, "vllm:prompt_tokens_total": 5100.0, "new_total": 3.0,
                  "reset_total": 1.0}
-        deltas = warmup.counter_deltas(before, after)
+        deltas = vllm_client.counter_deltas(before, after)
         self.assertEqual(deltas[SERIES], 10.0)
         self.assertEqual(deltas["vllm:prompt_tokens_total"], 5000.0)
         self.assertIsNone(deltas["gone_total"])
         self.assertIsNone(deltas["new_total"])
         self.assertIsNone(deltas["reset_total"])
-        self.assertTrue(all(v is None for v in warmup.counter_deltas(None, after).values()))
+        self.assertTrue(all(v is None for v in vllm_client.counter_deltas(None, after).values()))
 
     def test_counters_are_total_series_only(self):
-        samples = warmup.parse_prometheus(
+        samples = transport.parse_prometheus(
             'vllm:num_requests_running{engine="0"} 0\n'
             'vllm:generation_tokens_total{engine="0"} 7\n'
             'vllm:generation_tokens_total{engine="1"} 3\n').samples
-        self.assertEqual(warmup.counters(samples),
+        self.assertEqual(vllm_client.counters(samples),
                          {'vllm:generation_tokens_total{engine="0"}': 7.0,
                           'vllm:generation_tokens_total{engine="1"}': 3.0})
 
     def test_highlights_name_absent_counters_as_null(self):
-        shown = warmup.highlighted({SERIES: 10.0, "other_total": 1.0})
+        shown = evidence.highlighted({SERIES: 10.0, "other_total": 1.0})
         self.assertEqual(shown[SERIES], 10.0)
         self.assertNotIn("other_total", shown)
         self.assertIsNone(shown["vllm:generation_tokens_total"])
         self.assertIsNone(shown["vllm:spec_decode_*"])
-        with_spec = warmup.highlighted({"vllm:spec_decode_num_drafts_total": 7.0})
+        with_spec = evidence.highlighted({"vllm:spec_decode_num_drafts_total": 7.0})
         self.assertNotIn("vllm:spec_decode_*", with_spec)
 
     def test_cross_check_warns_on_mismatch_only(self):
         requests = [{"completion_tokens": 32, "http_status": 200}] * 10
         good = {'vllm:generation_tokens_total{engine="0"}': 300.0,
                 'vllm:generation_tokens_total{engine="1"}': 20.0, SERIES: 10.0}
-        self.assertEqual(warmup.cross_check(good, requests), [])
+        self.assertEqual(evidence.cross_check(good, requests), [])
         bad = dict(good, **{'vllm:generation_tokens_total{engine="1"}': 52.0})
-        warnings = warmup.cross_check(bad, requests)
+        warnings = evidence.cross_check(bad, requests)
         self.assertEqual(len(warnings), 1)
         self.assertIn("generation tokens delta 352 differs from the records' 320", warnings[0])
-        self.assertIn("absent", warmup.cross_check({}, requests)[0])
+        self.assertIn("absent", evidence.cross_check({}, requests)[0])
 
 
 class TestStatusDelta(unittest.TestCase):
@@ -67,13 +72,13 @@ class TestStatusDelta(unittest.TestCase):
                   "ready": True, "name": "w"}
         after = {"pid": 10, "session": "a", "steps": 9, "workers": {"drafted_requests": 12},
                  "ready": False, "name": "w"}
-        result = warmup.status_delta(before, after)
+        result = evidence.status_delta(before, after)
         self.assertEqual(result["state"], "valid")
         self.assertEqual(result["delta"], {"steps": 4, "workers.drafted_requests": 10})
-        changed = warmup.status_delta(before, dict(after, pid=11))
+        changed = evidence.status_delta(before, dict(after, pid=11))
         self.assertEqual(changed["state"], "invalid")
         self.assertIn("pid changed (10 -> 11)", changed["why"])
-        missing = warmup.status_delta(None, after, "before: missing")
+        missing = evidence.status_delta(None, after, "before: missing")
         self.assertEqual((missing["state"], missing["delta"]), ("incomplete", None))
 
 
@@ -87,7 +92,7 @@ class TestReportPieces(unittest.TestCase):
             handle.write(json.dumps({"record": "request", "wave": "B1", "index": 0, "ok": True,
                                      "problems": []}) + "\n")
             handle.write('{"record": "wave", "wa')
-        records, issues = qualify.load_records(path)
+        records, issues = readback.load_records(path)
         self.assertEqual(len(records), 2)
         self.assertIn("line 3 is not valid JSON: the file ends there", issues[0])
         report = qualify.build_report(records, issues)
@@ -127,23 +132,24 @@ class TestReportPieces(unittest.TestCase):
         later = threading.Timer(0.5, right.sendall, [b"0\r\n\r\n"])
         later.start()
         self.addCleanup(later.cancel)
-        clock = warmup.Clock.start(10, 10)
-        response = warmup.read_response(left, clock, watch=warmup.FIRST_TEXT)
+        clock = transport.Clock.start(10, 10)
+        response = transport.read_response(left, clock, watch=vllm_client.FIRST_TEXT)
         self.assertLess(response.watched_at, 0.3)
         self.assertGreaterEqual(clock.elapsed(), 0.45)
         self.assertEqual(response.body, first)
 
     def test_probe_record_names_the_key_variable(self):
-        slot = warmup.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
-                           response=warmup.Response(401, {}, b'{"error":"Unauthorized"}'),
-                           stream=True)
-        plan = warmup.Plan(run_id="r", waves=(1,), tokens=32, priority=20, b1_tokens=5000,
-                           deadline_s=90, socket_cap_s=60)
-        settings = warmup.Settings(plan=plan, target=warmup.parse_base_url("http://h:1"),
-                                   api_key=None, api_key_env="OPS_KEY", model="m",
-                                   records_path="unused")
-        run = warmup.Run(settings, warmup.Clock.start(90, 60), None, print)
-        record = qualify.probe_record(run, "single", 1, slot)
+        slot = vllm_client.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
+                                response=transport.Response(401, {}, b'{"error":"Unauthorized"}'),
+                                stream=True)
+        settings = runframe.RunSettings(prog="probe", run_id="r", records_path="unused",
+                                        deadline_s=90, socket_cap_s=60)
+        connection = vllm_client.Connection(
+            target=vllm_client.parse_base_url("http://h:1"), api_key=None,
+            api_key_env="OPS_KEY", model="m", engines=None)
+        probe = qualify.WarmthProbe(connection, qualify.ProbeOptions(), settings)
+        run = runframe.Run(settings, probe, transport.Clock.start(90, 60), None, print)
+        record = qualify.probe_record(run, probe, "single", 1, slot)
         self.assertFalse(record["ok"])
         self.assertIn("unauthorized: OPS_KEY is not set; set OPS_KEY (or --api-key-env)",
                       record["problems"][0])
@@ -164,7 +170,7 @@ class TestReportPieces(unittest.TestCase):
         self.assertIn("round 2 served from the prefix cache, left out", qualify.probe_line(e0))
 
     def test_bad_usage_values_are_cut(self):
-        counts, problems = warmup.read_usage({"completion_tokens": "9" * 10000,
+        counts, problems = vllm_client.read_usage({"completion_tokens": "9" * 10000,
                                               "prompt_tokens_details": {"cached_tokens": 1.5}})
         self.assertEqual((counts["completion_tokens"], counts["cached_tokens"]), (None, None))
         self.assertEqual(len(problems), 2)
@@ -173,7 +179,7 @@ class TestReportPieces(unittest.TestCase):
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
                 b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
-        self.assertEqual(qualify.stream_usage(body), ({"completion_tokens": 32}, True))
+        self.assertEqual(vllm_client.stream_usage(body), ({"completion_tokens": 32}, True))
 
 
 class TestReportReading(unittest.TestCase):
@@ -198,7 +204,7 @@ class TestReportReading(unittest.TestCase):
                    '{"record": "request", "wave": "B1"', "[1, 2]",
                    {"record": "summary", "run_id": "a", "verdict": "pass", "exit_code": 0,
                     "problems": [], "notes": ["B1 cache check not made"], "warnings": ["w1"]})
-        records, issues = qualify.load_records(self.path)
+        records, issues = readback.load_records(self.path)
         self.assertEqual([r["record"] for r in records], ["run", "summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
                                   "line 3 is JSON but not a record (skipped)"])
@@ -272,10 +278,10 @@ class TestReportReading(unittest.TestCase):
     def test_line_and_file_caps(self):
         import io
         data = b'{"record": "run"}\n' + b"x" * 5000 + b"\n" + b'{"record": "summary"}\n'
-        lines = list(qualify.read_lines(io.BytesIO(data), max_line=100, max_total=10000))
+        lines = list(readback.read_lines(io.BytesIO(data), max_line=100, max_total=10000))
         self.assertEqual([(n, line is None) for n, line, _ in lines],
                          [(1, False), (2, True), (3, False)])
-        capped = list(qualify.read_lines(io.BytesIO(b"y" * 5000), max_line=100, max_total=1000))
+        capped = list(readback.read_lines(io.BytesIO(b"y" * 5000), max_line=100, max_total=1000))
         self.assertEqual(capped[-1], (None, None, False))
 
     def test_endless_input_is_bounded(self):

@@ -19,6 +19,7 @@ import time
 
 from hostile import HostileServer, completion_with, error_answer, json_answer
 from support import API_KEY, QUALIFY, WARMUP, WRAPPER, HelperCase, qualify, read_records
+import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 F_SETPIPE_SZ = 1031
 
@@ -178,10 +179,10 @@ class TestReviewFindings(HelperCase):
         self.assertIn(b"PASS (exit 0)", proc.stdout)
 
     def test_probe_text_echoed_by_a_server_is_removed_whole(self):
-        passage = next(p for p in qualify.PROBES if p.kind == "passage")
+        passage = next(p for p in gate.PROBES if p.kind == "passage")
         start = passage.reference.index(" ") + 1
         echoed = "cannot process: " + passage.reference[start:start + 280]
-        scrubbed = qualify.scrub_probe_text(echoed)
+        scrubbed = gate.scrub_probe_text(echoed)
         words = re.findall(r"\w+", passage.reference)
         runs = {" ".join(words[i:i + 3]) for i in range(len(words) - 2)}
         shown = " ".join(re.findall(r"\w+", scrubbed))

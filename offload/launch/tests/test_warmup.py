@@ -15,6 +15,9 @@ import unittest
 from unittest import mock
 
 from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import transport  # noqa: E402  (support puts offload/launch on sys.path)
+import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 from fake_vllm import tokenize
 
 GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
@@ -41,17 +44,16 @@ class TestPlan(unittest.TestCase):
         self.assertIn("argument --waves: must start with 1", said)
 
     def test_completion_body_has_exactly_the_sampling_fields(self):
-        plan = warmup.Plan(run_id="r", waves=(1, 2), tokens=32, priority=20, b1_tokens=5000,
-                           deadline_s=90, socket_cap_s=60)
-        body = warmup.completion_body("m", "p", "warmup-r-B1-0", plan)
+        body = vllm_client.completion_body("m", "p", "warmup-r-B1-0", tokens=32, priority=20)
         self.assertEqual(body, {"model": "m", "prompt": "p", "max_tokens": 32, "min_tokens": 32,
                                 "ignore_eos": True, "temperature": 0, "priority": 20,
                                 "stream": False, "request_id": "warmup-r-B1-0"})
 
     def test_long_prompts_start_with_their_nonce_and_short_prompts_differ(self):
-        a, b = warmup.make_long_prompt("nonce-a", 50), warmup.make_long_prompt("nonce-b", 50)
+        a = vllm_client.make_long_prompt("nonce-a", 50)
+        b = vllm_client.make_long_prompt("nonce-b", 50)
         self.assertTrue(a.startswith("nonce-a ") and b.startswith("nonce-b "))
-        shorts = {warmup.make_short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
+        shorts = {vllm_client.make_short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
         self.assertEqual(len(shorts), 9)
         self.assertEqual(len({s.split()[0] for s in shorts}), 9, "first words must differ")
 
@@ -62,21 +64,21 @@ class TestPlan(unittest.TestCase):
             calls.append(prompt)
             return len(tokenize(prompt))       # about 1.6 tokens a word, not 1
 
-        prompt, counted = warmup.size_long_prompt(count, "nonce", 5000)
+        prompt, counted = vllm_client.size_long_prompt(count, "nonce", 5000)
         self.assertEqual(counted, len(tokenize(prompt)))
         self.assertTrue(0.97 * 5000 <= counted <= 5000, counted)
         self.assertLessEqual(len(calls), 6)
 
     def test_sizing_without_a_count_estimates(self):
-        prompt, counted = warmup.size_long_prompt(lambda p: None, "nonce", 5000)
+        prompt, counted = vllm_client.size_long_prompt(lambda p: None, "nonce", 5000)
         self.assertIsNone(counted)
         self.assertGreaterEqual(len(prompt.split()), 5000)
 
     def test_budget_leaves_room_for_the_completion(self):
-        self.assertEqual(warmup.b1_budget(5000, 32, None), 5000)
-        self.assertEqual(warmup.b1_budget(5000, 32, 5010), 4978)
-        with self.assertRaises(warmup.Fatal) as cm:
-            warmup.b1_budget(5000, 32, 4096)
+        self.assertEqual(vllm_client.long_prompt_budget(5000, 32, None), 5000)
+        self.assertEqual(vllm_client.long_prompt_budget(5000, 32, 5010), 4978)
+        with self.assertRaises(runframe.Fatal) as cm:
+            vllm_client.long_prompt_budget(5000, 32, 4096)
         self.assertIn("context too small", cm.exception.problem)
 
 
@@ -95,7 +97,7 @@ class TestGuard(unittest.TestCase):
     ])
 
     def test_parse_labels_escapes_timestamps_and_special_values(self):
-        exposition = warmup.parse_prometheus(self.TEXT)
+        exposition = transport.parse_prometheus(self.TEXT)
         samples = exposition.samples
         self.assertEqual([number for number, _, _ in exposition.bad_lines], [9])
         by_name = {}
@@ -107,18 +109,18 @@ class TestGuard(unittest.TestCase):
         self.assertEqual(by_name["vllm:something"][0][1], math.inf)
 
     def test_by_reason_gauge_is_not_the_waiting_gauge(self):
-        self.assertEqual(warmup.guard_problems(warmup.parse_prometheus(self.TEXT)), ([], []))
+        self.assertEqual(vllm_client.guard_problems(transport.parse_prometheus(self.TEXT)), ([], []))
 
     def test_any_engine_busy_or_nan_refuses(self):
         text = self.TEXT.replace('engine="1",model_name="m"} 0.0', 'engine="1",model_name="m"} 2.0')
-        problems, _ = warmup.guard_problems(warmup.parse_prometheus(text))
+        problems, _ = vllm_client.guard_problems(transport.parse_prometheus(text))
         self.assertEqual(len(problems), 1)
         self.assertIn('vllm:num_requests_running{engine="1",model_name="m"} = 2.0', problems[0])
-        nan = warmup.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
-        self.assertIn("vllm:num_requests_waiting = nan", warmup.guard_problems(nan)[0][0])
+        nan = transport.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
+        self.assertIn("vllm:num_requests_waiting = nan", vllm_client.guard_problems(nan)[0][0])
 
     def test_missing_gauge_is_named(self):
-        problems, _ = warmup.guard_problems(warmup.parse_prometheus("vllm:num_requests_running 0"))
+        problems, _ = vllm_client.guard_problems(transport.parse_prometheus("vllm:num_requests_running 0"))
         self.assertEqual(len(problems), 1)
         self.assertIn("vllm:num_requests_waiting missing", problems[0])
 
@@ -168,8 +170,10 @@ class TestJudge(unittest.TestCase):
         bad = {"ok": False, "wave": "B2", "index": 1, "problems": ["x"]}
 
         def judge_run(requests, planned, problems, refusal, elapsed_s, deadline_s):
-            return warmup.judge_run(requests=requests, planned=planned, problems=problems,
-                                    refusal=refusal, elapsed_s=elapsed_s, deadline_s=deadline_s)
+            late = [f"finished after the deadline ({elapsed_s:.2f} s > {deadline_s:g} s)"] \
+                if elapsed_s > deadline_s else []
+            return vllm_client.judge_run(requests=requests, planned=planned,
+                                         problems=problems, refusal=refusal, late=late)
         self.assertEqual(judge_run([ok] * 3, 3, [], [], 1.0, 90)[:2], ("pass", 0))
         self.assertEqual(judge_run([ok, bad, ok], 3, [], [], 1, 90)[:2], ("fail", 1))
         self.assertIn("B2#1: x", judge_run([ok, bad, ok], 3, [], [], 1, 90)[2])
@@ -195,7 +199,7 @@ class TestSanitize(unittest.TestCase):
                                      "completion_tokens_details": {"reasoning_tokens": 3}},
                            "metrics": {"time_to_first_token_ms": 5, "mean_itl_ms": "x",
                                        "speculative_decoding": {"num_drafts": 4, "note": "t"}}})
-        got = warmup.extract_fields(200, body.encode())
+        got = vllm_client.extract_fields(200, body.encode())
         self.assertNotIn("SECRET", json.dumps(got))
         self.assertNotIn("987", json.dumps(got))
         self.assertIsNone(got["cached_tokens"])
@@ -207,7 +211,8 @@ class TestSanitize(unittest.TestCase):
     def test_error_messages_are_short_single_line_and_redacted(self):
         message = "bad\nthing\x1b[31m key=sk-123 " + "x" * 500
         body = json.dumps({"error": {"message": message, "param": None, "code": 400}})
-        got = warmup.extract_fields(400, body.encode(), redact=("sk-123",))
+        transport.REDACTIONS.secret("sk-123")      # as a Connection registers its key
+        got = vllm_client.extract_fields(400, body.encode())
         self.assertLessEqual(len(got["error"]), 300)
         self.assertNotIn("\n", got["error"])
         self.assertNotIn("\x1b", got["error"])
@@ -215,13 +220,13 @@ class TestSanitize(unittest.TestCase):
         self.assertTrue(got["error"].startswith("bad thing [31m key=[redacted]"))
 
     def test_stop_reason_kept_and_cut(self):
-        self.assertEqual(warmup.clean_stop_reason(2), 2)
-        self.assertIsNone(warmup.clean_stop_reason(None))
-        self.assertEqual(len(warmup.clean_stop_reason("s" * 200)), 64)
+        self.assertEqual(vllm_client.clean_stop_reason(2), 2)
+        self.assertIsNone(vllm_client.clean_stop_reason(None))
+        self.assertEqual(len(vllm_client.clean_stop_reason("s" * 200)), 64)
 
     def test_chunked_decoding(self):
-        self.assertEqual(warmup.decode_chunked(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde")
-        self.assertIsNone(warmup.decode_chunked(b"3\r\nabc\r\n"))
+        self.assertEqual(transport.decode_chunked(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde")
+        self.assertIsNone(transport.decode_chunked(b"3\r\nabc\r\n"))
 
 
 class TestRuns(HelperCase):

@@ -1,0 +1,269 @@
+"""Evidence of what moved during a warm-up: counter deltas and status files.
+
+Used by warmup.py: the main /metrics (from the first guard's read to a read after the last
+wave), more Prometheus endpoints (--metrics-url: a proxy's, a worker's) and JSON status
+files another process rewrites on a timer (--status-file). Deltas are evidence for an
+operator, never a count of worker rounds; the per-engine shares (a failure when short)
+are judged by the warm-up, on deltas read here.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from runframe import Run
+from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
+                       series_name)
+from vllm_client import (ENGINE_HEADER, Tally, counter_deltas, metrics_source,
+                         read_counters)
+
+AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
+
+COUNTER_MEANING = ("engine-wide counts over the warm-up window (from the /metrics read before "
+                   "the first wave to the read after the last); attributable to the warm-up only "
+                   "as far as the guards saw an idle server at each wave; not a count of worker "
+                   "rounds")
+
+HIGHLIGHTS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+              "vllm:request_success_total", "vllm:prefix_cache_queries_total",
+              "vllm:prefix_cache_hits_total")
+
+SPEC_DECODE_PREFIX = "vllm:spec_decode_"
+
+STATUS_IDENTITY = ("pid", "session", "session_id", "boot_id", "started_at", "start_time")
+
+def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
+    """The series an operator looks at; a highlighted counter absent everywhere is None."""
+    shown = {k: v for k, v in deltas.items()
+             if series_name(k) in HIGHLIGHTS or k.startswith(SPEC_DECODE_PREFIX)}
+    names = {series_name(k) for k in shown}
+    for name in HIGHLIGHTS:
+        if name not in names:
+            shown[name] = None
+    if not any(n.startswith(SPEC_DECODE_PREFIX) for n in names):
+        shown[SPEC_DECODE_PREFIX + "*"] = None
+    return shown
+
+
+
+def _sum_of(deltas: dict, name: str, engine: int | None = None) -> float | None:
+    values = [v for k, v in deltas.items() if series_name(k) == name
+              and (engine is None or f'engine="{engine}"' in k)]
+    if not values or any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return sum(values)
+
+
+
+def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
+    """Counter deltas against the records; a mismatch is a warning, never a failure."""
+    warnings = []
+    generated = _sum_of(deltas, "vllm:generation_tokens_total")
+    completed = sum(r["completion_tokens"] or 0 for r in requests)
+    if generated is None:
+        warnings.append("cross-check not made: vllm:generation_tokens_total absent")
+    elif generated != completed:
+        warnings.append(f"generation tokens delta {generated:g} differs from the records' "
+                        f"{completed} completion tokens (foreign traffic or a counting difference)")
+    succeeded = _sum_of(deltas, "vllm:request_success_total")
+    answered = sum(1 for r in requests if r["http_status"] == 200)
+    if succeeded is None:
+        warnings.append("cross-check not made: vllm:request_success_total absent")
+    elif succeeded != answered:
+        warnings.append(f"request success delta {succeeded:g} differs from the {answered} "
+                        f"requests answered 200 (foreign traffic or a counting difference)")
+    return warnings
+
+
+
+def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
+                  want_prompt: dict) -> tuple[list[dict], list[str], list[str]]:
+    """Each engine's share of the work from its own counter deltas.
+
+    Returns per-engine figures, problems (an engine short of its share fails the run) and
+    warnings (counters absent: null, never made up).
+    """
+    shares, problems, warnings = [], [], []
+    for engine in engines:
+        generated = _sum_of(deltas, "vllm:generation_tokens_total", engine)
+        prompt = _sum_of(deltas, "vllm:prompt_tokens_total", engine)
+        shares.append({"engine": engine, "generation_tokens": generated,
+                       "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
+                       "b1_prompt_tokens": want_prompt.get(engine)})
+        if generated is None or prompt is None:
+            warnings.append(f"engine {engine}: counters absent, its share cannot be checked")
+            continue
+        if generated < want_generated:
+            problems.append(f"engine {engine} generated {generated:g} of {want_generated} tokens: "
+                            f"is {ENGINE_HEADER} honoured by this server?")
+        needed = want_prompt.get(engine)
+        if needed is not None and prompt < needed:
+            problems.append(f"engine {engine} prefilled {prompt:g} prompt tokens, fewer than its "
+                            f"B1 prompt's {needed}: is {ENGINE_HEADER} honoured by this server?")
+    return shares, problems, warnings
+
+
+
+def flatten_numbers(doc, prefix: str = "", depth: int = 0) -> dict[str, float]:
+    """A status document's numeric fields as dotted keys (booleans are not numbers)."""
+    found = {}
+    if isinstance(doc, dict) and depth < MAX_JSON_DEPTH:
+        for key, value in list(doc.items())[:1000]:
+            found.update(flatten_numbers(value, f"{prefix}{clean_text(str(key), 64)}.",
+                                         depth + 1))
+    elif isinstance(doc, (int, float)) and not isinstance(doc, bool) and math.isfinite(doc):
+        found[prefix[:-1]] = doc
+    return found
+
+
+
+def status_delta(before: dict | None, after: dict | None, why_missing: str | None = None) -> dict:
+    """Numeric deltas of a status file; 'invalid' when its identity (pid, session) changed,
+    'unverified' when it has no identity field to compare."""
+    if before is None or after is None:
+        return {"state": "incomplete", "why": why_missing or "no snapshot", "delta": None}
+    changed = [f"{k} changed ({clean_text(str(before.get(k)), 40)} -> "
+               f"{clean_text(str(after.get(k)), 40)})"
+               for k in STATUS_IDENTITY if before.get(k) != after.get(k)]
+    b, a = flatten_numbers(before), flatten_numbers(after)
+    delta = {k: json_number(a[k] - b[k]) if k in a and k in b else None
+             for k in sorted(set(a) | set(b)) if k.split(".")[0] not in STATUS_IDENTITY}
+    if changed:
+        return {"state": "invalid", "why": "; ".join(changed), "delta": delta}
+    if not any(k in before for k in STATUS_IDENTITY):
+        return {"state": "unverified", "delta": delta,
+                "why": f"no identity field ({', '.join(STATUS_IDENTITY)}) to show both snapshots "
+                       f"come from the same process"}
+    return {"state": "valid", "why": None, "delta": delta}
+
+
+
+@dataclass(frozen=True)
+class EvidenceOptions:
+    """Where else to look for what moved during the run (from the command line)."""
+    metrics_targets: tuple = ()           # more Prometheus endpoints (Targets)
+    status_files: tuple = ()
+    status_wait_s: float = 15.0
+
+
+class Evidence:
+    """Counters and status files read before the first wave and after the last: what moved
+    during the run, recorded as `metrics` and `status` records."""
+
+    def __init__(self, options: EvidenceOptions):
+        self.options = options
+        self.counters_before: dict = {}       # source -> (counters or None, why)
+        self.status_before: dict = {}         # path -> (document or None, why)
+        self.highlights: dict | None = None   # the main source's highlighted deltas
+
+    def read_before(self, run: Run) -> None:
+        """Counters of the extra endpoints and the status files, before the first wave."""
+        for target in self.options.metrics_targets:
+            self.counters_before[metrics_source(target)] = read_counters(target, run.clock, "")
+        for path in self.options.status_files:
+            self.status_before[path] = self.wait_for_status(run, path)
+
+    def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
+                   judge_main=None) -> None:
+        """Read every counter source and status file again; record deltas and cross-checks.
+
+        `target`'s /metrics is the main source, its `before` the first guard's counters;
+        `judge_main(deltas, record)` may add to its record (and the tally) when its deltas
+        are complete. Skipped (and said) when less than a second is left: a run that
+        finished its waves in time must not become late for the sake of its counters.
+        """
+        if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
+            tally.warnings.append("counter deltas and status files not read after the last "
+                                  "wave: less than 1 s left to the deadline")
+            return
+        main_source = metrics_source(target, "/metrics")
+        befores = dict(self.counters_before)
+        if first_counters is not None:
+            befores[main_source] = (first_counters, None)
+        sources = [(main_source, target, "/metrics")] + \
+            [(metrics_source(t), t, "") for t in self.options.metrics_targets]
+        for source, where, path in sources:
+            before, why_before = befores.get(source, (None, "not read before the first wave"))
+            after, why_after = read_counters(where, run.clock, path)
+            deltas = counter_deltas(before, after)
+            why = why_before or why_after
+            record = {"record": "metrics", "run_id": run.settings.run_id, "source": source,
+                      "state": "incomplete" if why else "complete",
+                      "why": None if not why else f"{'before' if why_before else 'after'}: {why}",
+                      "meaning": COUNTER_MEANING, "deltas": deltas,
+                      "highlights": highlighted(deltas)}
+            if source == main_source:
+                self.highlights = record["highlights"]
+                record["warnings"] = [] if why else cross_check(deltas, tally.requests)
+                tally.warnings += record["warnings"]
+                if why:
+                    tally.warnings.append(f"counter deltas incomplete: {record['why']}")
+                if judge_main is not None:
+                    judge_main(deltas if not why else {}, record)
+            run.write(record)
+        for path in self.options.status_files:
+            before, why_before = self.status_before.get(path, (None, "not read"))
+            after, why_after = self.wait_for_status(
+                run, path, missing_before=before is None
+                and str(why_before).startswith("missing"))
+            why = "; ".join([f"before: {why_before}"] * bool(why_before)
+                            + [f"after: {why_after}"] * bool(why_after)) or None
+            result = status_delta(before, after, why)
+            run.write(dict({"record": "status", "run_id": run.settings.run_id, "path": path},
+                           **result))
+            if result["state"] != "valid":
+                tally.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
+        run.say(counters_line(self.highlights))
+
+    def wait_for_status(self, run: Run, path: str, missing_before: bool = False
+                        ) -> tuple[dict | None, str | None]:
+        """The status file once rewritten after this moment, within --status-wait-s and the
+        deadline."""
+        if missing_before and not os.path.exists(path):
+            return None, "missing (and missing before the first wave: not waited for again)"
+        wait_s = self.options.status_wait_s
+        if os.path.exists(path) and not os.path.isfile(path):
+            return None, "not a regular file (a FIFO or a device could block the read)"
+        run.say(f"waiting up to {wait_s:g} s for {path} to be rewritten")
+        asked = time.time()
+        limit = time.monotonic() + min(wait_s, max(run.clock.remaining() - 1, 0))
+        while True:
+            try:
+                if os.stat(path).st_mtime > asked:
+                    doc, _ = read_json_file(path)
+                    if isinstance(doc, dict):
+                        return doc, None
+            except FileNotFoundError:
+                if time.monotonic() >= limit:
+                    return None, "missing"
+            except OSError:
+                pass                                # being rewritten: read it again
+            if time.monotonic() >= limit:
+                return None, (f"stale: not rewritten within {wait_s:g} s "
+                              f"(or the time left to the deadline)")
+            time.sleep(0.1)
+
+
+def counters_line(highlights: dict | None) -> str:
+    """One line: each highlighted counter summed over engines; success by reason when it moved."""
+    if not highlights:
+        return "counters: not read"
+    totals: dict[str, float | None] = {}
+    for key, value in highlights.items():
+        name = series_name(key).replace("vllm:", "").replace("_total", "")
+        reason = re.search(r'finished_reason="([^"]*)"', key)
+        if reason:
+            if not value:
+                continue
+            name += f"[{reason.group(1)}]"
+        previous = totals.get(name, 0)
+        totals[name] = None if value is None or previous is None else previous + value
+    return "counters over the warm-up: " + ", ".join(
+        f"{k} {'n/a' if v is None else f'+{v:g}'}" for k, v in totals.items())
+
+
+

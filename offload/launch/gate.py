@@ -1,0 +1,657 @@
+"""The quality gate: can the served model copy text exactly?
+
+  gate_main()          options -> RunSettings and a Gate; runframe.run_session runs it
+    Gate.steps()       learn_server(); each probe alone, then all in one batch, on every
+                       engine, each batch behind the guard (vllm_client.guarded_batch)
+      gate_record()    read_answer() -> score_answer() in memory -> counts and distances
+    Gate.after_summary the gate_summary record (what start.sh and --json read)
+
+Six identifiers must come back exactly and an English and a Russian passage within the
+error bound. Scoring is pure (score_answer, levenshtein); the answer text never leaves
+gate_record(). Run as `qualify.py gate`. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import textwrap
+from dataclasses import dataclass
+
+from readback import as_dict, as_list, exit_status, show
+from runframe import (EXIT_FAIL, EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
+                      emit, parse_or_explain, run_session, run_settings, usage_error, whole)
+from transport import REDACTIONS, UsageError, clean_text, decode_json, finite_number
+from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
+                         connection_from, diagnose_http_error, extract_fields, slot_timing)
+
+PROG = "qualify.py gate"
+
+# ---------------------------------------------------------------------------
+# gate: can the model copy text exactly? Six identifiers and two passages, alone and in
+# one batch, greedy; scored in memory; records keep counts and distances, never text.
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GateOptions:
+    endpoint: str
+    max_tokens: int
+    max_cer: float
+    template_kwargs: dict | None
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    kind: str                         # "identifier" or "passage"
+    reference: str
+
+
+# Our own text, written for this gate. Identifiers of the kinds operators type: mixed
+# case, digits and - _ . / : (a model repo id, a config key, a hex digest, a path, a
+# version tag, a flag).
+IDENTIFIERS = (
+    ("id_repo", "Gullpoint-Labs/Ferry-7B_Instruct.v2"),
+    ("id_config_key", "ferry.tideTable.max_depth_cm:420"),
+    ("id_digest", "sha256:7c41e0b9d2a35f68c09e1b74a2d8f3c6"),
+    ("id_path", "/srv/gullpoint/ckpt/run-0419_B/shard-003.safetensors"),
+    ("id_version", "v2.14.0-rc.3+build.7f3a9c"),
+    ("id_flag", "--rope-scaling=yarn:factor_4.0"),
+)
+
+PASSAGE_EN = """\
+The weather station on Gull Point was built in the spring of a dry year, when the road \
+from the village still ended at the old quarry. Two engineers carried the first \
+instruments up the hill by hand: a wind vane, a rain gauge with a copper funnel, and a \
+thermometer screen painted white so that the sun would not warm the air inside it. For \
+the first month they slept in a tent beside the mast and wrote every reading twice, once \
+in a paper log and once on a card that went down to the village with the baker's van.
+
+The readings were plain numbers, but the engineers learned to trust them only after they \
+had been checked. A gust of wind could shake the vane loose; a spider could build its web \
+across the funnel; a careless visitor could lean on the screen and leave it tilted toward \
+the south. Each morning began with a walk around the mast, a look at every joint and \
+screw, and a short note about anything that had changed during the night.
+
+Years later the station was given a small computer, a solar panel and a radio link to the \
+city. The paper log was kept anyway. The new system sent its figures every ten minutes, \
+and most days they agreed with the old instruments to the last decimal place. On the days \
+they did not, someone climbed the hill to find out why, and usually the answer was \
+ordinary: a loose cable, a battery that had grown tired in the cold, a bird that had \
+chosen the warmest corner of the roof.
+
+Visitors sometimes asked why anyone still bothered to copy numbers by hand. The answer \
+written on the first page of the log was short: a record is only useful if you can tell \
+when it is wrong, and the only way to know is to compare it with something you trust."""
+
+PASSAGE_RU = """\
+Паром через северную реку ходит с середины мая до первых заморозков. Утром, когда над \
+водой ещё стоит туман, паромщик проверяет трос, смазывает блоки и записывает в тетрадь \
+уровень реки по старой рейке у причала. Эту тетрадь завели задолго до него, и в ней можно \
+найти записи о половодьях, о сухих годах и о том дне, когда лёд сошёл на две недели \
+раньше обычного.
+
+Первые пассажиры приезжают к семи часам: почтальон на велосипеде, фермер с молоком для \
+сыроварни, учительница, которая живёт на одном берегу, а работает на другом. Переправа \
+занимает двенадцать минут, если ветер спокойный, и почти двадцать, если он дует против \
+течения. За это время люди успевают обменяться новостями, договориться о ремонте крыши \
+или просто помолчать, глядя на воду.
+
+Несколько лет назад на пароме поставили датчики, которые сами измеряют глубину, скорость \
+течения и температуру воды. Данные уходят по радио в районный центр, и там по ним \
+составляют прогноз для рыбаков и речников. Паромщик всё равно продолжает вести тетрадь. \
+Он говорит, что прибор может ошибиться так же, как человек, только об ошибке прибора \
+никто не узнает, если её не с чем сравнить.
+
+Однажды осенью датчик показал, что уровень реки за ночь упал почти на метр. В районе уже \
+готовили предупреждение о мели, но паромщик спустился к рейке и увидел, что вода стоит \
+там же, где вчера. Оказалось, что на датчик налипли листья и ил. Его почистили, и цифры \
+снова совпали с тетрадью.
+
+С тех пор в районном центре каждую неделю сверяют показания датчиков с записями \
+паромщика. Эта простая проверка занимает несколько минут и не раз помогала найти \
+неисправность раньше, чем она становилась бедой.
+
+Зимой, когда паром стоит на берегу, тетрадь хранится в доме паромщика на полке рядом с \
+картами реки. Весной он первым делом открывает её на чистой странице, пишет дату и снова \
+идёт к рейке, чтобы посмотреть, как высоко поднялась вода."""
+
+PROBES = tuple(Probe(name, "identifier", text) for name, text in IDENTIFIERS) + (
+    Probe("passage_en", "passage", PASSAGE_EN),
+    Probe("passage_ru", "passage", PASSAGE_RU),
+)
+SHAPES = ("alone", "batched")
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+COPY_OPEN, COPY_CLOSE = "<text>", "</text>"
+INSTRUCTION = (f"Reply with exactly the text between {COPY_OPEN} and {COPY_CLOSE}, character "
+               f"for character, and nothing else: no quotes, no tags, no comments.")
+GATE_SEED = 20240601
+GATE_MAX_TOKENS = 2048
+GATE_MAX_CER = 0.01
+INTRO_LINE_LIMIT = 120                # a longer first line is not "only an introduction"
+THINKING_OFF = '{"enable_thinking": false}'
+
+
+def gate_prompt(reference: str, endpoint: str) -> str:
+    """The instruction and the text between markers; a raw completion ends inside the
+    opening marker, so a base model continues with the copy (and stops at the close)."""
+    prompt = f"{INSTRUCTION}\n{COPY_OPEN}\n{reference}\n{COPY_CLOSE}"
+    if endpoint == "completions":
+        prompt += f"\n\nThe exact copy:\n{COPY_OPEN}\n"
+    return prompt
+
+
+def gate_body(model: str, probe: Probe, rid: str, endpoint: str, max_tokens: int,
+              template_kwargs: dict | None) -> dict:
+    """One probe request: greedy, a fixed seed, not streamed; chat or raw completion."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "seed": GATE_SEED,
+            "stream": False, "request_id": rid}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": gate_prompt(probe.reference, "chat")}]
+        if template_kwargs is not None:
+            body["chat_template_kwargs"] = template_kwargs
+    else:
+        body["prompt"] = gate_prompt(probe.reference, "completions")
+        body["stop"] = [COPY_CLOSE]
+    return body
+
+
+# -- scoring: pure functions ------------------------------------------------
+
+_FENCE_OPEN = re.compile(r"```[\w+.-]*[ \t]*")
+_QUOTES = ("\"", "'", "`")
+
+
+def unwrap(answer: str) -> tuple[str, list[str]]:
+    """Remove what chat models wrap around a faithful answer and is not garbling: a first
+    line that only introduces it and ends with a colon, a surrounding code fence.
+
+    Returns the answer and the names of what was removed (never the removed text).
+    """
+    removed = []
+    text = answer.strip()
+    for _ in range(2):                          # "Here it is:" then a fence, or the reverse
+        first, newline, rest = text.partition("\n")
+        if newline and rest.strip() and first.rstrip().endswith(":") \
+                and len(first) <= INTRO_LINE_LIMIT and "intro line" not in removed:
+            removed.append("intro line")
+            text = rest.strip()
+            continue
+        lines = text.split("\n")
+        if len(lines) >= 3 and _FENCE_OPEN.fullmatch(lines[0].strip()) \
+                and lines[-1].strip() == "```" and "code fence" not in removed:
+            removed.append("code fence")
+            text = "\n".join(lines[1:-1]).strip()
+            continue
+        break
+    return text, removed
+
+
+def clean_identifier(answer: str) -> str:
+    """An identifier answer without surrounding whitespace, one pair of surrounding quotes
+    or backticks, and a trailing period (outside or inside the quotes, once)."""
+    text = answer.strip()
+    period = text.endswith(".")
+    if period:
+        text = text[:-1].rstrip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in _QUOTES:
+        text = text[1:-1]
+    if not period and text.endswith("."):
+        text = text[:-1]
+    return text
+
+
+def collapse(text: str) -> str:
+    """Runs of whitespace as one space, none at the ends."""
+    return " ".join(text.split())
+
+
+def levenshtein(a: str, b: str) -> int:
+    """Edit distance (insertions, deletions, substitutions), exact, in O(len(a)) big-integer
+    steps: Myers' bit-parallel algorithm (Hyyrö's formulation); 2,000 x 2,000 in ms."""
+    if len(a) < len(b):
+        a, b = b, a
+    if not b:
+        return len(a)
+    m = len(b)
+    peq: dict[str, int] = {}
+    for i, ch in enumerate(b):
+        peq[ch] = peq.get(ch, 0) | (1 << i)
+    full, top = (1 << m) - 1, 1 << (m - 1)
+    pv, mv, score = full, 0, m
+    for ch in a:
+        eq = peq.get(ch, 0)
+        xv = eq | mv
+        xh = (((eq & pv) + pv) ^ pv) | eq
+        ph = mv | (~(xh | pv) & full)
+        mh = pv & xh
+        if ph & top:
+            score += 1
+        elif mh & top:
+            score -= 1
+        ph = ((ph << 1) | 1) & full
+        mh = (mh << 1) & full
+        pv = mh | (~(xv | ph) & full)
+        mv = ph & xv
+    return score
+
+
+def score_answer(probe: Probe, answer: str, max_cer: float) -> dict:
+    """The answer against the reference: counts and distances only, never the text.
+
+    Identifiers: exact after clean_identifier. Passages: character error rate (edit
+    distance / reference length, whitespace collapsed in both) at most `max_cer`.
+    """
+    text, removed = unwrap(answer)
+    if probe.kind == "identifier":
+        got, want = clean_identifier(text), probe.reference
+    else:
+        got, want = collapse(text), collapse(probe.reference)
+    distance = levenshtein(got, want)
+    cer = round(distance / len(want), 6)
+    exact = got == want
+    ok = exact if probe.kind == "identifier" else cer <= max_cer
+    return {"exact": exact if probe.kind == "identifier" else None, "edit_distance": distance,
+            "reference_chars": len(want), "answer_chars": len(got), "cer": cer,
+            "removed": removed, "ok": ok, "empty": not got}
+
+
+def score_problem(probe: Probe, score: dict, max_cer: float) -> str | None:
+    """Why a scored answer failed, in figures; None when it passed."""
+    if score["ok"]:
+        return None
+    figures = (f"edit distance {score['edit_distance']} of {score['reference_chars']} "
+               f"characters")
+    if score["empty"]:
+        return f"empty answer ({figures})"
+    if probe.kind == "identifier":
+        return f"not an exact copy ({figures})"
+    return f"CER {score['cer']:.4f} above {max_cer:g} ({figures})"
+
+
+# -- one response -> one record ---------------------------------------------
+
+GATE_WORDS = frozenset(w.lower() for probe in PROBES
+                       for w in re.findall(r"\w+", probe.reference))
+_ANY_WORD = re.compile(r"\w+")
+
+
+def scrub_probe_text(text: str | None) -> str | None:
+    """A server's message without our probes' text: an identifier, or a run of three or
+    more of the passages' words, becomes [probe text]."""
+    if not text:
+        return text
+    for name, identifier in IDENTIFIERS:
+        text = text.replace(identifier, "[probe text]")
+    words = list(_ANY_WORD.finditer(text))
+    spans, run = [], []
+    for match in words + [None]:
+        if match is not None and match.group().lower() in GATE_WORDS:
+            run.append(match)
+            continue
+        if len(run) >= 3:
+            spans.append((run[0].start(), run[-1].end()))
+        run = []
+    for start, end in reversed(spans):
+        text = text[:start] + "[probe text]" + text[end:]
+    return text
+
+
+def read_answer(body: bytes, endpoint: str) -> tuple[str | None, bool, str | None]:
+    """(the answer, whether a reasoning part came with it, a problem) of a 200 body.
+
+    The answer is message.content (chat) or text (completions); a reasoning part is not
+    the answer. The text stays in memory: the caller scores it and drops it.
+    """
+    doc, why = decode_json(body)
+    choices = doc.get("choices") if isinstance(doc, dict) else None
+    if why is not None or not isinstance(choices, list) or not choices \
+            or not isinstance(choices[0], dict):
+        return None, False, (f"{why} in the response body" if why
+                             else "response has no choices")
+    choice = choices[0]
+    if endpoint == "chat":
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            return None, False, "response choice has no message"
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        content = message.get("content")
+        has_reasoning = isinstance(reasoning, str) and bool(reasoning.strip())
+        if content is None:
+            return "", has_reasoning, None
+        if not isinstance(content, str):
+            return None, has_reasoning, "message.content is not text"
+        return content, has_reasoning, None
+    text = choice.get("text")
+    if not isinstance(text, str):
+        return None, False, "response choice has no text"
+    return text, False, None
+
+
+def diagnose_gate_error(status: int, message: str | None, param: str | None,
+                        connection: Connection, endpoint: str) -> str:
+    """Why a probe request was refused, and what to do about it."""
+    text = f"{message or ''} {param or ''}".lower()
+    said = f": {message}" if message else ""
+    if status == 400 and endpoint == "chat" and ("template" in text or "chat_template" in text):
+        return (f"the server could not apply its chat template (HTTP 400): for a base model "
+                f"run the gate with --endpoint completions; otherwise check "
+                f"--chat-template-kwargs, or start the server with --chat-template FILE{said}")
+    if status == 400 and ("context length" in text or "input_tokens" in text
+                          or "max_tokens" in text):
+        return (f"a probe does not fit the model's context (its prompt plus --max-tokens must "
+                f"not exceed max_model_len; lower --max-tokens) (HTTP 400){said}")
+    if status == 404:
+        return (f"HTTP 404: the server has no {ENDPOINTS[endpoint]} (a base model without a "
+                f"chat endpoint? try --endpoint completions; is --base-url the server "
+                f"itself?){said}")
+    return diagnose_http_error(status, message, param, connection.api_key_env,
+                               bool(connection.api_key))
+
+
+def exhausted_problem(reasoning_tokens: int | None, max_tokens: int) -> str:
+    spent = f"its {reasoning_tokens} " if reasoning_tokens is not None else "its "
+    return (f"empty answer: the model spent {spent}completion tokens on reasoning and ran "
+            f"out (finish_reason length); raise --max-tokens (now {max_tokens}) or turn its "
+            f"thinking off, e.g. --chat-template-kwargs '{THINKING_OFF}'")
+
+
+def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shape: str,
+                slot: Slot, options: GateOptions) -> dict:
+    """One probe's response scored: counts, distances and reasons; the answer is dropped."""
+    timing = slot_timing(slot)
+    response = slot.response
+    fields: dict = {}
+    score, problems = None, []
+    if response is None:
+        problems.append(timing["transport_error"])
+    else:
+        fields = extract_fields(response.status, response.body)
+        if response.status != 200:
+            problems.append(diagnose_gate_error(
+                response.status, scrub_probe_text(fields["error"]),
+                scrub_probe_text(fields["error_param"]), connection, options.endpoint))
+        else:
+            answer, reasoned, why = read_answer(response.body, options.endpoint)
+            problems += fields["usage_problems"]
+            if why is not None:
+                problems.append(why)
+            else:
+                score = score_answer(probe, answer, options.max_cer)
+                finish = fields["finish_reason"]
+                if score["empty"] and finish == "length" and \
+                        (reasoned or fields["reasoning_tokens"]):
+                    problems.append(exhausted_problem(fields["reasoning_tokens"],
+                                                      options.max_tokens))
+                else:
+                    problem = score_problem(probe, score, options.max_cer)
+                    if problem and finish == "length":
+                        problem += (f"; the answer was cut at --max-tokens "
+                                    f"{options.max_tokens} (finish_reason length)")
+                    problems += [problem] if problem else []
+            del answer                    # the text goes no further than this function
+    score = score or {}
+    return {
+        "record": "gate", "run_id": run.settings.run_id, "request_id": slot.request_id,
+        "probe": probe.name, "kind": probe.kind,
+        "shape": shape, "index": index, "engine": slot.engine,
+        "http_status": timing["http_status"],
+        "finish_reason": fields.get("finish_reason"),
+        "completion_tokens": fields.get("completion_tokens"),
+        "reasoning_tokens": fields.get("reasoning_tokens"),
+        "exact": score.get("exact"), "edit_distance": score.get("edit_distance"),
+        "reference_chars": score.get("reference_chars", len(probe.reference)),
+        "answer_chars": score.get("answer_chars"), "cer": score.get("cer"),
+        "removed": score.get("removed", []),
+        "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
+        "ok": not problems,
+        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+    }
+
+
+def gate_line(record: dict) -> str:
+    """One probe and shape in a line, figures only; any value from a file through show()."""
+    where = f"{show(record.get('shape')):<7} {show(record.get('probe')):<13}"
+    if record.get("engine") is not None:
+        where = f"e{show(record.get('engine'))} " + where
+    if record.get("kind") == "identifier":
+        figure = "exact" if record.get("exact") is True else (
+            f"MISS (distance {show(record.get('edit_distance'))})")
+    else:
+        cer = finite_number(record.get("cer"))
+        figure = (f"CER {cer:.4f} ({show(record.get('edit_distance'))}/"
+                  f"{show(record.get('reference_chars'))})" if cer is not None else "CER -")
+    tokens = f"{show(record.get('completion_tokens'))} tokens"
+    if record.get("reasoning_tokens") is not None:
+        tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
+    removed = as_list(record.get("removed"))
+    line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
+            f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
+            f"{'ok' if record.get('ok') is True else 'FAILED'}")
+    if record.get("ok") is not True:
+        line += "".join(f"\n      {show(p, 300)}" for p in as_list(record.get("problems")))
+    return line
+
+
+def gate_summary_line(summary: dict) -> str:
+    exact = as_dict(summary.get("identifiers_exact"))
+    worst = finite_number(summary.get("worst_cer"))
+    return (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
+            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage "
+            f"CER {'-' if worst is None else f'{worst:.4f}'} (bound "
+            f"{show(summary.get('max_cer'))})")
+
+
+# -- the run ---------------------------------------------------------------
+
+def gate_figures(records: list[dict], engines: int) -> dict:
+    """The gate's figures over its records: identifiers exact per shape, the worst CER."""
+    exact = {}
+    for shape in SHAPES:
+        hits = sum(1 for r in records if r["shape"] == shape and r["exact"] is True)
+        exact[shape] = f"{hits}/{len(IDENTIFIERS) * engines}"
+    cers = [r["cer"] for r in records if r["kind"] == "passage" and r["cer"] is not None]
+    passages = [r for r in records if r["kind"] == "passage"]
+    return {"identifiers_exact": exact, "worst_cer": max(cers) if cers else None,
+            "passages_ok": f"{sum(r['ok'] for r in passages)}/"
+                           f"{len(SHAPES) * 2 * engines}"}
+
+
+class Gate(ServerProgram):
+    """Every probe alone (one after another), then all together in one batch, on every
+    engine; scored in memory, recorded as counts and distances."""
+
+    mode = "gate"
+
+    def __init__(self, connection: Connection, options: GateOptions, settings: RunSettings):
+        super().__init__(connection)
+        self.options = options
+        self.settings = settings
+        for _, identifier in IDENTIFIERS:    # never in any output, whole or in part
+            REDACTIONS.secret(identifier)
+
+    def planned_per_engine(self) -> int:
+        return len(PROBES) * len(SHAPES)
+
+    def plan_fields(self) -> dict:
+        options = self.options
+        return {
+            "probes": [{"probe": p.name, "kind": p.kind,
+                        "reference_chars": len(collapse(p.reference))} for p in PROBES],
+            "shapes": list(SHAPES), "endpoint": options.endpoint,
+            "path": ENDPOINTS[options.endpoint], "max_tokens": options.max_tokens,
+            "max_cer": options.max_cer, "temperature": 0, "seed": GATE_SEED,
+            "chat_template_kwargs": options.template_kwargs,
+            "requests_total": self.planned_per_engine(),
+            "deadline_s": self.settings.deadline_s, "socket_cap_s": self.settings.socket_cap_s}
+
+    def steps(self, run: Run) -> None:
+        options = self.options
+        self.learn_server(run)
+        run.write_run_record()
+        run.say(f"gate {run.settings.run_id}: {self.connection.target.display} model "
+                f"{clean_text(self.server.model or '', 80)}, endpoint {options.endpoint}, "
+                f"{len(PROBES)} probes alone then batched, max CER {options.max_cer:g}, "
+                f"deadline {run.settings.deadline_s:g} s")
+        for position, (index, probe) in enumerate(enumerate(PROBES)):
+            if not self.batch(run, "alone", [(index, probe)], position == 0):
+                return
+        self.batch(run, "batched", list(enumerate(PROBES)), False)
+
+    def summary_fields(self, run: Run) -> dict:
+        return dict(super().summary_fields(run),
+                    **gate_figures(self.tally.requests, len(self.server.engines)))
+
+    def after_summary(self, run: Run, summary: dict) -> dict:
+        """The gate_summary, right after the run's summary however the run ended (pass,
+        fail, refused, killed); --json prints it instead of the summary."""
+        record = gate_summary_record(summary, run.settings.run_id, self.options,
+                                     run.settings.records_path, EXIT_FAIL)
+        run.say(gate_summary_line(record))
+        return record
+
+    def batch(self, run: Run, shape: str, probes: list[tuple[int, Probe]], first: bool
+              ) -> bool:
+        """Send these probes together (on every engine), score and record them; False when
+        refused by the guard or the deadline."""
+        options = self.options
+        label = f"gate {shape}" + (f" {probes[0][1].name}" if len(probes) == 1 else "")
+        if run.clock.remaining() <= 0:
+            self.tally.problems.append(f"deadline passed before {label}")
+            return False
+        slots, which = [], {}
+        for engine in self.server.engines:
+            for index, probe in probes:
+                where = "" if engine is None else f"e{engine}-"
+                rid = f"gate-{run.settings.run_id}-{where}{shape}-{probe.name}"
+                body = gate_body(self.server.model, probe, rid, options.endpoint,
+                                 options.max_tokens, options.template_kwargs)
+                slots.append(self.make_slot(index, rid, engine, body,
+                                            path=ENDPOINTS[options.endpoint], tagged=False))
+                which[rid] = probe
+        finished = self.guarded_batch(run, label, slots, first=first)
+        if finished is None:
+            return False
+        for slot in finished:
+            record = gate_record(run, self.connection, which[slot.request_id], slot.index,
+                                 shape, slot, options)
+            run.write(record)
+            self.tally.requests.append(record)
+            run.say(gate_line(record))
+        return True
+
+
+def gate_summary_record(summary: dict | None, run_id: str, options: GateOptions,
+                        records_path: str | None, exit_code: int) -> dict:
+    """The gate_summary: the run's own summary (verdict, exit code, problems) with the
+    gate's figures, so the two always agree."""
+    summary = summary or {}
+    return {
+        "record": "gate_summary", "run_id": run_id,
+        "verdict": summary.get("verdict", "fail"),
+        "exit_code": exit_status(summary["exit_code"]) if "exit_code" in summary
+        else exit_code,
+        "identifiers_exact": summary.get("identifiers_exact",
+                                         {shape: f"0/{len(IDENTIFIERS)}" for shape in SHAPES}),
+        "worst_cer": summary.get("worst_cer"), "passages_ok": summary.get("passages_ok"),
+        "max_cer": options.max_cer, "endpoint": options.endpoint,
+        "elapsed_s": summary.get("elapsed_s"),
+        "problems": as_list(summary.get("problems")) or
+        ([] if summary else ["the run left no summary record (see stderr)"]),
+        "records": records_path,
+    }
+
+
+def template_kwargs_type(text: str) -> dict:
+    """An argparse type: a JSON object passed to the chat template."""
+    doc, why = decode_json(text.encode("utf-8", "replace"))
+    if why is not None or not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as {THINKING_OFF}")
+    return doc
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
+    return value
+
+
+GATE_EPILOG = """\
+what it proves, and what it cannot:
+  A model that garbles text (typos, swapped or dropped characters), a random or wrong
+  model, a broken chat template, or a build that garbles only when requests are batched
+  fails it. Passing it proves exact copying, nothing more: not answer quality, not
+  reasoning, not speed. The answers are scored in memory; records keep counts and
+  distances (edit distance, CER), never the answer or the reference text.
+
+exit status: 0 pass, 1 fail, 2 usage or configuration error, 3 refused by a guard.
+--json prints the gate_summary record on stdout as one JSON object: verdict, exit_code,
+identifiers_exact ({"alone": "6/6", "batched": "6/6"}), worst_cer (a number or null),
+problems; the human lines go to stderr.
+"""
+
+
+def build_gate_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, epilog=GATE_EPILOG + "\n" + ENVIRONMENT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+                    "The quality gate: can the served model copy text exactly? Six "
+                    "identifiers (a repo id, a config key, a digest, a path, a version tag, "
+                    "a flag) must come back exactly, and an English and a Russian passage of "
+                    "about 300 words within a character error rate (--max-cer), each probe "
+                    "once alone and once with all the others in one batch, greedy "
+                    "(temperature 0, a fixed seed). Same connection options, API key, guards, "
+                    "deadline and records as the warm-up.", 79))
+    add_server_options(parser)
+    add_run_options(parser, deadline_s=175.0)   # within start.sh's 180 s bound for the gate
+    for action in parser._actions:        # the gate prints its gate_summary, not the summary
+        if action.dest == "json":
+            action.help = ("print the gate_summary record as one JSON object on stdout (also "
+                           "on a usage error); the human lines go to stderr")
+    parser.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="chat",
+                        help="chat: /v1/chat/completions, the server's chat template applies, "
+                             "as for real users; completions: raw /v1/completions, for base "
+                             "models (default: %(default)s)")
+    parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
+                        help=f"a JSON object passed to the chat template, e.g. "
+                             f"'{THINKING_OFF}' to turn a model's thinking off")
+    parser.add_argument("--max-tokens", metavar="N", type=whole(64, 65536),
+                        default=GATE_MAX_TOKENS,
+                        help="completion tokens each probe may use; raise it for reasoning "
+                             "models (default: %(default)s)")
+    parser.add_argument("--max-cer", metavar="F", type=fraction, default=GATE_MAX_CER,
+                        help="the highest character error rate a passage may have "
+                             "(default: %(default)g)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and exit 0 without touching the network")
+    return parser
+
+
+def gate_main(argv: list[str]) -> int:
+    """qualify.py gate: every probe alone, then all in one batch; exit 0 only if all pass."""
+    parser = build_gate_parser()
+    args = parse_or_explain(parser, argv)
+    if args.chat_template_kwargs is not None and args.endpoint != "chat":
+        usage_error(parser, args.json, "--chat-template-kwargs needs --endpoint chat")
+    options = GateOptions(args.endpoint, args.max_tokens, args.max_cer,
+                          args.chat_template_kwargs)
+    settings = run_settings(args, PROG, "gate")
+    try:
+        connection = connection_from(args)
+    except UsageError as exc:
+        usage_error(parser, args.json, str(exc))
+    per_engine = len(PROBES) * len(SHAPES)
+    if args.dry_run:
+        emit(f"gate plan for {connection.target.display}: {len(IDENTIFIERS)} identifiers and "
+             f"2 passages, each alone then all in one batch ({per_engine} requests per "
+             f"engine) on {ENDPOINTS[args.endpoint]}; greedy, max_tokens {args.max_tokens}, "
+             f"max CER {args.max_cer:g}; deadline {settings.deadline_s:g} s")
+        return EXIT_PASS
+    return run_session(settings, Gate(connection, options, settings))

@@ -1,0 +1,194 @@
+"""Records read back: a JSON Lines file read within bounds, and any value in it shown safely.
+
+Used by qualify.py (report) and gate.py (its lines). A records file may be cut short by a
+kill, hold several runs, damaged lines or hostile values: load_records() reads past bad
+lines and names them, never holding more than a bounded amount; show() turns any value
+into one clean line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from runframe import EXIT_FAIL
+from transport import clean_text, decode_json, open_regular
+
+MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
+MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this
+MAX_RECORDS = 20000                   # nor keeps more records than this
+READ_CHUNK_BYTES = 1 << 20
+ISSUES_NAMED = 20                     # bad lines named one by one; the rest counted
+SHOW_LIMIT = 80                       # one value in a table or a line
+JSON_TEXT_LIMIT = 1000                # one string in report --json
+
+
+def read_lines(handle, max_line: int = MAX_RECORD_LINE_BYTES,
+               max_total: int = MAX_REPORT_BYTES):
+    """Yield (line number, bytes, ended) from a binary file; bytes None for an over-long line.
+
+    Never holds more than one capped line; stops (yielding (None, None, False)) once
+    `max_total` bytes were read, so /dev/zero or a 1 GB file cannot exhaust memory.
+    """
+    total, number = 0, 0
+    while total < max_total:
+        line = handle.readline(min(max_line + 1, max_total - total))
+        if not line:
+            return
+        total += len(line)
+        number += 1
+        if len(line) <= max_line or line.endswith(b"\n"):
+            yield number, line, line.endswith(b"\n")
+            continue
+        while not line.endswith(b"\n") and total < max_total:    # skip the rest of it
+            line = handle.readline(min(READ_CHUNK_BYTES, max_total - total))
+            if not line:
+                break
+            total += len(line)
+        yield number, None, line.endswith(b"\n")
+    yield None, None, False
+
+
+def load_records(path: str) -> tuple[list[dict], list[str]]:
+    """Every record of a records file, read past bad lines, which are named in the issues.
+
+    Bounded: at most MAX_REPORT_BYTES read, lines of at most MAX_RECORD_LINE_BYTES, and at
+    most MAX_KEPT_VALUES values kept over all records (a file of junk cannot fill memory).
+    OSError when the file cannot be opened or read, or is not a regular file.
+    """
+    records, bad, notes = [], [], []
+    bad_count, last_ended, budget = 0, True, [MAX_KEPT_VALUES]
+
+    def note_bad(message: str) -> None:
+        nonlocal bad_count
+        bad_count += 1
+        if len(bad) < ISSUES_NAMED:
+            bad.append(message)
+
+    with open_regular(path) as handle:
+        for number, line, ended in read_lines(handle):
+            if number is None:
+                notes.append(f"stopped reading after {MAX_REPORT_BYTES >> 20} MiB: the rest "
+                             f"of the file is not shown")
+                break
+            last_ended = ended
+            if line is None:
+                note_bad(f"line {number} is longer than {MAX_RECORD_LINE_BYTES >> 20} MiB "
+                         f"(skipped)")
+                continue
+            if not line.strip():
+                continue
+            record, why = decode_json(line)
+            if why is not None:
+                cut = "" if ended else ": the file ends there (cut short by a kill?)"
+                note_bad(f"line {number} is not valid JSON{cut or ' (skipped)'}")
+            elif not isinstance(record, dict) or not isinstance(record.get("record"), str):
+                note_bad(f"line {number} is JSON but not a record (skipped)")
+            elif budget[0] <= 0 or len(records) >= MAX_RECORDS:
+                notes.append(f"stopped at line {number}: the records so far hold as many "
+                             f"values as report keeps; the rest of the file is not shown")
+                break
+            else:
+                records.append(prune(record, budget))
+    issues = list(bad)
+    if bad_count > len(bad):
+        issues.append(f"and {bad_count - len(bad)} more bad lines (skipped)")
+    if not last_ended and not notes and not any("ends there" in b for b in bad[-1:]):
+        notes.append("the last line has no newline: the file was cut short")
+    return records, issues + notes
+
+
+MAX_KEPT_VALUES = 500_000             # values kept over all records of one report
+MAX_CONTAINER_ITEMS = 1000            # items kept of one list or object
+MAX_KEPT_DEPTH = 8
+
+
+def prune(value, budget: list, depth: int = 0):
+    """A record as report keeps it: containers cut to MAX_CONTAINER_ITEMS and MAX_KEPT_DEPTH,
+    every value counted against the shared budget."""
+    budget[0] -= 1
+    if isinstance(value, dict):
+        if depth >= MAX_KEPT_DEPTH:
+            return {}
+        return {key: prune(item, budget, depth + 1)
+                for key, item in list(value.items())[:MAX_CONTAINER_ITEMS]}
+    if isinstance(value, list):
+        if depth >= MAX_KEPT_DEPTH:
+            return []
+        return [prune(item, budget, depth + 1) for item in value[:MAX_CONTAINER_ITEMS]]
+    return value
+
+
+def split_runs(records: list[dict]) -> list[list[dict]]:
+    """Records grouped by run: a `run` record starts one; `run_id` sends a record to its run."""
+    runs: list[list[dict]] = []
+    by_id: dict[str, list[dict]] = {}
+    has_run_record: set[int] = set()
+    current = None
+    for record in records:
+        rid = record.get("run_id") if isinstance(record.get("run_id"), str) else None
+        target = by_id.get(rid) if rid is not None else None
+        if record["record"] == "run" and (target is None or id(target) in has_run_record):
+            target = None
+        if target is None and (record["record"] == "run" or rid is not None
+                               or current is None):
+            target = []
+            runs.append(target)
+            if rid is not None:
+                by_id[rid] = target
+        target = current if target is None else target
+        if record["record"] == "run":
+            has_run_record.add(id(target))
+        target.append(record)
+        current = target
+    return runs
+
+
+def as_dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value) -> list:
+    """A list field as a list: a lone string becomes one item, anything else nothing."""
+    if isinstance(value, list):
+        return value
+    return [value] if isinstance(value, str) else []
+
+
+def show(value, limit: int = SHOW_LIMIT) -> str:
+    """Any value from a records file as one clean line: None is '-', never 'None'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return clean_text(repr(value), limit)
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)[:64 * limit]
+    return clean_text(value, limit) or "-"
+
+
+def known(value) -> str:
+    """A value the run may not have learned: 'unknown' rather than '-' or 'None'."""
+    return "unknown" if value is None else show(value)
+
+
+def tidy(value, depth: int = 0):
+    """A records value made safe for report --json: strings cleaned and cut."""
+    if isinstance(value, str):
+        return clean_text(value, JSON_TEXT_LIMIT)
+    if isinstance(value, list):
+        return [tidy(v, depth + 1) for v in value] if depth < 32 else None
+    if isinstance(value, dict):
+        return {clean_text(str(k), 100): tidy(v, depth + 1)
+                for k, v in value.items()} if depth < 32 else None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def exit_status(value) -> int | None:
+    """A summary's exit code as a process status; anything that is not one is a fail (1)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255:
+        return value
+    return EXIT_FAIL

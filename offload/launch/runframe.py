@@ -1,0 +1,575 @@
+"""A run with exactly one summary: settings, clock, records, terminal, signals, exit code.
+
+The second layer of offload/launch (transport <- runframe <- vllm_client <- programs). It
+knows nothing of vLLM or of waves. A program plugs in through one small interface,
+`Program`: the steps it runs, the fields of its run record, how it judges, what it adds
+to the summary, and an optional record written right after the summary.
+
+  run_session(settings, program)   open the records, install the signal handlers, run
+                                   program.steps(run), write one summary, return its code
+  conclude()                       how the steps ended (normally, Fatal, a signal, a
+                                   defect) -> the summary record
+  Run.write() / Printer.say()      the two sinks: every string in a record or a terminal
+                                   line passes transport.sanitize there, once
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from transport import (CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text,
+                       start_quiet)
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
+EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
+EXIT_HARD_BOUND = 124               # TERM from warmup_serve.sh's hard bound (timeout's status)
+MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
+PROBLEM_LIMIT = 300                  # one problem string, cut
+
+
+class Fatal(Exception):
+    """A problem that ends the run before (or between) its batches, with its exit code."""
+
+    def __init__(self, problem: str, exit_code: int = EXIT_FAIL):
+        super().__init__(problem)
+        self.problem = problem
+        self.exit_code = exit_code
+
+
+class RecordsError(Exception):
+    """The records file cannot be written: the run cannot leave evidence, so it stops."""
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by the handler of a terminating signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run has, fixed from the command line: who it is, where it writes, its
+    bounds."""
+    prog: str
+    run_id: str
+    records_path: str
+    deadline_s: float
+    socket_cap_s: float
+    json: bool = False
+    debug: bool = False
+
+
+class Program:
+    """What a program plugs into the run frame; override what it needs."""
+
+    mode = "run"                          # the run record's mode
+
+    def steps(self, run: Run) -> None:
+        """Everything the program does; Fatal ends it early with a summary."""
+        raise NotImplementedError
+
+    def run_fields(self, run: Run) -> dict:
+        """The run record's fields beside record, run_id, mode, started_at and pid."""
+        return {}
+
+    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
+        """The verdict, exit code and problems of a run whose steps ended by themselves
+        (`extra`: a Fatal's problem). A run that ends after its deadline fails."""
+        problems = self.problems() + list(extra) + late_problem(run)
+        return ("fail", EXIT_FAIL, problems) if problems else ("pass", EXIT_PASS, [])
+
+    def problems(self) -> list[str]:
+        """What went wrong so far: said in a summary the program did not judge itself."""
+        return []
+
+    def summary_fields(self, run: Run) -> dict:
+        """What the summary adds to verdict, exit code, times and problems."""
+        return {}
+
+    def after_summary(self, run: Run, summary: dict) -> dict | None:
+        """A record written right after the summary (printed instead of it with --json)."""
+        return None
+
+
+def late_problem(run: Run) -> list[str]:
+    """['finished after the deadline (...)'] when the run is past its deadline, else []."""
+    elapsed = run.clock.elapsed()
+    if elapsed <= run.settings.deadline_s:
+        return []
+    return [f"finished after the deadline ({elapsed:.2f} s > {run.settings.deadline_s:g} s)"]
+
+
+@dataclass
+class Run:
+    """One run: its settings, its program, its clock and its two sinks."""
+    settings: RunSettings
+    program: Program
+    clock: Clock
+    sink: object                          # the records file, opened for appending
+    say: object                           # one human line -> the terminal (never blocks)
+    current: str | None = None            # the batch in flight, named if the run is killed
+    run_written: bool = False
+    final_record: dict | None = None      # what --json prints
+
+    def write(self, record: dict) -> None:
+        """Append one record, sanitized here (the records sink) whatever its origin."""
+        try:
+            append_record(self.sink, sanitize(record))
+        except (OSError, ValueError) as exc:
+            raise RecordsError(f"cannot write records to {self.settings.records_path}: "
+                               f"{getattr(exc, 'strerror', None) or exc}")
+
+    def write_run_record(self) -> None:
+        """The run record, once: what ran, against what (never prompt text or the key)."""
+        if self.run_written:
+            return
+        self.run_written = True
+        self.write({"record": "run", "run_id": self.settings.run_id,
+                    "mode": self.program.mode,
+                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    **self.program.run_fields(self), "pid": os.getpid()})
+
+
+def run_session(settings: RunSettings, program: Program) -> int:
+    """Open the records, run the program's steps under the signal handlers, write one
+    summary; returns the exit code.
+
+    Whatever goes wrong inside, the run ends with a summary record and the contract's
+    exit code; an unexpected exception is a 'fail' with its reason in one line.
+    """
+    path = settings.records_path
+    try:
+        sink = open_records(path)
+    except OSError as exc:
+        problem = (f"cannot write records to {path}: {exc.strerror or exc}; choose a "
+                   f"writable regular file with --records PATH or WARMUP_RECORDS_DIR")
+        emit(f"{settings.prog}: {problem}", sys.stderr)
+        if settings.json:
+            emit_usage_json(problem)
+        return EXIT_USAGE
+    printer = Printer(sys.stderr if settings.json else sys.stdout)
+    run = Run(settings, program, Clock.start(settings.deadline_s, settings.socket_cap_s),
+              sink, printer.say)
+    previous, summary = {}, None
+    try:
+        previous = install_signal_handlers()
+        summary = conclude(run)
+    except RecordsError as exc:
+        printer.say(f"{settings.prog}: {exc}; the run stopped (exit {EXIT_USAGE})",
+                    stream=sys.stderr)
+        if settings.json:
+            printer.say(json.dumps(usage_object(str(exc))), stream=sys.stdout)
+    finally:
+        _terminating.set()           # from here on a signal changes nothing: ignore it
+        restore_signal_handlers(previous)
+        try:
+            sink.close()
+        except OSError:
+            pass
+    if summary is not None:
+        printer.say(verdict_line(summary, path))
+        if settings.json:
+            printer.say(json.dumps(run.final_record or summary), stream=sys.stdout)
+    if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
+        _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
+    return summary["exit_code"] if summary is not None else EXIT_USAGE
+
+
+def conclude(run: Run) -> dict:
+    """Run the steps; turn how they ended (normally, Fatal, a signal, a bug) into a summary."""
+    try:
+        run.program.steps(run)
+        return summarize(run)
+    except Fatal as exc:
+        if exc.exit_code == EXIT_FAIL:
+            return summarize(run, extra=[exc.problem])
+        return summarize(run, ("fail", exc.exit_code, [exc.problem]))   # configuration: 2
+    except Terminated as exc:
+        if exc.signum == signal.SIGTERM and hard_bound_reached():
+            return summarize(run, ("killed", EXIT_HARD_BOUND, [
+                f"ended by warmup_serve.sh's hard bound (TERM at "
+                f"{os.environ.get('WARMUP_HARD_S', '?')} s){killed_where(run)}"]))
+        return summarize(run, ("killed", 128 + exc.signum, [killed_problem(run, exc.signum)]))
+    except RecordsError:
+        raise
+    except Exception as exc:             # a defect or an input nobody planned for
+        if run.settings.debug:
+            import traceback
+            traceback.print_exc()
+        return summarize(run, ("fail", EXIT_FAIL, [
+            f"internal error{killed_where(run)}: {type(exc).__name__}: "
+            f"{clean_text(str(exc), 200)} (run with --debug for the traceback)"]))
+
+
+def summarize(run: Run, forced: tuple[str, int, list[str]] | None = None,
+              extra: list[str] = ()) -> dict:
+    """Write the summary record: the program's verdict, or `forced` (verdict, exit code,
+    problems) after a configuration error, a signal or a defect; returns it."""
+    _terminating.set()               # one summary: a signal from now on is ignored
+    elapsed = run.clock.elapsed()
+    program = run.program
+    if forced is None:
+        verdict, exit_code, problems = program.judge(run, list(extra))
+    else:
+        verdict, exit_code, more = forced
+        problems = program.problems() + list(more)
+    run.write_run_record()
+    summary = {
+        "record": "summary", "run_id": run.settings.run_id, "verdict": verdict,
+        "exit_code": exit_code, **program.summary_fields(run),
+        "elapsed_s": round(elapsed, 4), "deadline_s": run.settings.deadline_s,
+        "problems": [sanitize_text(p, PROBLEM_LIMIT) for p in problems],
+        "records": run.settings.records_path,
+    }
+    summary = sanitize(summary)
+    run.write(summary)
+    run.final_record = summary
+    follow = program.after_summary(run, summary)
+    if follow is not None:
+        run.write(follow)
+        run.final_record = sanitize(follow)
+    return summary
+
+
+def killed_where(run: Run) -> str:
+    return f" during {run.current}" if run.current else ""
+
+
+
+def killed_problem(run: Run, signum: int) -> str:
+    return f"terminated by {signal.Signals(signum).name}{killed_where(run)}"
+
+
+
+def hard_bound_reached() -> bool:
+    """True when warmup_serve.sh said when its hard bound falls (WARMUP_HARD_BOUND_AT, epoch
+    seconds) and that moment has come: the TERM is the bound's, so the run ends with the
+    wrapper's 124, not 143."""
+    try:
+        return time.time() >= float(os.environ["WARMUP_HARD_BOUND_AT"]) - 0.5
+    except (KeyError, ValueError):
+        return False
+
+
+
+def default_records_path(run_id: str, kind: str = "warmup") -> str:
+    directory = os.environ.get("WARMUP_RECORDS_DIR") or "warmup-records"
+    return os.path.join(directory, f"{kind}-{run_id}.jsonl")
+
+
+
+def open_records(path: str):
+    """Open the records file for appending; OSError when it cannot be written.
+
+    Only a regular file: a FIFO without a reader would block the open, a device may
+    swallow or refuse what is written. A file cut mid-line by a kill gets a newline
+    first, so the next record starts on a line of its own.
+    """
+    directory = os.path.dirname(path)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    try:
+        info = os.fstat(fd)
+        import stat
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(0, "not a regular file")
+        os.set_blocking(fd, True)
+        needs_newline = info.st_size > 0 and _last_byte(path) != b"\n"
+        stream = os.fdopen(fd, "a", encoding="utf-8")
+    except BaseException:
+        os.close(fd)
+        raise
+    if needs_newline:
+        stream.write("\n")
+        stream.flush()
+    return stream
+
+
+
+def _last_byte(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1)
+
+
+
+def append_record(stream, record: dict) -> None:
+    """One JSON object a line, flushed at once, so a killed run keeps what finished."""
+    try:
+        line = json.dumps(record, allow_nan=False, ensure_ascii=False) + "\n"
+        line.encode("utf-8")
+    except UnicodeEncodeError:          # a lone surrogate somewhere: escape it, keep the record
+        line = json.dumps(record, allow_nan=False) + "\n"
+    stream.write(line)
+    stream.flush()
+
+
+
+class Printer:
+    """Human lines go out through a daemon thread, so a terminal that stops reading can
+    never hold the run, and a closed one (`| head -1`) ends the printing, not the run."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.lines: queue.Queue = queue.Queue()
+        self.closed: set = set()            # ids of streams whose reader went away
+        self.thread = threading.Thread(target=self._drain, name="printer", daemon=True)
+        start_quiet(self.thread)
+
+    def say(self, line: str, stream=None) -> None:
+        """Queue one line (it may hold line breaks of ours), sanitized here: the terminal
+        sink."""
+        self.lines.put((sanitize_lines(line), self.stream if stream is None else stream))
+
+    def _drain(self) -> None:
+        while True:
+            line, stream = self.lines.get()
+            if line is None:
+                return
+            if stream is None or id(stream) in self.closed:
+                continue                    # closed at start (2>&-), or its reader went away
+            try:
+                print(printable(line, stream), file=stream, flush=True)
+            except (OSError, ValueError):
+                self.closed.add(id(stream))  # keep running; print no more to this stream
+                _silence(stream)
+
+    def close(self, wait_s: float) -> bool:
+        """Wait up to `wait_s` for the lines to go out; False when the terminal is stuck."""
+        self.lines.put((None, None))
+        self.thread.join(wait_s)
+        return not self.thread.is_alive()
+
+
+
+def sanitize_lines(text: str) -> str:
+    """The terminal sink's rule: each line of ours through transport.sanitize_text."""
+    return "\n".join(sanitize_text(line) for line in text.split("\n"))
+
+
+def printable(text: str, stream) -> str:
+    """The text as the stream can encode it (an ASCII terminal gets '?', never an error)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        return text.encode(encoding, "replace").decode(encoding, "replace")
+
+
+
+def emit(text: str, stream=None) -> bool:
+    """Print from the main thread when no run is in flight (reports, plans); a reader that
+    went away (`| head -1`) ends the printing quietly. False when it did."""
+    stream = sys.stdout if stream is None else stream
+    if stream is None:                  # the descriptor was closed at start (1>&-)
+        return False
+    try:
+        print(printable(sanitize_lines(text), stream), file=stream, flush=True)
+        return True
+    except (OSError, ValueError):
+        _silence(stream)
+        return False
+
+
+
+def _silence(stream) -> None:
+    """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+
+def verdict_line(summary: dict, records_path: str) -> str:
+    """The terminal's last lines: verdict, counts when the program has them, problems (five
+    at most), notes and warnings, where the records are."""
+    counts = (f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
+              if "requests_total" in summary else "finished in ")
+    head = (f"{summary['verdict'].upper()} (exit {summary['exit_code']}): {counts}"
+            f"{summary['elapsed_s']:.2f} s")
+    reasons = summary["problems"][:5]
+    if len(summary["problems"]) > 5:
+        reasons.append(f"and {len(summary['problems']) - 5} more in the records")
+    notes = "".join(f"\nnote: {n}" for n in summary.get("notes", []))
+    notes += "".join(f"\nwarning: {w}" for w in summary.get("warnings", []))
+    return head + "".join(f"\n  - {p}" for p in reasons) + notes + f"\nrecords: {records_path}"
+
+
+
+
+# ---------------------------------------------------------------------------
+# The command line shared by every program.
+# ---------------------------------------------------------------------------
+
+def seconds(high: float = MAX_SECONDS):
+    """An argparse type: a number of seconds in (0, high]."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (0 < value <= high):
+            raise argparse.ArgumentTypeError(f"must be a number of seconds greater than 0 and "
+                                             f"at most {high:g}, got {text!r}")
+        return value
+    parse.__name__ = "seconds"
+    return parse
+
+
+
+def whole(low: int, high: int):
+    """An argparse type: a whole number in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
+                                             f"got {text!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+
+def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args; with --json a usage error also prints a JSON object on stdout."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit as exc:
+        if exc.code not in (0, None) and "--json" in argv:
+            emit_usage_json("usage error (see stderr)")
+        raise
+
+
+
+def usage_error(parser: argparse.ArgumentParser, as_json: bool, message: str):
+    """A usage error found after parsing: with --json its object on stdout, then the
+    parser's message and exit 2."""
+    if as_json:
+        emit_usage_json(message)
+    parser.error(message)
+
+
+def usage_object(problem: str) -> dict:
+    """What --json prints when no summary could be written: a summary-shaped object."""
+    return {"record": "summary", "verdict": "fail", "exit_code": EXIT_USAGE,
+            "problems": [problem], "records": None}
+
+
+def emit_usage_json(problem: str) -> None:
+    """Print usage_object(problem) on stdout: --json's answer to a usage error."""
+    emit(json.dumps(usage_object(problem)))
+
+
+def add_run_options(parser: argparse.ArgumentParser, deadline_s: float = 90.0) -> None:
+    """The options every run has: where its records go, its bounds, --json, --debug."""
+    parser.add_argument("--records", metavar="PATH",
+                        help="JSON Lines records file, appended to (default: a new "
+                             "<kind>-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
+    parser.add_argument("--deadline-s", metavar="S", type=seconds(), default=deadline_s,
+                        help="the deadline from the start; nothing starts after it and a run "
+                             "that ends after it fails (default: %(default)g, at most 3600)")
+    parser.add_argument("--socket-cap-s", metavar="S", type=seconds(), default=60.0,
+                        help="the longest any one connect, send or read waits, within the "
+                             "deadline (default: %(default)g)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary record as JSON on stdout (also on a usage "
+                             "error); the human lines go to stderr")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an internal error, print the Python traceback to stderr")
+
+
+def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
+    """RunSettings from add_run_options' options; a new run id."""
+    run_id = new_run_id()
+    return RunSettings(prog=prog, run_id=run_id,
+                       records_path=args.records or default_records_path(run_id, kind),
+                       deadline_s=args.deadline_s, socket_cap_s=args.socket_cap_s,
+                       json=args.json, debug=args.debug)
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
+
+
+
+# ---------------------------------------------------------------------------
+# Signals: every terminating signal the program can catch ends in one 'killed' summary.
+# ---------------------------------------------------------------------------
+
+_terminating = threading.Event()
+
+_stuck_output = threading.Event()
+
+_as_program = threading.Event()      # main() run as the process (not called by a test)
+
+def as_program() -> None:
+    """Say that main() runs as the process (not called by a test): after the summary the
+    caught signals stay ignored until the interpreter exits."""
+    _as_program.set()
+
+
+def _raise_terminated(signum, frame):
+    if _terminating.is_set():        # a second signal while the first is being handled
+        return
+    _terminating.set()
+    raise Terminated(signum)
+
+
+
+def install_signal_handlers() -> dict:
+    previous = {}
+    _terminating.clear()
+    if threading.current_thread() is threading.main_thread():
+        for name in CAUGHT_SIGNALS:
+            signum = getattr(signal, name, None)
+            if signum is not None:
+                previous[signum] = signal.signal(signum, _raise_terminated)
+    return previous
+
+
+
+def restore_signal_handlers(previous: dict) -> None:
+    """Give the signals back to their previous handlers; as a program, keep ignoring them
+    instead: a second TERM arriving after the summary must not kill the process untidily."""
+    if _as_program.is_set():
+        for signum in previous:           # SIG_IGN survives the interpreter's exit;
+            signal.signal(signum, signal.SIG_IGN)   # our handler would become SIG_DFL there
+        return
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+
+def script_exit(code: int) -> None:
+    """Leave the process with `code`; a stdout nobody reads cannot hold the exit."""
+    if _stuck_output.is_set():
+        os._exit(code)               # flushing would wait on the reader forever
+    sys.exit(code)
+
+
+

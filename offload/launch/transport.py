@@ -1,0 +1,830 @@
+"""Bytes on a socket, bounded: HTTP/1.1, JSON, Prometheus text, and the sanitizing rules.
+
+The bottom layer of offload/launch (transport <- runframe <- vllm_client <- programs).
+It knows nothing of vLLM, waves or records:
+
+  fetch()              one request on its own connection, every wait bounded by a Clock
+  exchange_batch()     several requests connected first, released together at a barrier
+  decode_json()        the one JSON decoder for anything read (nesting bounded)
+  parse_prometheus()   Prometheus text format 0.0.4, exactly, every bad line named
+  clean_text(), sanitize()   the sanitizing rules: secrets and our prompt text out,
+                       control characters out; the run frame applies sanitize() at its
+                       sinks (records, terminal), clean_text() cuts where length matters
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import socket
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+__version__ = "1.2.0"
+
+MAX_BODY_BYTES = 4 << 20             # no answer we read is larger; a bigger one is an error
+MAX_HEADER_BYTES = 64 << 10
+MAX_JSON_DEPTH = 64                  # deeper JSON from a server is an error, not a crash
+SINK_TEXT_LIMIT = 4000               # no string reaches a record or the terminal longer
+# Terminating signals: helper threads never take them (the main thread must), and the
+# run frame answers each with one 'killed' summary.
+CAUGHT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM")
+
+
+class UsageError(Exception):
+    """A bad option or configuration: exit 2, nothing sent."""
+
+
+# ---------------------------------------------------------------------------
+# Sanitizing: one set of rules, applied at the sinks (records, terminal).
+# ---------------------------------------------------------------------------
+
+class Redactions:
+    """What no output may hold, registered as the process learns it: secrets (the API
+    key, URL credentials, our prompts' nonces and tags) and our prompts' text."""
+
+    PROMPT_RUN = 4                   # this many words in a row of one of our prompts
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.secrets: tuple[str, ...] = ()
+        self.words: frozenset = frozenset()
+        self.runs: frozenset = frozenset()
+
+    def secret(self, text: str | None) -> None:
+        """Register an exact string to replace by [redacted] wherever it appears."""
+        if text and text not in self.secrets:
+            with self.lock:
+                # Longest first: a secret inside another is replaced as part of it.
+                self.secrets = tuple(sorted(set(self.secrets) | {text}, key=len, reverse=True))
+
+    def prompt(self, text: str, tag: bool = True) -> None:
+        """Register a prompt we send: its first word (nonce or tag) as a secret, its words
+        and every run of PROMPT_RUN words, so an echo of it is found in any output."""
+        words = [w.lower() for w in _WORD.findall(text)]
+        if tag and words:
+            self.secret(text.split(None, 1)[0] if text.split() else "")
+        n = self.PROMPT_RUN
+        runs = {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+        with self.lock:
+            self.words = self.words | frozenset(words)
+            self.runs = self.runs | frozenset(runs)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.secrets, self.words, self.runs = (), frozenset(), frozenset()
+
+
+REDACTIONS = Redactions()
+_WORD = re.compile(r"\w+(?:[-.:/+]\w+)*")
+# Control characters, line and paragraph separators, bidi overrides and zero-width marks:
+# nothing from a server may move the cursor, start a line or hide text on a terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202e"
+                      r"\u2066-\u2069\ufeff\ud800-\udfff]+")
+_HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")
+
+
+def redact_secrets(text: str) -> str:
+    """Every registered secret replaced, before anything cuts or quotes the text (a cut
+    could keep half a key; repr() would double its backslashes)."""
+    for secret in REDACTIONS.secrets:
+        if secret in text:
+            text = text.replace(secret, "[redacted]")
+    return text
+
+
+def remove_prompt_runs(text: str, min_run: int = Redactions.PROMPT_RUN) -> str:
+    """Runs of words that stand in one of our prompts become [prompt text].
+
+    With min_run = PROMPT_RUN a run must repeat our prompt word for word; shorter
+    (a server's validation message, which echoes the request) any run of our prompt
+    words counts, and so does anything that looks like a nonce or tag.
+    """
+    words = list(_WORD.finditer(text))
+    if len(words) < min(min_run, 3) or not REDACTIONS.words:
+        return text
+    lowered = [m.group().lower() for m in words]
+    marked = [False] * len(words)
+    if min_run >= Redactions.PROMPT_RUN:
+        n, runs = Redactions.PROMPT_RUN, REDACTIONS.runs
+        for i in range(len(words) - n + 1):
+            if tuple(lowered[i:i + n]) in runs:
+                marked[i:i + n] = [True] * n
+    else:
+        vocabulary, i = REDACTIONS.words, 0
+        while i < len(words):
+            j = i
+            while j < len(words) and (lowered[j] in vocabulary or _HEX_TAG.fullmatch(lowered[j])):
+                j += 1
+            if j - i >= min_run or any(_HEX_TAG.fullmatch(w) for w in lowered[i:j]):
+                marked[i:j] = [True] * (j - i)
+            i = max(j, i + 1)
+    spans, start = [], None
+    for i, hit in enumerate(marked + [False]):
+        if hit and start is None:
+            start = i
+        elif not hit and start is not None:
+            spans.append((words[start].start(), words[i - 1].end()))
+            start = None
+    for start, end in reversed(spans):
+        text = text[:start] + "[prompt text]" + text[end:]
+    return text
+
+
+def clean_text(text: str, limit: int) -> str:
+    """One line, no control characters or lone surrogates, secrets replaced, at most
+    `limit` characters: for a cut whose length carries meaning."""
+    text = redact_secrets(text)
+    if len(text) > 64 * limit:
+        text = text[:64 * limit]
+    text = " ".join(_CONTROL.sub(" ", text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def scrub(text: str, limit: int) -> str:
+    """A server's message made safe to show: our prompts' words and tags removed (any run
+    of three of them: validation errors echo the request), then cleaned and cut."""
+    return clean_text(remove_prompt_runs(redact_secrets(text)[:64 * limit], 3), limit)
+
+
+def sanitize_text(text: str, limit: int = SINK_TEXT_LIMIT) -> str:
+    """The sink rule for one string: secrets and our prompt text out, control characters
+    out (each run becomes one space; other spacing kept), at most `limit` characters."""
+    text = redact_secrets(text)
+    if len(text) > 4 * limit:
+        text = text[:4 * limit]
+    text = remove_prompt_runs(_CONTROL.sub(" ", text))
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def sanitize(value, depth: int = 0):
+    """The sink rule for a record: every string in it (keys too) through sanitize_text."""
+    if isinstance(value, str):
+        return sanitize_text(value)
+    if isinstance(value, dict):
+        return {sanitize_text(str(k), 200): sanitize(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [sanitize(v, depth + 1) for v in value]
+    return value
+
+
+def exact_str(value, limit: int) -> str | None:
+    """A server's short string kept exact when it is clean; otherwise its quoted form, so a
+    'length\\n' can never be judged as 'length'."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value == clean_text(value, limit):
+        return value
+    if isinstance(value, str):
+        value = redact_secrets(value)
+    return clean_text(repr(value), limit)
+
+
+def short_str(value, limit: int) -> str | None:
+    return clean_text(value, limit) if isinstance(value, str) else None
+
+
+def describe(value) -> str:
+    """What a value that should have been a number is, never the value itself (a string
+    from a server may hold anything): its type, and a string's length."""
+    if isinstance(value, str):
+        return f"a string of {len(value)} characters"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, float):
+        return "a number that is not a count" if math.isfinite(value) else "a non-finite number"
+    if isinstance(value, int):
+        return "an integer out of range"
+    return f"a JSON {type(value).__name__.replace('dict', 'object').replace('list', 'array')}"
+
+
+def json_number(value: float):
+    """Prometheus values as JSON: NaN and infinities become strings, as Prometheus spells them."""
+    if math.isfinite(value):
+        return value
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
+def count_value(value) -> int | None:
+    """A count as the server gave it (a non-negative integer); anything else is None, never 0."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53:
+        return value
+    return None
+
+
+def positive_int(value) -> int | None:
+    count = count_value(value)
+    return count if count else None
+
+
+def finite_number(value) -> float | int | None:
+    """A finite number as the server gave it; anything else (bool, NaN, text) is None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+# ---------------------------------------------------------------------------
+# HTTP over a bare socket: every connect, send and read bounded by the deadline.
+# (http.client's timeout is per read, so a trickling server could hold it forever.)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str                 # base path without trailing slash, ASCII, already safe
+    credentials: str | None   # user:password from the URL: never printed, never sent
+
+    @property
+    def display(self) -> str:
+        return f"{self.scheme}://{self.host_port}{self.path}"
+
+    @property
+    def host_port(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+
+_URL_CHARS = re.compile(r"[!-~]+")       # printable ASCII, no space
+
+def parse_url(text: str, option: str = "--base-url") -> Target:
+    """http(s)://[user:pass@]host[:port][/path] -> Target; UsageError otherwise."""
+    text = text.strip()
+    if not _URL_CHARS.fullmatch(text):
+        raise UsageError(f"{option} must be printable ASCII without spaces (percent-encode "
+                         f"anything else), such as http://HOST:PORT/PATH")
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port
+    except ValueError:                  # its message may quote a password: not shown
+        raise UsageError(f"{option} is not a valid URL (check the port, and percent-encode "
+                         f"any / : @ in a user:password@ part)")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"{option} must look like http://HOST:PORT/PATH")
+    if parts.query or parts.fragment:
+        raise UsageError(f"{option} must not carry a query or a fragment")
+    if port == 0:
+        raise UsageError(f"{option}: port 0 is not a port a server listens on")
+    creds = parts.netloc.rpartition("@")[0] or None
+    return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
+                  parts.path.rstrip("/"), creds)
+
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The helper's deadline; every socket wait is min(cap, time left)."""
+    started: float
+    deadline_s: float
+    cap_s: float
+
+    @classmethod
+    def start(cls, deadline_s: float, cap_s: float) -> "Clock":
+        return cls(time.monotonic(), deadline_s, cap_s)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return self.deadline_s - self.elapsed()
+
+    def timeout(self) -> float:
+        left = self.remaining()
+        if left <= 0:
+            raise TransportError("deadline", self.deadline_problem())
+        return min(self.cap_s, left)
+
+    def deadline_problem(self) -> str:
+        return f"no complete response by the deadline ({self.deadline_s:g} s)"
+
+
+
+class TransportError(Exception):
+    """Connect, send or read failed; `problem` is short and safe to record."""
+
+    def __init__(self, kind: str, problem: str):
+        super().__init__(problem)
+        self.kind = kind
+        self.problem = problem
+
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict
+    body: bytes
+    watched_at: float | None = None     # when `watch` first matched the raw body (streams)
+
+
+
+_HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
+
+
+def is_header_value(text: str) -> bool:
+    """True when the text may stand in a header line: printable ASCII, no line break."""
+    return bool(_HEADER_VALUE.fullmatch(text))
+
+def encode_request(target: Target, method: str, path: str, body: dict | None,
+                   bearer: str | None = None, headers: dict | None = None) -> bytes:
+    """The request's bytes (JSON body; `bearer` as "Authorization: Bearer").
+
+    The one place a request is built: the target is ASCII without spaces (parse_url), and
+    every header value is checked printable ASCII, so nothing can inject a header line.
+    """
+    data = b"" if body is None else json.dumps(body).encode()
+    lines = [f"{method} {target.path + path or '/'} HTTP/1.1",
+             f"Host: {target.host_port}",
+             f"User-Agent: offload-launch/{__version__}",
+             "Accept: application/json",
+             "Connection: close"]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
+    if bearer:
+        lines.append(f"Authorization: Bearer {bearer}")
+    for name, value in (headers or {}).items():
+        lines.append(f"{name}: {value}")
+    for line in lines[1:]:
+        if not _HEADER_VALUE.fullmatch(line):
+            raise UsageError("a request header would hold a character that is not printable "
+                             "ASCII")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + data
+
+
+
+def connect(target: Target, clock: Clock) -> socket.socket:
+    try:
+        sock = socket.create_connection((target.host, target.port), timeout=clock.timeout())
+        if target.scheme == "https":
+            import ssl                  # only https needs it; it costs start-up time
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=target.host)
+    except TransportError:
+        raise
+    except (socket.timeout, TimeoutError):
+        raise TransportError("connect", f"cannot connect to {target.display}: timed out")
+    except (OSError, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or type(exc).__name__
+        raise TransportError("connect", f"cannot connect to {target.display}: {reason}")
+    return sock
+
+
+
+def send_all(sock: socket.socket, data: bytes, clock: Clock) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            sock.settimeout(clock.timeout())
+            view = view[sock.send(view):]
+    except (socket.timeout, TimeoutError):
+        raise TransportError("timeout", _timeout_problem(clock, "sending the request"))
+    except OSError as exc:
+        raise TransportError("closed", f"connection closed while sending: {exc.strerror or exc}")
+
+
+
+def _timeout_problem(clock: Clock, doing: str) -> str:
+    if clock.remaining() <= 0:
+        return clock.deadline_problem()
+    return f"no progress for {clock.cap_s:g} s (socket cap) while {doing}"
+
+
+
+def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BYTES,
+                  watch: re.Pattern | None = None) -> Response:
+    """Read one HTTP/1.1 response; the whole read ends by the deadline, however it trickles.
+
+    Interim 1xx responses (100 Continue, 103 Early Hints) are skipped. With `watch`, also
+    note (in the clock's time) when the pattern first arrives in the body: the first
+    generated text of a stream, for time-to-first-token.
+    """
+    buf = bytearray()
+    head = None
+    watched_at, searched = None, 0
+    while True:
+        while head is None:
+            end = buf.find(b"\r\n\r\n")
+            if (end < 0 and len(buf) > MAX_HEADER_BYTES) or end > MAX_HEADER_BYTES:
+                raise TransportError("malformed", "malformed HTTP response: headers larger "
+                                     f"than {MAX_HEADER_BYTES} bytes")
+            if end < 0:
+                break
+            head = _parse_head(bytes(buf[:end]), max_body)
+            del buf[:end + 4]
+            if 100 <= head[0] < 200 and head[0] != 101:
+                head = None                 # interim response: the final one follows
+        if watch is not None and watched_at is None and head is not None:
+            if watch.search(buf, max(searched - 64, 0)):
+                watched_at = clock.elapsed()
+            searched = len(buf)
+        if head is not None:
+            body = _complete_body(head, buf, max_body)
+            if body is not None:
+                return Response(head[0], head[1], body, watched_at)
+        try:
+            sock.settimeout(clock.timeout())
+            chunk = sock.recv(65536)
+        except (socket.timeout, TimeoutError):
+            raise TransportError("timeout", _timeout_problem(clock, "reading the response"))
+        except OSError as exc:
+            raise TransportError("closed", f"connection closed before the response was complete "
+                                 f"({exc.strerror or type(exc).__name__})")
+        if not chunk:
+            if head is not None and _reads_to_close(head[1]):
+                return Response(head[0], head[1], bytes(buf), watched_at)
+            raise TransportError("closed", "connection closed before the response was complete")
+        buf += chunk
+
+
+
+_STATUS_LINE = re.compile(r"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [\x20-\x7e\t\x80-\xff]*)?")
+
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
+
+def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
+    lines = raw.decode("latin-1").split("\r\n")
+    match = _STATUS_LINE.fullmatch(lines[0])
+    if not match:
+        raise TransportError("malformed", "malformed HTTP response: bad status line")
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip() or line[:1] in " \t":
+            raise TransportError("malformed", "malformed HTTP response: bad header line")
+        name, value = name.lower(), value.strip()
+        if name in headers and name in ("content-length", "transfer-encoding") \
+                and headers[name] != value:
+            raise TransportError("malformed", f"malformed HTTP response: two {name} headers")
+        headers[name] = value.lower() if name == "transfer-encoding" else value
+    length = headers.get("content-length")
+    if length is not None:
+        if not _CONTENT_LENGTH.fullmatch(length):
+            raise TransportError("malformed", "malformed HTTP response: bad Content-Length")
+        if int(length) > max_body:
+            raise TransportError("too_large", f"response body of {int(length)} bytes is larger "
+                                 f"than the {max_body} bytes the helper reads; read stopped")
+    return int(match.group(1)), headers
+
+
+
+def _chunked(headers: dict) -> bool:
+    return "chunked" in headers.get("transfer-encoding", "")
+
+
+
+def _reads_to_close(headers: dict) -> bool:
+    return "content-length" not in headers and not _chunked(headers)
+
+
+
+def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> bytes | None:
+    status, headers = head
+    if len(buf) > max_body + MAX_HEADER_BYTES:
+        raise TransportError("too_large", f"response body larger than the {max_body} bytes the "
+                             f"helper reads; read stopped")
+    if status in (204, 304) or 100 <= status < 200:
+        return b""
+    if _chunked(headers):
+        return decode_chunked(bytes(buf)) if buf.endswith(b"\r\n\r\n") else None
+    if "content-length" in headers:
+        length = int(headers["content-length"])
+        return bytes(buf[:length]) if len(buf) >= length else None
+    return None
+
+
+
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
+
+def decode_chunked(data: bytes) -> bytes | None:
+    """Chunked transfer coding -> body, or None while the terminating chunk is missing."""
+    body, pos = bytearray(), 0
+    while True:
+        end = data.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        size_text = data[pos:end].split(b";")[0].strip(b" \t")
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            raise TransportError("malformed", "malformed HTTP response: bad chunk size")
+        size = int(size_text, 16)
+        if size == 0:
+            return bytes(body) if data.find(b"\r\n\r\n", end) >= 0 else None
+        if len(data) < end + 2 + size + 2:
+            return None
+        if data[end + 2 + size:end + 4 + size] != b"\r\n":
+            raise TransportError("malformed", "malformed HTTP response: chunk not terminated")
+        body += data[end + 2:end + 2 + size]
+        pos = end + 2 + size + 2
+
+
+
+def fetch(target: Target, clock: Clock, method: str, path: str, body: dict | None = None,
+          bearer: str | None = None, headers: dict | None = None) -> Response:
+    """One request on its own connection, bounded by the clock."""
+    sock = connect(target, clock)
+    try:
+        send_all(sock, encode_request(target, method, path, body, bearer, headers), clock)
+        return read_response(sock, clock)
+    finally:
+        sock.close()
+
+
+
+def decode_json(data: bytes) -> tuple[object, str | None]:
+    """The one JSON decoder for server bodies and records lines: (doc, None) or (None, why).
+
+    Bounded: the input is already capped; nesting deeper than MAX_JSON_DEPTH is refused
+    before the parser could recurse into it.
+    """
+    if _nesting_depth(data) > MAX_JSON_DEPTH:
+        return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
+    try:
+        return json.loads(data), None
+    except (ValueError, RecursionError):
+        return None, "invalid JSON"
+
+
+
+def _nesting_depth(data) -> int:
+    """The deepest bracket nesting outside strings; a quick scan, not a parse."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+
+
+# ---------------------------------------------------------------------------
+# Prometheus text format 0.0.4, parsed exactly: a line that cannot be read is named.
+# ---------------------------------------------------------------------------
+
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+_LABEL_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+_VALUE = re.compile(r"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)")
+
+_TIMESTAMP = re.compile(r"-?[0-9]{1,19}")
+
+_LINE_BREAKERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029\ufeff]")
+
+@dataclass
+class Exposition:
+    """One /metrics body: the samples read, and every line that could not be read exactly."""
+    samples: list                     # (name, labels, value)
+    bad_lines: list                   # (line number, why, line)
+    declared: set                     # metric names with a # TYPE line
+
+
+
+def parse_prometheus(text: str) -> Exposition:
+    """Prometheus text format 0.0.4, line by line (split on LF only, as the format says)."""
+    samples, bad, declared = [], [], set()
+    for number, raw in enumerate(text.split("\n"), 1):
+        line = raw.strip(" \t")
+        if not line:
+            continue
+        if line.startswith("#"):
+            parts = line.split()
+            if len(parts) >= 3 and parts[1] == "TYPE":
+                declared.add(parts[2])
+            continue
+        try:
+            if _LINE_BREAKERS.search(line):
+                raise ValueError("a control character, BOM or line separator in the line")
+            samples.append(_parse_sample(line))
+        except (ValueError, IndexError) as exc:
+            why = str(exc) if isinstance(exc, ValueError) and str(exc) else "not a sample line"
+            bad.append((number, why, raw))
+    return Exposition(samples, bad, declared)
+
+
+
+def _parse_sample(line: str) -> tuple[str, dict, float]:
+    match = _METRIC_NAME.match(line)
+    if not match:
+        raise ValueError("no metric name")
+    name, pos, labels = match.group(), match.end(), {}
+    after = line[pos:].lstrip(" \t")
+    if after.startswith("{"):            # Prometheus allows blanks between name and labels
+        pos = len(line) - len(after)
+    if pos < len(line) and line[pos] == "{":
+        labels, pos = _parse_labels(line, pos + 1)
+    if pos < len(line) and line[pos] not in " \t":
+        raise ValueError("unexpected character after the name or labels")
+    rest = line[pos:].split()
+    if len(rest) not in (1, 2):          # value, then an optional timestamp
+        raise ValueError("expected a value and at most an integer timestamp")
+    if not _VALUE.fullmatch(rest[0]):
+        raise ValueError(f"value {rest[0][:20]!r} is not a number")
+    if len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1]):
+        raise ValueError(f"timestamp {rest[1][:20]!r} is not an integer")
+    return name, labels, float(rest[0])
+
+
+
+def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
+    labels = {}
+    while True:
+        while line[pos] in " \t":
+            pos += 1
+        if line[pos] == "}":
+            return labels, pos + 1
+        match = _LABEL_NAME.match(line, pos)
+        if not match:
+            raise ValueError("bad label name")
+        key, pos = match.group(), match.end()
+        while line[pos] in " \t":
+            pos += 1
+        if line[pos] != "=" or line[pos + 1] != '"':
+            raise ValueError("bad label")
+        pos, chars = pos + 2, []
+        while line[pos] != '"':
+            if line[pos] == "\\":
+                pos += 1
+                chars.append(_LABEL_ESCAPES.get(line[pos], "\\" + line[pos]))
+            else:
+                chars.append(line[pos])
+            pos += 1
+        if key in labels:
+            raise ValueError(f"label {key} twice")
+        labels[key] = "".join(chars)
+        pos += 1
+        while line[pos] in " \t":
+            pos += 1
+        if line[pos] == ",":
+            pos += 1
+        elif line[pos] != "}":
+            raise ValueError("bad label list")
+
+
+
+def series_key(name: str, labels: dict) -> str:
+    """name{k="v",...} with sorted labels; label values come from the server, so cleaned."""
+    inner = ",".join(f'{k}="{clean_text(v, 200)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}" if labels else name
+
+
+
+def series_name(key: str) -> str:
+    """The metric name of a series key made by series_key."""
+    return key.split("{")[0]
+
+
+
+def format_sample(name: str, labels: dict, value: float) -> str:
+    return f"{series_key(name, labels)} = {value!r}"
+
+
+
+
+# ---------------------------------------------------------------------------
+# A batch: connect every client, release them together at a barrier, read under the
+# deadline. Threads are daemons: a stuck one never keeps the process alive.
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Exchange:
+    """One request of a batch: its bytes, and what its client thread saw, in the clock's
+    time (seconds since the run started)."""
+    payload: bytes
+    watch: re.Pattern | None = None     # note when this first arrives in the body
+    sent_at: float | None = None
+    done_at: float | None = None
+    response: Response | None = None
+    error: TransportError | None = None
+
+
+def _client(target: Target, clock: Clock, exchange: Exchange,
+            barrier: threading.Barrier) -> None:
+    sock = None
+    try:
+        try:
+            sock = connect(target, clock)
+        except TransportError as exc:
+            exchange.error = exc
+        barrier.wait(timeout=max(clock.remaining(), 0.001))
+        if sock is None:
+            return
+        exchange.sent_at = clock.elapsed()
+        send_all(sock, exchange.payload, clock)
+        exchange.response = read_response(sock, clock, watch=exchange.watch)
+    except threading.BrokenBarrierError:
+        exchange.error = exchange.error or TransportError(
+            "barrier", "not released: a sibling client did not get ready by the deadline")
+    except TransportError as exc:
+        exchange.error = exc
+    except Exception as exc:            # never let a client die silently
+        exchange.error = TransportError("internal", f"client error: {type(exc).__name__}")
+    finally:
+        exchange.done_at = clock.elapsed()
+        if sock is not None:
+            sock.close()
+
+
+def exchange_batch(target: Target, clock: Clock, exchanges: list[Exchange]) -> list[Exchange]:
+    """Run one batch; the main thread waits on the clients only until the deadline.
+
+    Returns what each exchange ended with, in order; one still reading at the deadline is
+    abandoned (its thread is a daemon) and ends with a deadline error.
+    """
+    barrier = threading.Barrier(len(exchanges))
+    threads = [threading.Thread(target=_client, args=(target, clock, ex, barrier),
+                                name=f"client-{i}", daemon=True)
+               for i, ex in enumerate(exchanges)]
+    for thread in threads:
+        start_quiet(thread)
+    for thread in threads:
+        thread.join(timeout=max(clock.remaining(), 0))
+    finished = []
+    for thread, ex in zip(threads, exchanges):
+        if thread.is_alive():        # still reading at the deadline: abandon it
+            ex = Exchange(b"", ex.watch, ex.sent_at, clock.elapsed(), None,
+                          TransportError("deadline", clock.deadline_problem()))
+            barrier.abort()
+        finished.append(ex)
+    return finished
+
+
+CLIENT_STACK_BYTES = 512 << 10       # 64 clients stay small under an address-space limit
+
+
+def start_quiet(thread: threading.Thread) -> None:
+    """Start a helper thread that never receives the caught signals, so the kernel delivers
+    them to the main thread and interrupts its wait at once (a signal taken by another thread
+    would leave the main thread blocked until its timeout)."""
+    signums = {getattr(signal, name) for name in CAUGHT_SIGNALS if hasattr(signal, name)}
+    blocked = hasattr(signal, "pthread_sigmask")
+    if blocked:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    stack = threading.stack_size(CLIENT_STACK_BYTES)
+    try:
+        thread.start()
+    finally:
+        threading.stack_size(stack)
+        if blocked:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# ---------------------------------------------------------------------------
+# Files a program reads: regular files only (a FIFO or a device could block).
+# ---------------------------------------------------------------------------
+
+def open_regular(path: str):
+    """A regular file opened for reading without blocking on a FIFO; OSError otherwise."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+
+def read_json_file(path: str) -> tuple[object, str | None]:
+    """A small JSON file (status files), read within the body cap; (None, why) when bad.
+    Only a regular file: a FIFO or a device could block the read past the deadline."""
+    with open_regular(path) as handle:
+        data = handle.read(MAX_BODY_BYTES + 1)
+    if len(data) > MAX_BODY_BYTES:
+        return None, "larger than the body cap"
+    return decode_json(data)
+
+
+

@@ -1,0 +1,923 @@
+"""What a vLLM server says: learning it, guarding it, sending it batches, reading answers.
+
+The third layer of offload/launch (transport <- runframe <- vllm_client <- programs). It
+knows vLLM's OpenAI-compatible API and its /metrics, nothing of waves or gates:
+
+  ServerProgram          a run-frame Program that talks to one vLLM server; the warm-up,
+                         the probe and the gate are ServerPrograms
+    learn_server()         the model and its context (/v1/models), the version, engines
+    guarded_batch()        the step every batch shares: guard -> release -> collect
+    make_slot()            one request encoded (routing header, API key, prompt registered)
+  guard_problems()       is the server idle? (pure: both request gauges, every engine)
+  extract_fields()       the one reader of a completion body: counts and reasons, no text
+  judge_run()            every planned request ran and passed, unrefused (pure)
+  size_long_prompt()     a long prompt sized with the server's /tokenize
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field, replace
+
+from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
+                      late_problem, seconds)
+from transport import (REDACTIONS, Exchange, Exposition, Response, Target, TransportError,
+                       UsageError, __version__, clean_text, count_value, decode_json, describe,
+                       encode_request, exact_str, exchange_batch, fetch, finite_number,
+                       format_sample, is_header_value, json_number, parse_prometheus,
+                       parse_url, positive_int, scrub, series_key, short_str)
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+ERROR_TEXT_LIMIT = 300               # a server's message, cut
+STOP_REASON_LIMIT = 64
+METRICS_RETRY_PAUSE_S = 0.25
+SETTLE_POLL_S = 0.1
+GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+ENGINE_HEADER = "X-data-parallel-rank"
+REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
+                         "mean_itl_ms", "tokens_per_second")
+MIN_LONG_PROMPT_TOKENS = 4097        # a long prompt prefills more than 4096 tokens
+MAX_LONG_PROMPT_TOKENS = 1 << 20     # the largest asked for; the context caps it further
+MAX_ENGINE = 1023
+NO_ROUTING = (None,)                 # the engines of a single-engine server: no header
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach the server, fixed from the command line."""
+    target: Target
+    api_key: str | None
+    api_key_env: str
+    model: str | None                     # the model asked for; None: the only one served
+    engines: tuple[int, ...] | None       # the engines asked for; None: every one (auto)
+    settle_s: float = 2.0
+
+
+@dataclass
+class Server:
+    """What the program learned from the server before its first batch."""
+    model: str | None = None
+    max_model_len: int | None = None
+    version: str | None = None
+    engines: tuple = NO_ROUTING           # the engines a batch covers; (None,): no routing
+
+
+@dataclass
+class Tally:
+    """What the program collected so far; only the main thread touches it."""
+    requests: list = field(default_factory=list)     # judged records: each has ok, problems
+    problems: list = field(default_factory=list)
+    refusal: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+    settled_s: list = field(default_factory=list)    # how long each settled guard waited
+    first_counters: dict | None = None               # counters of the first guard read
+
+
+def routed(engines: tuple) -> tuple[int, ...] | None:
+    """The engines as a run record names them: None for a single engine without routing."""
+    return None if engines == NO_ROUTING else tuple(engines)
+
+
+class ServerProgram(Program):
+    """A program against one vLLM server. Subclasses give steps(), plan_fields() and
+    planned_per_engine(); the judgement (every planned request ok, unrefused, in time),
+    the run record and the summary's counts are shared."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.server = Server()
+        self.tally = Tally()
+        REDACTIONS.secret(connection.api_key)
+        REDACTIONS.secret(connection.target.credentials)
+
+    # -- what a subclass says ------------------------------------------------
+
+    def plan_fields(self) -> dict:
+        """The plan as recorded in the run record (sizes and bounds, never prompt text)."""
+        return {}
+
+    def planned_per_engine(self) -> int:
+        return 0
+
+    # -- the run-frame interface -----------------------------------------------
+
+    def planned(self) -> int:
+        return self.planned_per_engine() * len(self.server.engines)
+
+    def run_fields(self, run: Run) -> dict:
+        plan = dict(self.plan_fields())
+        plan["requests_per_engine"] = plan.get("requests_total")
+        plan["requests_total"] = self.planned()
+        engines = routed(self.server.engines)
+        return {
+            "base_url": self.connection.target.display,
+            "model": clean_text(self.server.model, 200) if self.server.model else None,
+            "max_model_len": self.server.max_model_len,
+            "engines": list(engines) if engines else None,
+            "plan": plan,
+            "versions": {"helper": __version__, "python": sys.version.split()[0],
+                         "server": self.server.version},
+            "api_key_env": self.connection.api_key_env,
+            "api_key_set": bool(self.connection.api_key),
+        }
+
+    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
+        return judge_run(requests=self.tally.requests, planned=self.planned(),
+                         problems=self.tally.problems + list(extra),
+                         refusal=self.tally.refusal, late=late_problem(run))
+
+    def problems(self) -> list[str]:
+        return self.tally.problems + self.tally.refusal
+
+    def summary_fields(self, run: Run) -> dict:
+        tally = self.tally
+        return {"requests_ok": sum(r["ok"] for r in tally.requests),
+                "requests_total": self.planned(), "requests_ran": len(tally.requests),
+                "notes": tally.notes, "warnings": tally.warnings,
+                "settled_s": tally.settled_s}
+
+    # -- talking to the server -------------------------------------------------
+
+    def learn_server(self, run: Run) -> None:
+        """The model and its context (/v1/models), the version, the engines."""
+        self.resolve_model(run)
+        self.read_server_version(run)
+        self.server.engines = self.choose_engines(run)
+
+    def lookup(self, run: Run, method: str, path: str, body: dict | None = None
+               ) -> tuple[int, object]:
+        """(status, parsed JSON or None) of one small request; Fatal on transport."""
+        try:
+            response = fetch(self.connection.target, run.clock, method, path, body,
+                             bearer_for(path, self.connection.api_key))
+        except TransportError as exc:
+            raise Fatal(exc.problem if exc.kind == "connect"
+                        else f"{method} {path}: {exc.problem}")
+        doc, _ = decode_json(response.body)
+        return response.status, doc
+
+    def resolve_model(self, run: Run) -> None:
+        """Find the model (and its max_model_len) in GET /v1/models."""
+        wanted, display = self.connection.model, self.connection.target.display
+        status, doc = self.lookup(run, "GET", "/v1/models")
+        if status == 401:
+            raise Fatal(diagnose_http_error(401, None, None, self.connection.api_key_env,
+                                            bool(self.connection.api_key)))
+        entries = doc.get("data") if status == 200 and isinstance(doc, dict) else None
+        if not isinstance(entries, list):
+            if wanted:
+                self.server.model = wanted
+                return
+            raise Fatal(f"cannot find the model: GET {display}/v1/models answered HTTP "
+                        f"{status} without a model list (is --base-url the server's address, "
+                        f"with no extra path?); pass --model or set WARMUP_MODEL", EXIT_USAGE)
+        served = {e["id"]: e for e in entries
+                  if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]}
+        names = ", ".join(clean_text(n, 80) for n in sorted(served)[:10])
+        if wanted and wanted not in served:
+            raise Fatal(f"model {clean_text(wanted, 80)!r} is not served at {display}; "
+                        f"served: {names or 'none'}", EXIT_USAGE)
+        if not wanted and len(served) != 1:
+            raise Fatal(f"the server serves {len(served)} models "
+                        f"({names or 'none with an id'}); choose one with --model", EXIT_USAGE)
+        self.server.model = wanted or next(iter(served))
+        self.server.max_model_len = positive_int(
+            served[self.server.model].get("max_model_len"))
+
+    def read_server_version(self, run: Run) -> None:
+        try:
+            status, doc = self.lookup(run, "GET", "/version")
+        except Fatal:
+            return
+        if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
+            self.server.version = clean_text(doc["version"], 64)
+
+    def choose_engines(self, run: Run) -> tuple:
+        """The engines a batch covers: every engine /metrics shows (auto) or the ones asked
+        for; NO_ROUTING for one engine: exactly the single-engine run, no header."""
+        asked = self.connection.engines
+        samples, _ = read_samples(self.connection.target, run.clock, "/metrics")
+        served = engines_in(samples or [])
+        if asked is None:
+            return served if len(served) > 1 else NO_ROUTING
+        missing = [e for e in asked if e not in (served or (0,))]
+        if missing:
+            raise Fatal(f"--engines {format_engines(asked)}: engine "
+                        f"{','.join(map(str, missing))} is not served at "
+                        f"{self.connection.target.display} (its /metrics shows engines "
+                        f"{','.join(map(str, served)) or 'none'})", EXIT_USAGE)
+        return asked
+
+    def count_tokens(self, run: Run, prompt: str) -> int | None:
+        """The server's count of a prompt's tokens (/tokenize); None without /tokenize.
+        Only the count is kept: the ids are dropped with the document."""
+        status, doc = self.lookup(run, "POST", "/tokenize",
+                                  {"model": self.server.model, "prompt": prompt})
+        if status != 200:
+            return None                   # no /tokenize here: estimate
+        if not isinstance(doc, dict) or count_value(doc.get("count")) is None:
+            raise Fatal("could not size the B1 prompt: /tokenize answered without an "
+                        "integer count; no completion was sent")
+        if self.server.max_model_len is None:
+            self.server.max_model_len = positive_int(doc.get("max_model_len"))
+        return doc["count"]
+
+    def size_long_prompts(self, run: Run, target_tokens: int, tokens: int
+                          ) -> dict:
+        """One long prompt per engine, each with its own nonce, sized with /tokenize to at
+        most `target_tokens` and room for `tokens` more: engine -> (prompt, counted or
+        None when estimated)."""
+        budget = long_prompt_budget(target_tokens, tokens, self.server.max_model_len)
+        prompts = {}
+        for engine in self.server.engines:
+            nonce = "warmup-" + os.urandom(12).hex()
+            REDACTIONS.secret(nonce)
+            prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p), nonce,
+                                               budget)
+            tighter = long_prompt_budget(target_tokens, tokens, self.server.max_model_len)
+            if tighter < budget:      # /tokenize told a smaller context than /v1/models did
+                budget = tighter
+                prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p),
+                                                   nonce, budget)
+            prompts[engine] = (prompt, counted)
+        return prompts
+
+    def make_slot(self, index: int, rid: str, engine: int | None, body: dict,
+                  stream: bool = False, path: str = "/v1/completions",
+                  tagged: bool = True) -> Slot:
+        """One request, encoded now: the routing header only when engines are routed. Its
+        prompt is registered with the sinks' redactions first (`tagged`: the prompt's first
+        word is a nonce or tag, a secret of its own)."""
+        prompts = [body.get("prompt")] + [m.get("content") for m in body.get("messages", ())
+                                          if isinstance(m, dict)]
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                REDACTIONS.prompt(prompt, tag=tagged)
+        headers = {} if engine is None else {ENGINE_HEADER: str(engine)}
+        payload = request_bytes(self.connection.target, path, body, self.connection.api_key,
+                                headers)
+        return Slot(index, rid, payload, engine=engine, stream=stream)
+
+    def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool
+                      ) -> list[Slot] | None:
+        """The step every batch shares: guard, release the slots together, collect.
+
+        None when the guard refused (nothing was sent). After one of our own batches a busy
+        gauge may be ours not yet counted out, so it is read again for --settle-s.
+        """
+        if not self.check_guard(run, label, settle=not first):
+            return None
+        run.current = label
+        finished = release_batch(self.connection.target, run.clock, slots)
+        run.current = None
+        return finished
+
+    def check_guard(self, run: Run, label: str, settle: bool) -> bool:
+        """Read /metrics before a batch and record the gauges; False = refused.
+
+        With `settle`, a busy gauge right after our own batch is read again for up to
+        --settle-s (within the deadline) before it counts as foreign work.
+        """
+        started = run.clock.elapsed()
+        read = self.read_guard(run, label)
+        limit = started + self.connection.settle_s
+        waited = False
+        while settle and not read.ok and only_busy(read.problems) \
+                and run.clock.elapsed() + SETTLE_POLL_S <= limit \
+                and run.clock.remaining() > SETTLE_POLL_S:
+            time.sleep(SETTLE_POLL_S)
+            waited = True
+            read = self.read_guard(run, label)
+        settle_s = round(run.clock.elapsed() - started, 4) if waited else None
+        if read.counters is not None and self.tally.first_counters is None:
+            self.tally.first_counters = read.counters        # before the first batch
+        if waited and read.ok:
+            self.tally.settled_s.append(settle_s)
+        run.write({
+            "record": "gauges", "run_id": run.settings.run_id, "wave": label,
+            "at_s": round(run.clock.elapsed(), 4), "ok": read.ok,
+            "samples": [{"name": n, "labels": lab, "value": json_number(v)}
+                        for n, lab, v in read.samples if n in GAUGES],
+            "fresh_engines": read.fresh, "settle_s": settle_s, "problems": read.problems,
+        })
+        if not read.ok:
+            waited_for = f" (still after {settle_s:g} s of settling)" if waited else ""
+            self.tally.refusal += [f"refused before {label}: {p}{waited_for}"
+                                   for p in read.problems]
+        return read.ok
+
+    def read_guard(self, run: Run, label: str) -> GuardRead:
+        """GET /metrics (one retry after a transport error) and the guard's decision on it."""
+        target = self.connection.target
+        for attempt in (1, 2):
+            try:
+                response = fetch(target, run.clock, "GET", "/metrics")
+                break
+            except TransportError as exc:
+                if attempt == 2 or exc.kind == "deadline" or run.clock.remaining() <= 1:
+                    raise Fatal(f"guard before {label}: {exc.problem}")
+                time.sleep(METRICS_RETRY_PAUSE_S)
+        if response.status != 200:
+            return GuardRead(False, [f"guard cannot be read: GET {target.display}/metrics "
+                                     f"answered HTTP {response.status}"], [], None)
+        exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
+        if not exposition.samples:
+            return GuardRead(False, ["guard cannot be read: /metrics is not Prometheus text"],
+                             [], None)
+        problems, fresh = guard_problems(exposition, routed(self.server.engines))
+        return GuardRead(not problems, problems, exposition.samples,
+                         counters(exposition.samples), fresh)
+
+    def diagnose(self, fields: dict) -> str:
+        """Why a non-200 answer happened, with this connection's API key variable."""
+        return diagnose_http_error(fields["http_status"], fields.get("error"),
+                                   fields.get("error_param"), self.connection.api_key_env,
+                                   bool(self.connection.api_key))
+
+
+# ---------------------------------------------------------------------------
+# A batch with routing: slots over transport.exchange_batch.
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Slot:
+    """One request of a batch: what the client thread did, in the run's clock."""
+    index: int
+    request_id: str
+    payload: bytes
+    sent_at: float | None = None
+    done_at: float | None = None
+    response: Response | None = None
+    error: TransportError | None = None
+    engine: int | None = None
+    stream: bool = False                # a streamed request: note its first token
+
+
+# A server-sent event whose choice carries non-empty text: the first token has arrived.
+FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
+
+
+def release_batch(target: Target, clock, slots: list[Slot]) -> list[Slot]:
+    """Release the slots together (transport.exchange_batch); each slot as it ended."""
+    done = exchange_batch(target, clock, [
+        Exchange(slot.payload, FIRST_TEXT if slot.stream else None) for slot in slots])
+    return [replace(slot, payload=slot.payload if ex.payload else b"", sent_at=ex.sent_at,
+                    done_at=ex.done_at, response=ex.response, error=ex.error)
+            for slot, ex in zip(slots, done)]
+
+
+def bearer_for(path: str, api_key: str | None) -> str | None:
+    """vLLM's rule: only paths under /v1 take the API key (/health, /metrics, /tokenize and
+    /version stay open); the key goes nowhere else."""
+    return api_key if path.startswith("/v1/") else None
+
+
+def request_bytes(target: Target, path: str, body: dict, api_key: str | None,
+                  headers: dict | None = None) -> bytes:
+    """A POST to the server, encoded: the key only where vLLM wants it."""
+    return encode_request(target, "POST", path, body, bearer_for(path, api_key), headers)
+
+
+# ---------------------------------------------------------------------------
+# The guard and the counters: what /metrics says (pure decisions on parsed text).
+# ---------------------------------------------------------------------------
+
+_NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
+
+def engines_in(samples: list) -> tuple[int, ...]:
+    """Sorted engine indexes named by the `engine` label of vllm:* series."""
+    found = set()
+    for name, labels, _ in samples:
+        engine = labels.get("engine")
+        if name.startswith("vllm:") and engine is not None and re.fullmatch(r"[0-9]{1,4}", engine):
+            found.add(int(engine))
+    return tuple(sorted(found))
+
+
+
+FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",
+                  "vllm:generation_tokens_total")
+
+def guard_problems(exposition: Exposition, engines: tuple | None = None
+                   ) -> tuple[list[str], list[int]]:
+    """Both request gauges must be declared or sampled, and every sample of each must be 0.
+
+    Fails closed: a line that names a gauge but cannot be read exactly refuses. With
+    engines, each engine must have a 0 sample of each gauge, or (a fresh data-parallel
+    server publishes none until an engine has run a request) no sample while the family
+    is declared and that engine's own counters show it never ran one. Returns the problems
+    and the engines judged idle that way.
+    """
+    problems, fresh = [], []
+    for number, why, raw in exposition.bad_lines:
+        if _NAMES_A_GAUGE.search(raw):
+            problems.append(f"/metrics line {number} names a request gauge but cannot be read "
+                            f"exactly ({why}): {clean_text(raw, 120)!r}")
+    for gauge in GAUGES:
+        series = [(labels, value) for name, labels, value in exposition.samples if name == gauge]
+        for labels, value in series:
+            if value != 0:
+                problems.append(f"{format_sample(gauge, labels, value)}: the server is not idle")
+        sampled = {labels.get("engine") for labels, _ in series}
+        if not series and gauge not in exposition.declared:
+            problems.append(f"{gauge} missing from /metrics (metrics collection off, "
+                            f"or not a vLLM server): the guard cannot see other work")
+            continue
+        for engine in engines or ():
+            if str(engine) in sampled:
+                continue
+            if gauge in exposition.declared and engine_never_ran(exposition.samples, engine):
+                if engine not in fresh:
+                    fresh.append(engine)
+                continue
+            problems.append(f"{gauge} has no sample for engine {engine}, and that engine has "
+                            f"run requests: the guard cannot see its work")
+        if not engines and not series and not engine_never_ran(exposition.samples, None):
+            problems.append(f"{gauge} is declared but has no sample, and the server has run "
+                            f"requests: the guard cannot see its work")
+    return problems, fresh
+
+
+
+def engine_never_ran(samples: list, engine: int | None) -> bool:
+    """True when the engine's (or, with None, the server's) request counters are all 0."""
+    for name, labels, value in samples:
+        if name in FRESH_COUNTERS and (engine is None or labels.get("engine") == str(engine)):
+            if value != 0:
+                return False
+    return True
+
+
+
+@dataclass
+class GuardRead:
+    """One guard read: what /metrics said, and the decision."""
+    ok: bool
+    problems: list
+    samples: list
+    counters: dict | None
+    fresh: list = field(default_factory=list)     # engines judged idle by their counters
+
+
+
+
+def only_busy(problems: list[str]) -> bool:
+    """True when every problem is a busy gauge (worth a settle), none a missing or bad line."""
+    return all(p.endswith("the server is not idle") for p in problems)
+
+
+
+
+def counters(samples: list[tuple[str, dict, float]]) -> dict[str, float]:
+    """Every counter series (`*_total`) by name and label set."""
+    return {series_key(n, labels): v for n, labels, v in samples if n.endswith("_total")}
+
+
+
+def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float | None]:
+    """after - before for every series; None where a side lacks it or the counter went back."""
+    before, after = before or {}, after or {}
+    deltas = {}
+    for key in sorted(set(before) | set(after)):
+        b, a = before.get(key), after.get(key)
+        ok = b is not None and a is not None and math.isfinite(a - b) and a >= b
+        deltas[key] = json_number(a - b) if ok else None
+    return deltas
+
+
+
+def metrics_source(target: Target, path: str = "") -> str:
+    return target.display + path
+
+
+
+def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
+    """The samples of one Prometheus endpoint, or None and why."""
+    try:
+        response = fetch(target, clock, "GET", path)
+    except TransportError as exc:
+        return None, exc.problem
+    if response.status != 200:
+        return None, f"HTTP {response.status}"
+    samples = parse_prometheus(response.body.decode("utf-8", "replace")).samples
+    return (samples, None) if samples else (None, "not Prometheus text")
+
+
+
+def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | None]:
+    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
+    samples, why = read_samples(target, clock, path)
+    return (counters(samples), None) if samples else (None, why)
+
+
+
+
+# ---------------------------------------------------------------------------
+# Reading an answer: counts and reasons, never text or ids; the run's verdict.
+# ---------------------------------------------------------------------------
+
+FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
+
+def release_skew_ms(slots: list[Slot]) -> float | None:
+    sent = [slot.sent_at for slot in slots if slot.sent_at is not None]
+    return round((max(sent) - min(sent)) * 1000, 3) if sent else None
+
+
+
+def slot_timing(slot: Slot) -> dict:
+    """A finished slot's HTTP status, transport error and times: shared by every record."""
+    latency = (slot.done_at - slot.sent_at) \
+        if slot.sent_at is not None and slot.done_at is not None else None
+    return {
+        "http_status": slot.response.status if slot.response is not None else None,
+        "transport_error": None if slot.response is not None else
+        (slot.error.problem if slot.error else "no response"),
+        "latency_s": None if latency is None else round(latency, 4),
+        "sent_at_s": None if slot.sent_at is None else round(slot.sent_at, 4),
+    }
+
+
+
+def extract_fields(status: int, body: bytes) -> dict:
+    """The one reader of response bodies: the counts and reasons, sanitized; never text or ids."""
+    fields = {"http_status": status, "body_error": None, "error": None, "error_param": None,
+              "n_choices": None, "usage": False, "prompt_tokens": None, "cached_tokens": None,
+              "completion_tokens": None, "reasoning_tokens": None, "finish_reason": None,
+              "stop_reason": None, "metrics": None, "speculative_decoding": None,
+              "usage_problems": []}
+    doc, why = decode_json(body)
+    if why is not None:
+        fields["body_error"] = f"{why} in the response body"
+        if status != 200:
+            fields["error"] = scrub(body.decode("utf-8", "replace"), ERROR_TEXT_LIMIT) or None
+        return fields
+    if not isinstance(doc, dict):
+        fields["body_error"] = "response body is JSON but not an object"
+        return fields
+    if status != 200:
+        fields["error"], fields["error_param"] = _error_message(doc)
+        return fields
+    choices = doc.get("choices")
+    if isinstance(choices, list):
+        fields["n_choices"] = len(choices)
+        choice = choices[0] if choices and isinstance(choices[0], dict) else {}
+        fields["finish_reason"] = exact_str(choice.get("finish_reason"), 32)
+        fields["stop_reason"] = clean_stop_reason(choice.get("stop_reason"))
+    usage = doc.get("usage")
+    if isinstance(usage, dict):
+        fields["usage"] = True
+        counts, fields["usage_problems"] = read_usage(usage)
+        fields.update(counts)
+    metrics = doc.get("metrics")
+    if isinstance(metrics, dict):
+        fields["metrics"] = {k: finite_number(metrics.get(k))
+                             for k in REQUEST_METRIC_FIELDS}
+        fields["speculative_decoding"] = _numbers_only(metrics.get("speculative_decoding"))
+    return fields
+
+
+
+def stream_usage(body: bytes) -> tuple[dict | None, bool]:
+    """(the last usage object, whether the stream ended with [DONE]) of an SSE body; the
+    events' text is never kept."""
+    usage, done = None, False
+    for line in body.split(b"\n"):
+        line = line.strip()
+        if line == b"data: [DONE]":
+            done = True
+        elif line.startswith(b"data: {") and b'"usage"' in line:
+            doc, _ = decode_json(line[6:])
+            if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
+                usage = doc["usage"]
+    return usage, done
+
+
+USAGE_COUNTS = (("prompt_tokens", ("prompt_tokens",)),
+                ("completion_tokens", ("completion_tokens",)),
+                ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),
+                ("reasoning_tokens", ("completion_tokens_details", "reasoning_tokens")))
+
+def read_usage(usage) -> tuple[dict, list[str]]:
+    """The counts of a usage object (None where not reported, never 0) and a problem per
+    value that is not a count, naming its type, never quoting it."""
+    counts, problems = {}, []
+    for name, path in USAGE_COUNTS:
+        value = usage
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        counts[name] = count_value(value)
+        if value is not None and counts[name] is None:
+            problems.append(f"usage {name} is not a count: {describe(value)}")
+    return counts, problems
+
+
+
+def _numbers_only(value) -> dict | None:
+    """Per-request speculative metrics: numeric fields (and short numeric lists) only."""
+    if not isinstance(value, dict):
+        return None
+    kept = {}
+    for key, item in list(value.items())[:32]:
+        key = clean_text(str(key), 64)
+        if isinstance(item, list):
+            kept[key] = [finite_number(x) for x in item[:64]]
+        else:
+            kept[key] = finite_number(item)
+    return kept
+
+
+
+def _error_message(doc: dict) -> tuple[str | None, str | None]:
+    error = doc.get("error", doc.get("detail", doc.get("message")))
+    if isinstance(error, dict):
+        param = error.get("param")
+        return (scrub(str(error.get("message", "")), ERROR_TEXT_LIMIT) or None,
+                short_str(param, 64))
+    if error is None:
+        return None, None
+    return scrub(str(error) if not isinstance(error, str) else error, ERROR_TEXT_LIMIT) or None, None
+
+
+
+def clean_stop_reason(value) -> int | str | None:
+    """stop_reason as the server gave it (a token id or a stop string, cut to 64 characters)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)
+                         and abs(value) < 1 << 53):
+        return value
+    if isinstance(value, str):
+        return clean_text(value, STOP_REASON_LIMIT)
+    return f"<{type(value).__name__}>"
+
+
+
+def diagnose_http_error(status: int, message: str | None, param: str | None,
+                        api_key_env: str, key_set: bool = False) -> str:
+    """Name why a non-200 answer happened and what the operator can do about it."""
+    text = f"{message or ''} {param or ''}".lower()
+    said = f": {message}" if message else ""
+    if status == 401:
+        if key_set:
+            return (f"unauthorized: the server rejected the API key in {api_key_env}; set it "
+                    f"to the key the server was started with (HTTP 401)")
+        return (f"unauthorized: {api_key_env} is not set; set {api_key_env} (or --api-key-env) "
+                f"to the server's API key (HTTP 401)")
+    if status == 400 and "priority" in text:
+        return ("HTTP 400 naming priority: the server lacks priority scheduling; start it with "
+                f"--scheduling-policy priority, or run the warm-up with --priority 0{said}")
+    if status == 400 and ("context length" in text or "min_tokens" in text
+                          or "input_tokens" in text):
+        return ("the long prompt does not fit the model's context (prompt tokens + completion "
+                f"tokens must not exceed max_model_len; lower --b1-tokens) (HTTP 400){said}")
+    if 300 <= status < 400:
+        return f"HTTP {status} redirect not followed: point --base-url at the server itself"
+    if status == 404:
+        return (f"HTTP 404: no such path on the server (is --base-url the server's address, "
+                f"with no extra path?){said}")
+    return f"HTTP {status}{said}"
+
+
+
+def request_label(record: dict) -> str:
+    """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe),
+    'alone id_repo#0' (gate)."""
+    if record.get("shape"):
+        where = f"{record.get('shape')} {record.get('probe')}"
+    else:
+        where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
+    engine = record.get("engine")
+    return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
+
+
+
+def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusal: list[str],
+              late: list[str] = ()) -> tuple[str, int, list[str]]:
+    """The run's verdict: pass only with every planned request passed, in time, unrefused.
+    `late` holds the deadline problem when the run ended after its deadline."""
+    problems = list(problems)
+    failed = [r for r in requests if not r["ok"]]
+    for r in failed:
+        problems += [f"{request_label(r)}: {p}" for p in r["problems"]]
+    problems += list(late)
+    if failed or late or problems or (len(requests) < planned and not refusal):
+        if len(requests) < planned:
+            problems.append(f"only {len(requests)} of {planned} requests ran")
+        return "fail", EXIT_FAIL, problems + refusal
+    if refusal:
+        return "refused", EXIT_REFUSED, refusal + [f"only {len(requests)} of {planned} "
+                                                   f"requests ran"]
+    return "pass", EXIT_PASS, problems
+
+# ---------------------------------------------------------------------------
+# Prompts: synthetic, distinct, never recorded; a long one sized with /tokenize.
+# ---------------------------------------------------------------------------
+
+FILLER_WORDS = (
+    "the of and to in is was for on are with as by at from or an be this which have "
+    "time year people way day man thing woman life child world school state family "
+    "group country problem hand part place case week company system program question "
+    "work government number night point home water room mother area money story fact "
+    "month lot right study book eye job word business issue side kind head house "
+    "service friend father power hour game line end member law car city community name "
+    "president team minute idea kid body information back parent face others level "
+    "office door health person art war history party result change morning reason "
+    "research girl guy moment air teacher force education river market signal garden "
+    "engine table window paper stone music north south summer winter yellow orange "
+    "simple quiet rapid gentle mountain station letter silver forest island bridge"
+).split()
+
+EST_WORDS_PER_TOKEN = 1.0     # sizing without /tokenize: one word per token, never fewer tokens
+
+SHORT_PROMPT_WORDS = 24
+
+def make_long_prompt(nonce: str, n_words: int) -> str:
+    """B1's prompt: the nonce first (so no cached prefix matches), then filler words."""
+    rng = random.Random(nonce)
+    return nonce + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(n_words))
+
+
+
+def make_short_prompt(seed: str, depth: int, index: int) -> str:
+    """A distinct prompt of a few tens of tokens; its first word differs per request."""
+    rng = random.Random(f"{seed}/{depth}/{index}")
+    tag = f"{rng.getrandbits(48):012x}"
+    return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
+
+
+
+def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: int) -> dict:
+    """The exact sampling fields of one warm-up request: greedy, min = max, EOS ignored."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "min_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "priority": priority,
+        "stream": False,
+        "request_id": rid,
+    }
+
+
+
+def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None) -> int:
+    """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""
+    if max_model_len is None:
+        return target_tokens
+    room = max_model_len - tokens
+    if room < MIN_LONG_PROMPT_TOKENS:
+        raise Fatal(f"context too small: max_model_len {max_model_len} leaves room for "
+                    f"{max(room, 0)} prompt tokens beside {tokens} completion tokens, but B1 "
+                    f"needs more than {MIN_LONG_PROMPT_TOKENS - 1}; no completion was sent")
+    return min(target_tokens, room)
+
+
+
+SIZING_ROUNDS = 6
+
+def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
+    """Size B1 to `budget` tokens with `count(prompt) -> int | None` (the server's /tokenize).
+
+    Returns the prompt and its counted size, or an estimated prompt and None when the
+    server cannot count. Never returns a counted prompt above the budget; the word count
+    stays within [budget / 8, 2 * budget] whatever the server answers, and a count that
+    is not a positive integer is not believed.
+    """
+    low_words, high_words = max(1, budget // 8), 2 * budget
+    n_words = max(1, math.ceil(budget * EST_WORDS_PER_TOKEN))
+    low = max(MIN_LONG_PROMPT_TOKENS, int(budget * 0.97))
+    best = None
+    for _ in range(SIZING_ROUNDS):
+        prompt = make_long_prompt(nonce, n_words)
+        counted = count(prompt)
+        if counted is None:
+            return prompt, None
+        if not isinstance(counted, int) or counted < 1:
+            raise Fatal(f"could not size the B1 prompt: /tokenize answered count "
+                        f"{clean_text(repr(counted), 40)}; no completion was sent")
+        if counted <= budget:
+            best = (prompt, counted)
+            if counted >= low:
+                return best
+        # Tokens grow about linearly in words: aim just under the budget.
+        n_words = min(high_words, max(low_words, int(n_words * (budget - 8) / counted)))
+    if best is not None and best[1] >= MIN_LONG_PROMPT_TOKENS:
+        return best
+    raise Fatal(f"could not size the B1 prompt between {MIN_LONG_PROMPT_TOKENS} and {budget} "
+                f"tokens with the server's /tokenize; no completion was sent")
+
+
+
+
+# ---------------------------------------------------------------------------
+# The command line every program against a server shares.
+# ---------------------------------------------------------------------------
+
+ENVIRONMENT_HELP = """\
+environment:
+  WARMUP_BASE_URL     default for --base-url
+  WARMUP_MODEL        default for --model
+  WARMUP_ENGINES      default for --engines
+  WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
+  VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
+                      never printed or recorded (another variable: --api-key-env)
+"""
+
+
+def parse_engines(text: str) -> tuple[int, ...] | None:
+    """'auto' -> None (every engine the server has); '0,2' -> (0, 2): distinct indexes.
+    The one parser of an engine list; ValueError says what is wrong."""
+    if text.strip() == "auto":
+        return None
+    try:
+        engines = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"wants auto or engine indexes separated by commas, such as 0,1; "
+                         f"got {text!r}")
+    if any(e < 0 or e > MAX_ENGINE for e in engines) or len(set(engines)) != len(engines):
+        raise ValueError(f"engine indexes must be distinct, from 0 to {MAX_ENGINE}; "
+                         f"got {text!r}")
+    return engines
+
+
+def format_engines(engines: tuple[int, ...] | None) -> str:
+    """The engines as an operator writes them: auto, or 0,2."""
+    return "auto" if engines is None else ",".join(map(str, engines))
+
+
+def engines_type(text: str) -> tuple[int, ...] | None:
+    """An argparse type over parse_engines."""
+    try:
+        return parse_engines(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc))
+
+
+def add_server_options(parser: argparse.ArgumentParser) -> None:
+    """The options every program that talks to the server shares (warm-up, probe, gate).
+    Defaults from the environment are checked by connection_from(), which names the
+    variable when one is bad."""
+    parser.add_argument("--base-url", metavar="URL", default=None,
+                        help=f"the server's address, without /v1 (default: $WARMUP_BASE_URL, "
+                             f"else {DEFAULT_BASE_URL}); credentials in it are never printed "
+                             f"or sent")
+    parser.add_argument("--model", metavar="NAME", default=None,
+                        help="model name (default: $WARMUP_MODEL, else the only model in "
+                             "GET /v1/models)")
+    parser.add_argument("--engines", metavar="auto|LIST", type=engines_type,
+                        default=argparse.SUPPRESS,
+                        help="engines of a data-parallel server to cover: auto (every engine "
+                             "in /metrics' engine label; one engine: no routing header) or a "
+                             "list such as 0,2, each request carrying X-data-parallel-rank "
+                             "(default: $WARMUP_ENGINES, else auto)")
+    parser.add_argument("--settle-s", metavar="S", type=seconds(60.0), default=2.0,
+                        help="after one of our own batches, how long a non-zero request gauge "
+                             "is read again (our requests not yet counted out) before it "
+                             "refuses; within the deadline (default: %(default)g)")
+    parser.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="NAME",
+                        help="environment variable holding the API key (default: %(default)s)")
+
+
+def connection_from(args: argparse.Namespace) -> Connection:
+    """The Connection from add_server_options' options and the environment; UsageError
+    naming the flag, or the variable when the bad value came from the environment."""
+    env = os.environ
+    if not args.api_key_env.isidentifier():
+        raise UsageError("--api-key-env must name an environment variable")
+    api_key = env.get(args.api_key_env) or None
+    if api_key is not None and not is_header_value(api_key):
+        raise UsageError(f"{args.api_key_env} holds a character that is not printable ASCII "
+                         f"(a line break?); an API key is sent in a header and must be "
+                         f"printable ASCII")
+    if args.base_url is not None:
+        target = parse_base_url(args.base_url, "--base-url")
+    else:
+        target = parse_base_url(env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
+                                "WARMUP_BASE_URL" if env.get("WARMUP_BASE_URL") else
+                                "--base-url")
+    engines = getattr(args, "engines", None)
+    if not hasattr(args, "engines") and env.get("WARMUP_ENGINES"):
+        try:
+            engines = parse_engines(env["WARMUP_ENGINES"])
+        except ValueError as exc:
+            raise UsageError(f"WARMUP_ENGINES: {exc}")
+    return Connection(target=target, api_key=api_key, api_key_env=args.api_key_env,
+                      model=args.model or env.get("WARMUP_MODEL") or None, engines=engines,
+                      settle_s=args.settle_s)
+
+
+def parse_base_url(text: str, source: str = "--base-url") -> Target:
+    """The server's address; a trailing /v1 is dropped (the programs add their paths)."""
+    target = parse_url(text, source)
+    if target.path.endswith("/v1"):
+        target = replace(target, path=target.path[:-3])
+    return target
