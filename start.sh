@@ -17,58 +17,20 @@ readonly HERE
 readonly LAUNCH_DIR="${HERE}/offload/launch"
 readonly WRAPPER="${LAUNCH_DIR}/warmup_serve.sh"
 readonly QUALIFY="${LAUNCH_DIR}/qualify.py"
+readonly PROCS="${LAUNCH_DIR}/procs.py"
 readonly TAIL_LINES=20
 readonly COMPILE_PATTERN='JIT compilation during inference|Compiling|autotun'
 readonly KILL_AFTER_S=5
 readonly PROBE_TIMEOUT_S=2
-
-# GET {base}/health once. The URL comes from START_PROBE_URL (kept out of the command
-# line, where ps would show credentials); user:password in it become Basic auth.
-# Exit 0: HTTP 200; 1: any other HTTP answer; 2: no HTTP answer at all.
-readonly HEALTH_PROBE='
-import base64, os, sys, urllib.error, urllib.parse, urllib.request
-url = urllib.parse.urlsplit(os.environ["START_PROBE_URL"])
-host = url.netloc.rpartition("@")[2]
-request = urllib.request.Request(urllib.parse.urlunsplit(
-    (url.scheme, host, url.path.rstrip("/") + "/health", "", "")))
-if url.username is not None:
-    pair = urllib.parse.unquote(url.username) + ":" + urllib.parse.unquote(url.password or "")
-    request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
-opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-try:
-    with opener.open(request, timeout=float(sys.argv[1])) as response:
-        sys.exit(0 if response.status == 200 else 1)
-except urllib.error.HTTPError:
-    sys.exit(1)
-except Exception:
-    sys.exit(2)
-'
-
-# From `qualify.py report --json` on stdin: the last run's verdict and 1 when its
-# summary notes say the B1 cache check was not made (else 0).
-readonly REPORT_FIELDS='
-import json, sys
-report = json.load(sys.stdin)
-runs = report.get("runs") or [{}]
-notes = ((runs[-1] or {}).get("summary") or {}).get("notes") or report.get("notes") or []
-unchecked = any("cache check not made" in str(note) for note in notes)
-print(report.get("verdict") or "none", int(unchecked))
-'
-
-# From `qualify.py gate --json` on stdin: verdict, identifiers exact alone and batched,
-# worst character error rate (three decimals, or "n/a").
-readonly GATE_FIELDS='
-import json, sys
-gate = json.load(sys.stdin)
-exact = gate.get("identifiers_exact") or {}
-cer = gate.get("worst_cer")
-print(gate.get("verdict") or "none", exact.get("alone") or "?", exact.get("batched") or "?",
-      "n/a" if cer is None else "%.3f" % cer)
-'
+readonly NO_ANSWER=3   # qualify.py health: no HTTP answer at all
+readonly SAY_EVERY_S=30
 
 # Settings: environment first, then flags; made readonly once checked.
 base_url="${START_BASE_URL:-http://127.0.0.1:8000}"
 guard_s="${START_GUARD_S:-600}"
+guard_source="START_GUARD_S"       # where a bad value came from: the variable or the flag
+base_url_source="START_BASE_URL"
+gate_hard_source="START_GATE_HARD_S"
 log_dir="${START_LOG_DIR:-./logs}"
 ready_file="${START_READY_FILE:-}"
 warmup="${START_WARMUP:-1}"
@@ -83,7 +45,6 @@ display_url=""     # base_url without credentials: the only form that is ever sh
 server_pid=""      # the launched pid, which is also its process group id (setsid)
 server_status=""   # the launched pid's exit status, once it has exited
 child_pid=""       # the foreground step (health probe, sleep, warm-up), for signals
-gate_out=""        # a temporary file for the gate's JSON summary, while it runs
 launched_at=0      # SECONDS at launch
 
 # The --help text, on stdout.
@@ -159,17 +120,12 @@ is_number() {
   [[ "$1" =~ ^[0-9]+([.][0-9]+)?$ ]]
 }
 
-# The base URL as it may be shown (no user:password@), checked by the helper's own URL
-# parser, so start.sh and the warm-up accept the same URLs; its errors never quote the
-# URL. Arguments: the URL. Outputs: the URL to show. Returns: 2 when it is not valid.
-readonly URL_CHECK='import sys; sys.path.insert(0, sys.argv[1]); import warmup
-try:
-    print(warmup.parse_url(sys.argv[2]).display)
-except warmup.UsageError as exc:
-    print(exc, file=sys.stderr)
-    sys.exit(2)'
+# The base URL as it may be shown (no user:password@), checked by the programs' own URL
+# parser (qualify.py health --print-url), so start.sh and the warm-up accept the same URLs;
+# the URL goes in the environment, out of any command line (ps shows those).
+# Arguments: the URL. Outputs: the URL to show, or why it is not valid (exit 2).
 url_without_credentials() {
-  python3 -I -S -c "${URL_CHECK}" "${HERE}/offload/launch" "$1"
+  WARMUP_BASE_URL="$1" python3 -I -S "${QUALIFY}" health --print-url
 }
 
 # Whether a flag's value is a secret: --api-key, --hf-token, and any flag whose name
@@ -202,38 +158,27 @@ redacted_command() {
   echo "${out[*]}"
 }
 
-# GET /health once (see HEALTH_PROBE).
+# GET /health once (qualify.py health; the URL in the environment, out of ps).
 # Globals: base_url. Arguments: timeout in seconds.
-# Returns: 0 HTTP 200, 1 another HTTP answer, 2 no answer.
+# Returns: 0 HTTP 200, 1 another HTTP answer, NO_ANSWER (3) no answer.
 probe_health() {
-  START_PROBE_URL="${base_url}" python3 -I -S -c "${HEALTH_PROBE}" "$1" >/dev/null 2>&1
+  WARMUP_BASE_URL="${base_url}" python3 -I -S "${QUALIFY}" health --timeout-s "$1" \
+    >/dev/null 2>&1
 }
 
-# Whether a process group has a live member. A zombie does not count: it holds no
-# port and waits for a reaper that may never come (pid 1 in a container often does
-# not reap), so `kill -0 -- -PGID` alone would see a dead server as running.
+# Whether a process group has a live member; a zombie does not count (procs.py reads
+# /proc). kill -0 first: a group nothing of which is left needs no Python.
 # Arguments: the process group id. Returns: 0 when a non-zombie member exists.
 group_alive() {
-  local pgid="$1" stat line state pgrp
-  kill -0 -- "-${pgid}" 2>/dev/null || return 1
-  for stat in /proc/[0-9]*/stat; do
-    { read -r line <"${stat}"; } 2>/dev/null || continue
-    read -r state _ pgrp _ <<<"${line##*) }"
-    if [[ "${pgrp}" == "${pgid}" && "${state}" != "Z" ]]; then
-      return 0
-    fi
-  done
-  [[ ! -d /proc/self ]]     # without /proc, trust kill -0
+  kill -0 -- "-$1" 2>/dev/null || return 1
+  python3 -I -S "${PROCS}" group "$1"
 }
 
-# Whether a process is alive: a zombie is not.
+# Whether a process is alive: a zombie is not (procs.py).
 # Arguments: the pid. Returns: 0 when it runs.
 process_alive() {
-  local line state
   kill -0 "$1" 2>/dev/null || return 1
-  { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 0
-  read -r state _ <<<"${line##*) }"
-  [[ "${state}" != "Z" ]]
+  python3 -I -S "${PROCS}" alive "$1"
 }
 
 # Whether the launched server still runs: the launched pid, or once it has exited, any
@@ -293,7 +238,7 @@ stop_server() {
 }
 
 # TERM/INT while starting: stop the current step, then the server; exit 143/130.
-# Globals: child_pid, gate_out, server_pid. Arguments: signal name, exit status.
+# Globals: child_pid, server_pid. Arguments: signal name, exit status.
 on_signal() {
   local name="$1" code="$2"
   trap - TERM INT
@@ -308,7 +253,6 @@ on_signal() {
       tries=$((tries + 1))
     done
   fi
-  [[ -z "${gate_out}" ]] || rm -f -- "${gate_out}"
   stop_server
   exit "${code}"
 }
@@ -344,11 +288,13 @@ parse_args() {
       --base-url)
         need_value "$@"
         base_url="$2"
+        base_url_source="--base-url"
         shift 2
         ;;
       --start-guard-s)
         need_value "$@"
         guard_s="$2"
+        guard_source="--start-guard-s"
         shift 2
         ;;
       --log-dir)
@@ -372,6 +318,7 @@ parse_args() {
       --gate-hard-s)
         need_value "$@"
         gate_hard_s="$2"
+        gate_hard_source="--gate-hard-s"
         shift 2
         ;;
       -h | --help)
@@ -419,7 +366,7 @@ check_settings() {
   # Whole numbers in decimal, bounded: bash arithmetic reads 08 as octal and overflows
   # past 2^63.
   [[ "${guard_s}" =~ ^[1-9][0-9]{0,6}$ ]] ||
-    die_usage "--start-guard-s must be a whole number of seconds from 1 to 9999999," \
+    die_usage "${guard_source} must be a whole number of seconds from 1 to 9999999," \
       "got '${guard_s}'"
   is_number "${poll_s}" || die_usage "START_POLL_S must be a number of seconds, got '${poll_s}'"
   [[ "${stop_grace_s}" =~ ^(0|[1-9][0-9]{0,4})$ ]] ||
@@ -427,9 +374,10 @@ check_settings() {
   [[ "${warmup}" =~ ^[01]$ ]] || die_usage "START_WARMUP must be 0 or 1, got '${warmup}'"
   [[ "${gate}" =~ ^[01]$ ]] || die_usage "START_GATE must be 0 or 1, got '${gate}'"
   if ! is_number "${gate_hard_s}" || [[ "${gate_hard_s}" =~ ^0*([.]0*)?$ ]]; then
-    die_usage "--gate-hard-s must be a positive number of seconds, got '${gate_hard_s}'"
+    die_usage "${gate_hard_source} must be a positive number of seconds, got '${gate_hard_s}'"
   fi
-  [[ "${base_url}" =~ ^https?:// ]] || die_usage "--base-url must start with http:// or https://"
+  [[ "${base_url}" =~ ^https?:// ]] ||
+    die_usage "${base_url_source} must start with http:// or https://"
   command -v setsid >/dev/null || die_usage "setsid (util-linux) is required"
   check_log_dir
   if [[ -n "${ready_file}" ]]; then
@@ -459,7 +407,7 @@ check_pid_file() {
 check_nothing_answers() {
   local status=0
   probe_health "${PROBE_TIMEOUT_S}" || status=$?
-  if ((status != 2)); then
+  if ((status != NO_ANSWER)); then
     error "something already answers at ${display_url}/health before launch: start.sh" \
       "reports only on a server it starts. Stop that server, or choose another --base-url."
     exit 1
@@ -479,10 +427,15 @@ launch() {
 
 # Poll /health until 200; ERROR and exit when the server is gone or the guard expires.
 wait_ready() {
-  local left
+  local left said=${SECONDS}
   while true; do
     server_alive || die_server_gone "before ${display_url}/health answered 200"
     left=$((guard_s - (SECONDS - launched_at)))
+    if ((SECONDS - said >= SAY_EVERY_S)); then
+      said=${SECONDS}
+      log "waiting for ${display_url}/health: $((SECONDS - launched_at)) s of the" \
+        "${guard_s} s start guard; server process group ${server_pid} is running"
+    fi
     if ((left <= 0)); then
       error "server not ready: ${display_url}/health did not answer 200 within the" \
         "${guard_s} s start guard (is --base-url the server's address?)"
@@ -500,21 +453,19 @@ wait_ready() {
   done
 }
 
-# Read a records file with the helper's own reader (qualify.py report --json).
-# Globals: run_verdict ("pass", "fail", "refused", "killed" or "none"), cache_unchecked
-# (1 when the summary notes say the B1 cache check was not made) are set.
+# Read what start.sh needs from a records file, judged by qualify.py report (a pass
+# needs complete evidence). Globals: run_verdict ("pass", "fail", "refused", "killed",
+# "incomplete" or "none"), cache_check ("made" or "not-made") are set.
 # Arguments: the records file.
 read_run() {
-  local report fields
   run_verdict="none"
-  cache_unchecked=0
-  report="$(python3 "${QUALIFY}" report "$1" --json 2>/dev/null)" || true
-  fields="$(printf '%s' "${report}" | python3 -I -S -c "${REPORT_FIELDS}" 2>/dev/null)" ||
-    return 0
-  read -r run_verdict cache_unchecked <<<"${fields}"
+  cache_check="made"
+  read -r run_verdict cache_check < <(python3 -I -S "${QUALIFY}" report "$1" \
+    --fields verdict,cache_check 2>/dev/null) || true
+  run_verdict="${run_verdict:-none}"
 }
 
-# Globals: warmup_records, warmup_status, run_verdict, cache_unchecked, compiles (set).
+# Globals: warmup_records, warmup_status, run_verdict, cache_check, compiles (set).
 run_warmup() {
   local offset started=${SECONDS}
   warmup_records="${log_dir}/warmup-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
@@ -532,30 +483,26 @@ run_warmup() {
     "${compiles} compile lines in server.log during it"
 }
 
-# The quality gate under a hard bound; its --json summary read back. Like the warm-up,
-# it gets the base URL in WARMUP_BASE_URL: a command line is visible to every user (ps),
-# and the URL may hold credentials.
-# Globals: gate_records, gate_status, gate_verdict, gate_alone, gate_batched,
-# gate_cer, gate_out (set).
+# The quality gate under a hard bound, then what its records show (qualify.py report).
+# Like the warm-up, it gets the base URL in WARMUP_BASE_URL: a command line is visible to
+# every user (ps), and the URL may hold credentials.
+# Globals: gate_records, gate_status, gate_verdict, gate_alone, gate_batched, gate_cer (set).
 run_gate() {
-  local fields started=${SECONDS}
+  local started=${SECONDS}
   gate_records="${log_dir}/gate-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
   gate_status=0
+  log "gate: ${QUALIFY} gate --records ${gate_records} (WARMUP_BASE_URL ${display_url})" \
+    "(hard bound ${gate_hard_s} s)"
+  WARMUP_BASE_URL="${base_url}" run_child timeout --kill-after="${KILL_AFTER_S}s" \
+    "${gate_hard_s}" python3 "${QUALIFY}" gate --records "${gate_records}" || gate_status=$?
   gate_verdict="none"
   gate_alone="?"
   gate_batched="?"
   gate_cer="n/a"
-  gate_out="$(mktemp "${log_dir}/.gate-summary.XXXXXX")"
-  log "gate: ${QUALIFY} gate --records ${gate_records} --json (WARMUP_BASE_URL ${display_url})" \
-    "(hard bound ${gate_hard_s} s)"
-  WARMUP_BASE_URL="${base_url}" run_child timeout --kill-after="${KILL_AFTER_S}s" \
-    "${gate_hard_s}" python3 "${QUALIFY}" gate --records "${gate_records}" --json \
-    >"${gate_out}" || gate_status=$?
-  if fields="$(python3 -I -S -c "${GATE_FIELDS}" <"${gate_out}" 2>/dev/null)"; then
-    read -r gate_verdict gate_alone gate_batched gate_cer <<<"${fields}"
-  fi
-  rm -f -- "${gate_out}"
-  gate_out=""
+  read -r gate_verdict gate_alone gate_batched gate_cer < <(python3 -I -S "${QUALIFY}" report \
+    "${gate_records}" --fields verdict,identifiers_alone,identifiers_batched,worst_cer \
+    2>/dev/null) || true
+  gate_verdict="${gate_verdict:-none}"
   log "gate ended: exit ${gate_status}, verdict ${gate_verdict}, $((SECONDS - started)) s"
 }
 
@@ -584,7 +531,7 @@ warm_up_and_report() {
   local notes records
   run_warmup
   notes="${compiles} compile lines during warm-up"
-  if ((cache_unchecked)); then
+  if [[ "${cache_check}" == "not-made" ]]; then
     notes+="; B1 cache check not made: the server does not report cached tokens"
   fi
   if ((warmup_status != 0)) || [[ "${run_verdict}" != "pass" ]]; then

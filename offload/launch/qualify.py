@@ -17,10 +17,12 @@ Standard library only. The contract: CONTRACT.md beside this file.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
 import textwrap
+import urllib.parse
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -31,10 +33,11 @@ try:
                           split_runs, tidy)
     from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_USAGE, PROBLEM_LIMIT, Run, RunSettings,
                           add_run_options, emit, parse_or_explain, run_session, run_settings,
-                          usage_error, whole)
-    from transport import UsageError, clean_text, finite_number
+                          seconds, usage_error, whole)
+    from transport import Clock, TransportError, UsageError, clean_text, fetch, finite_number
     from vllm_client import (ENVIRONMENT_HELP, MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS,
                              Connection, ServerProgram, Slot, add_server_options,
+                             base_url_from,
                              completion_body, connection_from, extract_fields,
                              make_short_prompt, read_usage, request_label, slot_timing,
                              stream_usage)
@@ -67,47 +70,124 @@ PICKED = {
 }
 
 
-def build_run(records: list[dict]) -> dict:
-    """One run as one object: plan, requests, waves, counters, probe, gate, summary, verdict."""
+JUDGED_KIND = {"warmup": "request", "probe": "probe", "gate": "gate"}   # mode -> record
+
+
+def evidence_problems(run: dict | None, summary: dict | None, judged: list[dict]
+                      ) -> list[str]:
+    """What the records lack to show the run they claim: a run record, a summary, as many
+    judged records as the plan announced (each ok) on every engine, and a summary whose
+    counts agree with them. [] when the evidence is complete. Pure: records in, reasons out."""
+    problems = []
+    if run is None:
+        problems.append("no run record")
+    if summary is None:
+        problems.append("no summary record")
+    plan = as_dict(as_dict(run).get("plan"))
+    planned = plan.get("requests_total")
+    if run is not None and not is_count(planned):
+        problems.append("the run record announces no number of requests")
+    if is_count(planned) and len(judged) != planned:
+        problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
+    failed = [r for r in judged if r.get("ok") is not True]
+    if failed:
+        problems.append(f"{len(failed)} request record(s) not ok: "
+                        f"{', '.join(request_label(r) for r in failed[:5])}")
+    engines = as_dict(run).get("engines")
+    per_engine = plan.get("requests_per_engine")
+    if isinstance(engines, list) and engines and is_count(per_engine):
+        for engine in engines:
+            mine = sum(1 for r in judged if r.get("engine") == engine)
+            if mine != per_engine:
+                problems.append(f"engine {show(engine)}: {mine} of its {per_engine} request "
+                                f"records")
+    if summary is not None:
+        ok = sum(1 for r in judged if r.get("ok") is True)
+        said = summary.get("requests_ok")
+        if is_count(said) and said != ok:
+            problems.append(f"the summary says {said} requests ok; the records show {ok}")
+        total = summary.get("requests_total")
+        if is_count(total) and is_count(planned) and total != planned:
+            problems.append(f"the summary counts {total} planned requests; the run record "
+                            f"{planned}")
+    return problems
+
+
+def is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def run_verdict(summary: dict | None, evidence: list[str]) -> tuple[str, int]:
+    """The verdict the report stands behind: the summary's, unless it claims a pass the
+    evidence does not show, or there is no summary: then 'incomplete' (exit 1)."""
+    if summary is None:
+        return "incomplete", EXIT_FAIL
+    verdict = summary.get("verdict")
+    if verdict not in ("pass", "fail", "refused", "killed"):
+        return "incomplete", EXIT_FAIL
+    if verdict == "pass" and evidence:
+        return "incomplete", EXIT_FAIL
+    code = exit_status(summary.get("exit_code"))
+    if verdict == "pass" and code != EXIT_PASS or verdict != "pass" and code == EXIT_PASS:
+        return "incomplete", EXIT_FAIL
+    return verdict, code
+
+
+def build_run(records: list[dict], last: bool = True) -> dict:
+    """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
+    the verdict judged from its evidence."""
     by_kind: dict[str, list[dict]] = {}
     for record in records:
         by_kind.setdefault(record["record"], []).append(record)
     summary = (by_kind.get("summary") or [None])[-1]
+    run = (by_kind.get("run") or [None])[-1]
+    where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
-        f"no summary: the file ends after a '{show(records[-1]['record'], 40)}' record (the "
-        f"run was killed, or is still running)")
+        f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
+        f"run was killed{', or is still running' if last else ''})")
+    mode = as_dict(run).get("mode")
+    judged = by_kind.get(JUDGED_KIND.get(mode, "request"), []) if run is not None else \
+        [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
     if summary:
         problems = as_list(summary.get("problems"))
     else:                             # cut short: name what failed before the cut
         problems = [f"{request_label(r)}: {p}"
                     for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
                     if r.get("ok") is not True for p in as_list(r.get("problems"))]
+    evidence = evidence_problems(run, summary, judged)
+    verdict, exit_code = run_verdict(summary, evidence)
 
     def pick(kind: str) -> list[dict]:
         return [{k: r.get(k) for k in PICKED[kind]} for r in by_kind.get(kind, [])]
 
     return tidy({
-        "run": (by_kind.get("run") or [None])[-1],
+        "run": run,
         "requests": pick("request"), "waves": pick("wave"), "metrics": pick("metrics"),
         "status": pick("status"), "probe": pick("probe"),
         "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
         "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
         "summary": summary, "problems": problems,
-        "verdict": summary.get("verdict") if summary else None,
-        "exit_code": exit_status(summary.get("exit_code")) if summary else None,
+        "verdict": verdict, "exit_code": exit_code,
+        "claimed": summary.get("verdict") if summary else None,
+        "evidence": "incomplete" if evidence else "complete",
+        "evidence_problems": evidence,
         "ends": ends,
     })
 
 
-def build_report(records: list[dict], issues: list[str]) -> dict:
-    """A records file as one object: each run, the bad lines, and the last run's verdict."""
-    runs = [build_run(group) for group in split_runs(records)]
-    last = runs[-1] if runs else None
-    exit_code = EXIT_FAIL if last is None or last["exit_code"] is None \
-        else last["exit_code"]
+def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
+    """A records file as one object: each run, the bad lines, and the last run's verdict.
+    A file with no run record holds no run, whatever else it holds: exit 1."""
+    groups = split_runs(records)
+    runs = [build_run(group, last=(i == len(groups) - 1)) for i, group in enumerate(groups)]
+    if not any(run["run"] is not None for run in runs):
+        return {"runs": runs, "issues": tidy(issues), "verdict": "none",
+                "exit_code": EXIT_FAIL, "evidence": "incomplete",
+                "ends": f"no warm-up run in {clean_text(path, 200)} (no run record)"}
+    last = runs[-1]
     return {"runs": runs, "issues": tidy(issues),
-            "verdict": last["verdict"] if last else None, "exit_code": exit_code,
-            "ends": last["ends"] if last else "no records: the file holds no record"}
+            "verdict": last["verdict"], "exit_code": last["exit_code"],
+            "evidence": last["evidence"], "ends": last["ends"]}
 
 
 def run_header(run: dict) -> str:
@@ -187,8 +267,16 @@ def format_run(run: dict) -> list[str]:
     summary = as_dict(run["summary"])
     lines += [f"note: {show(n, 300)}" for n in as_list(summary.get("notes"))]
     lines += [f"warning: {show(w, 300)}" for w in as_list(summary.get("warnings"))]
-    lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})" if run["summary"]
-                 else f"verdict: none ({run['ends']})")
+    if run["evidence_problems"]:
+        lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
+                                             for p in run["evidence_problems"]]
+    if not run["summary"]:
+        lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
+    elif run["verdict"] != run["claimed"]:
+        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
+                     f"claims {show(run['claimed'])}, the evidence does not show it)")
+    else:
+        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})")
     return lines
 
 
@@ -196,8 +284,9 @@ def format_report(report: dict) -> str:
     """The whole file for a terminal: bad lines first, then each run, the last run last."""
     lines = [f"note: {show(issue, 300)}" for issue in report["issues"]]
     runs = report["runs"]
-    if not runs:
+    if not any(run["run"] for run in runs):
         lines.append(f"verdict: none ({report['ends']})")
+        return "\n".join(lines)
     for number, run in enumerate(runs, 1):
         if len(runs) > 1:
             lines += ["", f"== run {number} of {len(runs)} =="]
@@ -212,15 +301,23 @@ def report_main(argv: list[str]) -> int:
         prog=PROG + " report",
         description="Print a readable report of a records file (warm-up, probe or gate), run "
                     "by run; also a file cut short by a kill, holding several runs, or with "
-                    "damaged lines (skipped and named). Exit status: the last run's own (0 "
-                    "pass), 1 when it has no summary or the file no record, 2 when the file "
-                    "cannot be read.")
+                    "damaged lines (skipped and named). Each run's verdict is judged from its "
+                    "records: a pass needs its run record, its summary and every request "
+                    "record the plan announced, each ok, on every engine; otherwise the run "
+                    "is 'incomplete', whatever its summary claims. Exit status: the last "
+                    "run's (0 pass), 1 when it is incomplete or the file holds no run, 2 "
+                    "when the file cannot be read.")
     parser.add_argument("records", help="the JSON Lines records file")
     parser.add_argument("--json", action="store_true",
                         help="the report as one JSON object: runs (each with its run, requests, "
                              "waves, metrics, status, probe, probe_summary, gate, summary, "
-                             "problems, verdict, exit_code, ends), issues, and the last run's "
-                             "verdict and exit_code")
+                             "problems, verdict, exit_code, claimed, evidence, "
+                             "evidence_problems, ends), issues, and the last run's verdict, "
+                             "exit_code and evidence")
+    parser.add_argument("--fields", metavar="LIST", type=fields_type,
+                        help="for scripts: print only these fields of the last run, space "
+                             "separated, on one line, in the order given; each a single word "
+                             f"(- when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
     args = parser.parse_args(argv)
     try:
         records, issues = load_records(args.records)
@@ -229,9 +326,58 @@ def report_main(argv: list[str]) -> int:
                     f"{exc.strerror or type(exc).__name__}; give the path of a records file",
                     sys.stderr)
         return EXIT_USAGE
-    report = build_report(records, issues)
-    emit(json.dumps(report, indent=2) if args.json else format_report(report))
+    report = build_report(records, issues, args.records)
+    if args.fields:
+        emit(" ".join(script_field(report, name) for name in args.fields))
+    else:
+        emit(json.dumps(report, indent=2) if args.json else format_report(report))
     return report["exit_code"]
+
+
+def _last_run(report: dict) -> dict:
+    return report["runs"][-1] if report["runs"] else {}
+
+
+def _cache_check(report: dict) -> str:
+    notes = as_list(as_dict(_last_run(report).get("summary")).get("notes"))
+    return "not-made" if any("cache check not made" in str(n) for n in notes) else "made"
+
+
+def _gate_figure(report: dict, shape: str) -> str:
+    exact = as_dict(as_dict(_last_run(report).get("gate_summary")).get("identifiers_exact"))
+    return show(exact.get(shape), 20)
+
+
+def _worst_cer(report: dict) -> str:
+    cer = finite_number(as_dict(_last_run(report).get("gate_summary")).get("worst_cer"))
+    return "n/a" if cer is None else f"{cer:.3f}"
+
+
+SCRIPT_FIELDS = {                     # what start.sh reads: one word each
+    "verdict": lambda report: show(report["verdict"], 20),
+    "exit_code": lambda report: str(report["exit_code"]),
+    "evidence": lambda report: report["evidence"],
+    "cache_check": _cache_check,
+    "identifiers_alone": lambda report: _gate_figure(report, "alone"),
+    "identifiers_batched": lambda report: _gate_figure(report, "batched"),
+    "worst_cer": _worst_cer,
+}
+
+
+def fields_type(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of SCRIPT_FIELDS names."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in SCRIPT_FIELDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown field {unknown[0]!r}; fields: "
+                                         f"{', '.join(SCRIPT_FIELDS)}")
+    return names
+
+
+def script_field(report: dict, name: str) -> str:
+    """One field as one word: spaces become '_', nothing becomes '-'."""
+    value = SCRIPT_FIELDS[name](report) or "-"
+    return "_".join(value.split()) or "-"
 
 
 # ---------------------------------------------------------------------------
@@ -530,10 +676,69 @@ def probe_main(argv: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------
+# health: one GET /health, bounded (what start.sh polls while the server starts).
+# ---------------------------------------------------------------------------
+
+EXIT_NO_ANSWER = 3                    # health: no HTTP answer at all
+
+
+def check_health(target, timeout_s: float) -> tuple[int, str]:
+    """(exit code, one line) of one GET {base}/health within timeout_s: 0 for HTTP 200, 1
+    for another answer, EXIT_NO_ANSWER when nothing answered. user:password in the URL
+    become Basic auth (a proxy in front may want them); they are never shown."""
+    headers = {}
+    if target.credentials:
+        user, _, password = target.credentials.partition(":")
+        pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    clock = Clock.start(timeout_s, timeout_s)
+    try:
+        response = fetch(target, clock, "GET", "/health", headers=headers)
+    except TransportError as exc:
+        return EXIT_NO_ANSWER, f"no answer from {target.display}/health: {exc.problem}"
+    if response.status == 200:
+        return EXIT_PASS, f"{target.display}/health answered 200"
+    return EXIT_FAIL, f"{target.display}/health answered HTTP {response.status}"
+
+
+def health_main(argv: list[str]) -> int:
+    """qualify.py health: exit 0 when /health answers 200 within the bound."""
+    parser = argparse.ArgumentParser(
+        prog=PROG + " health", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="GET {base}/health once, within --timeout-s. The address comes from "
+                    "--base-url or WARMUP_BASE_URL (start.sh passes it there, out of the "
+                    "command line); user:password in it is sent as Basic auth and never "
+                    "shown.",
+        epilog="exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
+               "3 no HTTP answer at all (nothing listening, or no answer in time)")
+    parser.add_argument("--base-url", metavar="URL", default=None,
+                        help="the server's address (default: $WARMUP_BASE_URL, else "
+                             "http://127.0.0.1:8000)")
+    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
+                        help="the longest the request may take (default: %(default)g)")
+    parser.add_argument("--print-url", action="store_true",
+                        help="print the address as it may be shown (no user:password) and "
+                             "exit 0, sending nothing; exit 2 when it is not a valid URL")
+    args = parser.parse_args(argv)
+    try:
+        target = base_url_from(args.base_url)
+    except UsageError as exc:
+        emit(f"{PROG} health: {exc}", sys.stderr)
+        return EXIT_USAGE
+    if args.print_url:
+        emit(target.display)
+        return EXIT_PASS
+    code, line = check_health(target, args.timeout_s)
+    emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
+    return code
+
+
+# ---------------------------------------------------------------------------
 # main()
 # ---------------------------------------------------------------------------
 
-COMMANDS = {"report": report_main, "probe": probe_main, "gate": gate.gate_main}
+COMMANDS = {"report": report_main, "probe": probe_main, "gate": gate.gate_main,
+            "health": health_main}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -898,12 +898,7 @@ def connection_from(args: argparse.Namespace) -> Connection:
         raise UsageError(f"{args.api_key_env} holds a character that is not printable ASCII "
                          f"(a line break?); an API key is sent in a header and must be "
                          f"printable ASCII")
-    if args.base_url is not None:
-        target = parse_base_url(args.base_url, "--base-url")
-    else:
-        target = parse_base_url(env.get("WARMUP_BASE_URL") or DEFAULT_BASE_URL,
-                                "WARMUP_BASE_URL" if env.get("WARMUP_BASE_URL") else
-                                "--base-url")
+    target = base_url_from(args.base_url)
     engines = getattr(args, "engines", None)
     if not hasattr(args, "engines") and env.get("WARMUP_ENGINES"):
         try:
@@ -913,6 +908,17 @@ def connection_from(args: argparse.Namespace) -> Connection:
     return Connection(target=target, api_key=api_key, api_key_env=args.api_key_env,
                       model=args.model or env.get("WARMUP_MODEL") or None, engines=engines,
                       settle_s=args.settle_s)
+
+
+def base_url_from(flag: str | None) -> Target:
+    """The server's address from --base-url, else WARMUP_BASE_URL, else the default;
+    UsageError naming where the bad value came from."""
+    if flag is not None:
+        return parse_base_url(flag, "--base-url")
+    from_env = os.environ.get("WARMUP_BASE_URL")
+    if from_env:
+        return parse_base_url(from_env, "WARMUP_BASE_URL")
+    return parse_base_url(DEFAULT_BASE_URL)
 
 
 def parse_base_url(text: str, source: str = "--base-url") -> Target:

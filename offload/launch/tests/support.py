@@ -35,6 +35,22 @@ from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # no
 API_KEY = "sk-KEYMARKER-5d1f0c"
 
 
+def product_files() -> list[str]:
+    """The rollback unit: every file of offload/launch/ but the tests (and caches)."""
+    return sorted(os.path.join(LAUNCH, name) for name in os.listdir(LAUNCH)
+                  if os.path.isfile(os.path.join(LAUNCH, name)))
+
+
+def copy_product(folder: str, leave_out: tuple = ()) -> str:
+    """The product's files copied into `folder` (created), as an operator copies them."""
+    import shutil
+    os.makedirs(folder, exist_ok=True)
+    for source in product_files():
+        if os.path.basename(source) not in leave_out:
+            shutil.copy(source, folder)
+    return folder
+
+
 @dataclass
 class Result:
     code: int

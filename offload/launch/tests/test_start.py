@@ -16,7 +16,7 @@ import time
 import unittest
 
 from support import FAKE, QUALIFY, START, WARMUP, WRAPPER, HelperCase, SilentServer, \
-    free_port, read_records
+    copy_product, free_port, product_files, read_records
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
 
@@ -443,9 +443,18 @@ with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate-argv"),
 plan = json.loads(os.environ["STUB_GATE"])
 if plan.get("hang"):
     time.sleep(600)
-print("gate: human lines go to stderr", file=sys.stderr)
-print(json.dumps(plan["summary"]))
-sys.exit(plan["summary"]["exit_code"])
+print("gate: a human line")
+summary = plan["summary"]
+planned = 0 if summary["verdict"] != "pass" else 16
+records = [{{"record": "run", "run_id": "stub", "mode": "gate",
+             "plan": {{"requests_total": planned}}}}]
+records += [{{"record": "gate", "run_id": "stub", "index": i, "ok": True}}
+            for i in range(planned)]
+records += [dict(summary, record="summary", run_id="stub", requests_ok=planned),
+            dict(summary, record="gate_summary", run_id="stub")]
+with open(sys.argv[sys.argv.index("--records") + 1], "a") as out:
+    out.writelines(json.dumps(r) + "\\n" for r in records)
+sys.exit(summary["exit_code"])
 """
 
 PASSED_GATE = {"verdict": "pass", "exit_code": 0, "worst_cer": 0.0, "problems": [],
@@ -461,8 +470,7 @@ class TestStartGate(StartCase):
         self.launch = os.path.join(repo, "offload", "launch")
         os.makedirs(self.launch)
         shutil.copy(START, repo)
-        for source in (WARMUP, WRAPPER):
-            shutil.copy(source, self.launch)
+        copy_product(self.launch)
         with open(os.path.join(self.launch, "qualify.py"), "w") as handle:
             handle.write(GATE_STUB.format(qualify=QUALIFY))
         self.script = os.path.join(repo, "start.sh")
@@ -489,7 +497,7 @@ class TestStartGate(StartCase):
         self.assertEqual(argv[:2], ["gate", "--records"])
         self.assertRegex(os.path.basename(argv[2]), r"^gate-\d{8}T\d{6}Z\.jsonl$")
         self.assertEqual(os.path.dirname(argv[2]), self.logs)
-        self.assertEqual(argv[3:], ["--json", f"WARMUP_BASE_URL={secret_url}"])
+        self.assertEqual(argv[3:], [f"WARMUP_BASE_URL={secret_url}"])
         with open(self.ready) as handle:
             ready = handle.read()
         self.assertIn("warm-up and gate passed", ready)
@@ -636,12 +644,8 @@ class TestWrapper(HelperCase):
                 self.assertLess(time.monotonic() - started, 10)
 
     def copy_launch(self, name: str) -> str:
-        """warmup.py and warmup_serve.sh alone in a new folder (as on a host)."""
-        folder = os.path.join(self.tmp, name)
-        os.makedirs(folder)
-        for source in (WARMUP, WRAPPER):
-            shutil.copy(source, folder)
-        return folder
+        """The folder offload/launch/ without its tests, in a new place (as on a host)."""
+        return copy_product(os.path.join(self.tmp, name))
 
     def test_helper_runs_as_a_cached_module_isolated_from_the_caller(self):
         folder = self.copy_launch("writable")
@@ -669,8 +673,8 @@ class TestWrapper(HelperCase):
                                   timeout=30)
         self.assertEqual(result.code, 0, result.stderr)
         self.assertIn("plan for", result.stdout)
-        self.assertEqual(sorted(os.listdir(folder)), ["__pycache__", "warmup.py",
-                                                      "warmup_serve.sh"])
+        self.assertEqual(sorted(os.listdir(folder)),
+                         sorted(["__pycache__"] + [os.path.basename(f) for f in product_files()]))
 
 
 if __name__ == "__main__":
