@@ -96,10 +96,10 @@ class TestReportPieces(unittest.TestCase):
         self.assertEqual(len(records), 2)
         self.assertIn("line 3 is not valid JSON: the file ends there", issues[0])
         report = qualify.build_report(records, issues)
-        self.assertIsNone(report["verdict"])
+        self.assertEqual(report["verdict"], "incomplete")
         self.assertEqual(report["exit_code"], 1)
         self.assertIn("ends after a 'request' record", report["runs"][0]["ends"])
-        self.assertIn("verdict: none", qualify.format_report(report))
+        self.assertIn("verdict: incomplete (exit 1; no summary", qualify.format_report(report))
 
     def test_cut_short_probe_names_its_failed_requests(self):
         records = [{"record": "run", "run_id": "r", "mode": "probe", "plan": {}},
@@ -200,12 +200,15 @@ class TestReportReading(unittest.TestCase):
                               capture_output=True, text=True, timeout=30, **kwargs)
 
     def test_reads_past_bad_lines_and_names_them(self):
-        self.write({"record": "run", "run_id": "a", "mode": "warmup", "plan": {}},
+        self.write({"record": "run", "run_id": "a", "mode": "warmup",
+                    "plan": {"requests_total": 1}},
                    '{"record": "request", "wave": "B1"', "[1, 2]",
+                   {"record": "request", "run_id": "a", "wave": "B1", "index": 0, "ok": True,
+                    "problems": []},
                    {"record": "summary", "run_id": "a", "verdict": "pass", "exit_code": 0,
                     "problems": [], "notes": ["B1 cache check not made"], "warnings": ["w1"]})
         records, issues = readback.load_records(self.path)
-        self.assertEqual([r["record"] for r in records], ["run", "summary"])
+        self.assertEqual([r["record"] for r in records], ["run", "request", "summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
                                   "line 3 is JSON but not a record (skipped)"])
         shown = self.report()
@@ -216,7 +219,8 @@ class TestReportReading(unittest.TestCase):
 
     def test_each_run_separately_and_the_last_one_decides(self):
         def run(rid, verdict, code, n):
-            return [{"record": "run", "run_id": rid, "mode": "warmup", "plan": {}}] + \
+            return [{"record": "run", "run_id": rid, "mode": "warmup",
+                     "plan": {"requests_total": n}}] + \
                 [{"record": "request", "run_id": rid, "wave": "B1", "index": i, "ok": code == 0,
                   "problems": [] if code == 0 else ["HTTP 500"]} for i in range(n)] + \
                 [{"record": "summary", "run_id": rid, "verdict": verdict, "exit_code": code,
@@ -238,7 +242,7 @@ class TestReportReading(unittest.TestCase):
         self.write(*run("second", "pass", 0, 2), *run("third", "pass", 0, 2)[:-1])
         shown = self.report()
         self.assertEqual(shown.returncode, 1)
-        self.assertIn("verdict: none (no summary", shown.stdout)
+        self.assertIn("verdict: incomplete (exit 1; no summary", shown.stdout)
 
     def test_odd_types_never_crash_and_never_print_none(self):
         self.write({"record": "run", "run_id": 5, "mode": "warmup", "model": None,
@@ -267,7 +271,7 @@ class TestReportReading(unittest.TestCase):
         self.write()
         shown = self.report()
         self.assertEqual(shown.returncode, 1)
-        self.assertIn("no records", shown.stdout)
+        self.assertIn("no warm-up run in", shown.stdout)
         self.assertEqual(json.loads(self.report("--json").stdout)["runs"], [])
         gone = subprocess.run([sys.executable, QUALIFY, "report", self.path + ".nope"],
                               capture_output=True, text=True, timeout=30)
@@ -473,7 +477,7 @@ class TestQualificationRuns(HelperCase):
         proc.communicate(timeout=10)
         shown = self.report(self.records_path)
         self.assertEqual(shown.returncode, 1)
-        self.assertIn("verdict: none (no summary", shown.stdout)
+        self.assertIn("verdict: incomplete (exit 1; no summary", shown.stdout)
         self.assertEqual(self.report(os.path.join(self.tmp, "nope.jsonl")).returncode, 2)
 
     def test_probe_finds_what_a_warm_up_leaves_cold(self):
