@@ -141,7 +141,7 @@ class TestFaults(HelperCase):
         url = f"http://127.0.0.1:{free_port()}"
         result = self.run_helper(url)
         self.assert_fails_with(result, 1, f"cannot connect to {url}: Connection refused")
-        self.assertLess(result.elapsed, 2)
+        self.assertLess(result.elapsed, 10, "a refused connection fails at once, not at the deadline")
 
     def test_metrics_404_or_garbage(self):
         for mode in ("404", "garbage"):
@@ -183,13 +183,13 @@ class TestFaults(HelperCase):
         self.addCleanup(silent.stop)
         result = self.run_helper(silent.url, "--model", "m", "--deadline-s", "0.6")
         self.assert_fails_with(result, 1, "no complete response by the deadline (0.6 s)")
-        self.assertLess(result.elapsed, 1.6)
+        self.assertLess(result.elapsed, 0.6 + 5)
 
     def test_trickling_server(self):
         server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.2)
         result = self.run_helper(server, "--deadline-s", "0.8")
         self.assert_fails_with(result, 1, "no complete response by the deadline (0.8 s)")
-        self.assertLess(result.elapsed, 1.8)
+        self.assertLess(result.elapsed, 0.8 + 5)
 
     def test_headers_then_close(self):
         server = self.start_fake(fault="headers_close", fault_match="-B2-0")
@@ -304,7 +304,7 @@ class TestFaults(HelperCase):
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=10)
-        self.assertLess(time.monotonic() - sent, 1.5)
+        self.assertLess(time.monotonic() - sent, 10, "at once, not at the 60 s deadline")
         self.assertEqual(proc.returncode, 143)
         self.assertIn("KILLED (exit 143)", out)
         records, _ = read_records(self.records_path)

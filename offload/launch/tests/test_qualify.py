@@ -129,13 +129,13 @@ class TestReportPieces(unittest.TestCase):
         first = b'data: {"choices":[{"text":"a"}]}\n\n'
         right.sendall(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                       + f"{len(first):x}\r\n".encode() + first + b"\r\n")
-        later = threading.Timer(0.5, right.sendall, [b"0\r\n\r\n"])
+        later = threading.Timer(2.0, right.sendall, [b"0\r\n\r\n"])
         later.start()
         self.addCleanup(later.cancel)
         clock = transport.Clock.start(10, 10)
         response = transport.read_response(left, clock, watch=vllm_client.FIRST_TEXT)
-        self.assertLess(response.watched_at, 0.3)
-        self.assertGreaterEqual(clock.elapsed(), 0.45)
+        self.assertLess(response.watched_at, 1.5, "noted when it came, not at the end")
+        self.assertGreaterEqual(clock.elapsed(), 1.95)
         self.assertEqual(response.body, first)
 
     def test_probe_record_names_the_key_variable(self):
@@ -492,14 +492,14 @@ class TestQualificationRuns(HelperCase):
         self.assertIn("single  TTFT first", cold.stdout)
         self.assert_clean(server, cold)
         # A fresh server warmed up first: the probe's first round is no longer cold.
-        warmed = self.start_fake(cold_s=0.2, latency_s=0.02)
+        warmed = self.start_fake(cold_s=1.0, latency_s=0.02)
         os.remove(self.records_path)
         self.assertEqual(self.run_helper(warmed).code, 0)
         os.remove(self.records_path)
         after = self.run_probe(warmed, "--rounds", "2")
         self.assertEqual(after.code, 0)
         for entry in after.kind("probe_summary")[0]["items"]:
-            self.assertLess(entry["ttft_first_s"], 0.15, entry)
+            self.assertLess(entry["ttft_first_s"], 0.6, entry)   # cold: 1 s more
 
     def test_probe_prompts_are_never_cache_hits(self):
         server = self.start_fake(prompt_tokens_details=True, engines=2)
