@@ -45,6 +45,7 @@ sys.path.insert(0, LAUNCH)
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import transport  # noqa: E402
+import prompts  # noqa: E402
 import vllm_client  # noqa: E402
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
@@ -639,7 +640,7 @@ def bench_skew_threads(server: FakeServer, runs: int) -> list[float]:
     for r in range(runs):
         for depth in (2, 3, 4):
             def one(index, depth=depth, r=r):
-                body = vllm_client.completion_body("fake-model", f"naive {r} {depth} {index}",
+                body = prompts.completion_body("fake-model", f"naive {r} {depth} {index}",
                                                    f"naive-{r}-B{depth}-{index}", 32, 0)
                 transport.fetch(target, clock, "POST", "/v1/completions", body)
             threads = [threading.Thread(target=one, args=(i,)) for i in range(depth)]

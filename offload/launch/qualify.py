@@ -35,11 +35,11 @@ try:
                           add_run_options, emit, parse_or_explain, run_session, run_settings,
                           seconds, usage_error, whole)
     from transport import Clock, TransportError, UsageError, clean_text, fetch, finite_number
-    from vllm_client import (ENVIRONMENT_HELP, MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS,
-                             Connection, ServerProgram, Slot, add_server_options,
-                             base_url_from,
-                             completion_body, connection_from, extract_fields,
-                             make_short_prompt, read_usage, request_label, slot_timing,
+    from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
+                         fresh_long_prompt, make_short_prompt)
+    from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                             add_server_options, base_url_from, connection_from,
+                             extract_fields, read_usage, request_label, slot_timing,
                              stream_usage)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"qualify.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
@@ -566,11 +566,6 @@ def probe_line(entry: dict) -> str:
         line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
                  f"left out")
     return line
-
-
-def fresh_long_prompt(sized: str) -> str:
-    """The sized long prompt under a new nonce: the same length, no cached prefix."""
-    return "warmup-" + os.urandom(12).hex() + " " + sized.split(" ", 1)[-1]
 
 
 def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:

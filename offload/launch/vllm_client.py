@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import random
 import re
 import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from prompts import long_prompt_budget, size_long_prompt
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       late_problem, seconds)
 from transport import (REDACTIONS, Exchange, Exposition, Response, Target, TransportError,
@@ -44,8 +44,6 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 ENGINE_HEADER = "X-data-parallel-rank"
 REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
                          "mean_itl_ms", "tokens_per_second")
-MIN_LONG_PROMPT_TOKENS = 4097        # a long prompt prefills more than 4096 tokens
-MAX_LONG_PROMPT_TOKENS = 1 << 20     # the largest asked for; the context caps it further
 MAX_ENGINE = 1023
 NO_ROUTING = (None,)                 # the engines of a single-engine server: no header
 
@@ -715,108 +713,6 @@ def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusa
         return "refused", EXIT_REFUSED, refusal + [f"only {len(requests)} of {planned} "
                                                    f"requests ran"]
     return "pass", EXIT_PASS, problems
-
-# ---------------------------------------------------------------------------
-# Prompts: synthetic, distinct, never recorded; a long one sized with /tokenize.
-# ---------------------------------------------------------------------------
-
-FILLER_WORDS = (
-    "the of and to in is was for on are with as by at from or an be this which have "
-    "time year people way day man thing woman life child world school state family "
-    "group country problem hand part place case week company system program question "
-    "work government number night point home water room mother area money story fact "
-    "month lot right study book eye job word business issue side kind head house "
-    "service friend father power hour game line end member law car city community name "
-    "president team minute idea kid body information back parent face others level "
-    "office door health person art war history party result change morning reason "
-    "research girl guy moment air teacher force education river market signal garden "
-    "engine table window paper stone music north south summer winter yellow orange "
-    "simple quiet rapid gentle mountain station letter silver forest island bridge"
-).split()
-
-EST_WORDS_PER_TOKEN = 1.0     # sizing without /tokenize: one word per token, never fewer tokens
-
-SHORT_PROMPT_WORDS = 24
-
-def make_long_prompt(nonce: str, n_words: int) -> str:
-    """B1's prompt: the nonce first (so no cached prefix matches), then filler words."""
-    rng = random.Random(nonce)
-    return nonce + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(n_words))
-
-
-
-def make_short_prompt(seed: str, depth: int, index: int) -> str:
-    """A distinct prompt of a few tens of tokens; its first word differs per request."""
-    rng = random.Random(f"{seed}/{depth}/{index}")
-    tag = f"{rng.getrandbits(48):012x}"
-    return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
-
-
-
-def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: int) -> dict:
-    """The exact sampling fields of one warm-up request: greedy, min = max, EOS ignored."""
-    return {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "priority": priority,
-        "stream": False,
-        "request_id": rid,
-    }
-
-
-
-def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None) -> int:
-    """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""
-    if max_model_len is None:
-        return target_tokens
-    room = max_model_len - tokens
-    if room < MIN_LONG_PROMPT_TOKENS:
-        raise Fatal(f"context too small: max_model_len {max_model_len} leaves room for "
-                    f"{max(room, 0)} prompt tokens beside {tokens} completion tokens, but B1 "
-                    f"needs more than {MIN_LONG_PROMPT_TOKENS - 1}; no completion was sent")
-    return min(target_tokens, room)
-
-
-
-SIZING_ROUNDS = 6
-
-def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
-    """Size B1 to `budget` tokens with `count(prompt) -> int | None` (the server's /tokenize).
-
-    Returns the prompt and its counted size, or an estimated prompt and None when the
-    server cannot count. Never returns a counted prompt above the budget; the word count
-    stays within [budget / 8, 2 * budget] whatever the server answers, and a count that
-    is not a positive integer is not believed.
-    """
-    low_words, high_words = max(1, budget // 8), 2 * budget
-    n_words = max(1, math.ceil(budget * EST_WORDS_PER_TOKEN))
-    low = max(MIN_LONG_PROMPT_TOKENS, int(budget * 0.97))
-    best = None
-    for _ in range(SIZING_ROUNDS):
-        prompt = make_long_prompt(nonce, n_words)
-        counted = count(prompt)
-        if counted is None:
-            return prompt, None
-        if not isinstance(counted, int) or counted < 1:
-            raise Fatal(f"could not size the B1 prompt: /tokenize answered count "
-                        f"{clean_text(repr(counted), 40)}; no completion was sent")
-        if counted <= budget:
-            best = (prompt, counted)
-            if counted >= low:
-                return best
-        # Tokens grow about linearly in words: aim just under the budget.
-        n_words = min(high_words, max(low_words, int(n_words * (budget - 8) / counted)))
-    if best is not None and best[1] >= MIN_LONG_PROMPT_TOKENS:
-        return best
-    raise Fatal(f"could not size the B1 prompt between {MIN_LONG_PROMPT_TOKENS} and {budget} "
-                f"tokens with the server's /tokenize; no completion was sent")
-
-
-
 
 # ---------------------------------------------------------------------------
 # The command line every program against a server shares.

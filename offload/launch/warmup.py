@@ -32,6 +32,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
     from evidence import Evidence, EvidenceOptions, engine_shares
@@ -40,12 +41,13 @@ try:
                           EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, EXIT_USAGE, PROBLEM_LIMIT,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
+    from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
+                         make_short_prompt)
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
-    from vllm_client import (ENVIRONMENT_HELP, MAX_LONG_PROMPT_TOKENS,
-                             MIN_LONG_PROMPT_TOKENS, Connection, ServerProgram, Slot,
-                             add_server_options, completion_body, connection_from,
-                             diagnose_http_error, extract_fields, format_engines,
-                             make_short_prompt, release_skew_ms, routed, slot_timing)
+    from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                             add_server_options, connection_from, diagnose_http_error,
+                             extract_fields, format_engines, release_skew_ms, routed,
+                             slot_timing)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)

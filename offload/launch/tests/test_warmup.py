@@ -17,7 +17,8 @@ from unittest import mock
 from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
+import prompts  # noqa: E402  (support puts offload/launch on sys.path)
+import vllm_client  # noqa: E402
 from fake_vllm import tokenize
 
 GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
@@ -44,16 +45,16 @@ class TestPlan(unittest.TestCase):
         self.assertIn("argument --waves: must start with 1", said)
 
     def test_completion_body_has_exactly_the_sampling_fields(self):
-        body = vllm_client.completion_body("m", "p", "warmup-r-B1-0", tokens=32, priority=20)
+        body = prompts.completion_body("m", "p", "warmup-r-B1-0", tokens=32, priority=20)
         self.assertEqual(body, {"model": "m", "prompt": "p", "max_tokens": 32, "min_tokens": 32,
                                 "ignore_eos": True, "temperature": 0, "priority": 20,
                                 "stream": False, "request_id": "warmup-r-B1-0"})
 
     def test_long_prompts_start_with_their_nonce_and_short_prompts_differ(self):
-        a = vllm_client.make_long_prompt("nonce-a", 50)
-        b = vllm_client.make_long_prompt("nonce-b", 50)
+        a = prompts.make_long_prompt("nonce-a", 50)
+        b = prompts.make_long_prompt("nonce-b", 50)
         self.assertTrue(a.startswith("nonce-a ") and b.startswith("nonce-b "))
-        shorts = {vllm_client.make_short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
+        shorts = {prompts.make_short_prompt("run", d, i) for d in (2, 3, 4) for i in range(d)}
         self.assertEqual(len(shorts), 9)
         self.assertEqual(len({s.split()[0] for s in shorts}), 9, "first words must differ")
 
@@ -64,21 +65,21 @@ class TestPlan(unittest.TestCase):
             calls.append(prompt)
             return len(tokenize(prompt))       # about 1.6 tokens a word, not 1
 
-        prompt, counted = vllm_client.size_long_prompt(count, "nonce", 5000)
+        prompt, counted = prompts.size_long_prompt(count, "nonce", 5000)
         self.assertEqual(counted, len(tokenize(prompt)))
         self.assertTrue(0.97 * 5000 <= counted <= 5000, counted)
         self.assertLessEqual(len(calls), 6)
 
     def test_sizing_without_a_count_estimates(self):
-        prompt, counted = vllm_client.size_long_prompt(lambda p: None, "nonce", 5000)
+        prompt, counted = prompts.size_long_prompt(lambda p: None, "nonce", 5000)
         self.assertIsNone(counted)
         self.assertGreaterEqual(len(prompt.split()), 5000)
 
     def test_budget_leaves_room_for_the_completion(self):
-        self.assertEqual(vllm_client.long_prompt_budget(5000, 32, None), 5000)
-        self.assertEqual(vllm_client.long_prompt_budget(5000, 32, 5010), 4978)
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, None), 5000)
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 5010), 4978)
         with self.assertRaises(runframe.Fatal) as cm:
-            vllm_client.long_prompt_budget(5000, 32, 4096)
+            prompts.long_prompt_budget(5000, 32, 4096)
         self.assertIn("context too small", cm.exception.problem)
 
 

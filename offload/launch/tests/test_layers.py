@@ -1,0 +1,109 @@
+"""The layout holds: imports go one way, modules stay small, the folder is one unit."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from support import LAUNCH, copy_product, product_files
+
+# Each module's layer: a module may import only from lower layers (or, among the programs,
+# another program's module, but qualify.py never warmup.py).
+LAYERS = {
+    "transport": 0,
+    "runframe": 1,
+    "prompts": 2,
+    "vllm_client": 3,
+    "evidence": 4, "readback": 4,
+    "warmup": 5, "qualify": 5, "gate": 5, "procs": 5,
+}
+MAX_LINES = 900
+
+
+def local_imports(path: str) -> set[str]:
+    """The modules of offload/launch/ that a file imports (at any depth of its code)."""
+    with open(path, encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names & set(LAYERS)
+
+
+def modules() -> dict[str, str]:
+    return {os.path.basename(p)[:-3]: p for p in product_files() if p.endswith(".py")}
+
+
+class TestLayers(unittest.TestCase):
+    def test_every_module_has_a_layer(self):
+        self.assertEqual(sorted(modules()), sorted(LAYERS),
+                         "a new module of offload/launch/ needs its layer in LAYERS")
+
+    def test_imports_go_one_way(self):
+        for name, path in modules().items():
+            for imported in local_imports(path):
+                with self.subTest(module=name, imports=imported):
+                    if LAYERS[name] == LAYERS[imported] == LAYERS["warmup"]:
+                        continue            # programs side by side (checked below)
+                    self.assertLess(LAYERS[imported], LAYERS[name],
+                                    f"{name}.py imports {imported}.py, a layer above it")
+
+    def test_programs_do_not_import_the_warm_up(self):
+        for name, path in modules().items():
+            if name != "warmup":
+                self.assertNotIn("warmup", local_imports(path), f"{name}.py imports warmup.py")
+
+    def test_no_import_cycle(self):
+        graph = {name: local_imports(path) for name, path in modules().items()}
+
+        def visit(name: str, trail: tuple) -> None:
+            self.assertNotIn(name, trail, f"import cycle: {' -> '.join(trail + (name,))}")
+            for following in graph[name]:
+                visit(following, trail + (name,))
+
+        for name in graph:
+            visit(name, ())
+
+    def test_modules_stay_small(self):
+        for name, path in modules().items():
+            with open(path, encoding="utf-8") as handle:
+                lines = sum(1 for _ in handle)
+            self.assertLessEqual(lines, MAX_LINES, f"{name}.py has {lines} lines")
+
+    def test_a_missing_module_is_one_line_not_a_traceback(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = copy_product(os.path.join(tmp, "launch"), leave_out=("runframe.py",))
+            for command in (["warmup.py", "--dry-run"], ["qualify.py", "report", "x"],
+                            ["qualify.py", "gate", "--dry-run"]):
+                with self.subTest(command=command[0]):
+                    proc = subprocess.run([sys.executable, os.path.join(folder, command[0]),
+                                           *command[1:]], capture_output=True, text=True,
+                                          timeout=30, cwd=tmp)
+                    self.assertEqual(proc.returncode, 2, proc.stderr)
+                    self.assertNotIn("Traceback", proc.stderr)
+                    self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+                    self.assertIn("cannot load runframe", proc.stderr)
+                    self.assertIn("restore the whole folder", proc.stderr)
+            wrapper = subprocess.run(["bash", os.path.join(folder, "warmup_serve.sh"),
+                                      "--dry-run"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(wrapper.returncode, 2, wrapper.stderr)
+            self.assertNotIn("Traceback", wrapper.stderr)
+
+    def test_runs_from_any_directory(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for command in (["warmup.py", "--dry-run"], ["qualify.py", "--help"]):
+                proc = subprocess.run([sys.executable, os.path.join(LAUNCH, command[0]),
+                                       *command[1:]], capture_output=True, text=True,
+                                      timeout=30, cwd=tmp)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,122 @@
+"""Sanitizing is one rule at the two sinks: the records writer and the terminal printer.
+
+A marker, control characters, a bidi override and the API key are planted in every
+server field the code reads (model id, version, error message and param, finish and stop
+reasons, usage values, /metrics labels and lines, /tokenize's context); our prompt text
+is echoed back. Neither sink may show any of it raw.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+from hostile import (MODEL, HostileServer, completion_with, error_answer, json_answer,
+                     metrics_answer, metrics_text, model_entry, models_doc)
+from support import API_KEY, WARMUP, read_records
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import transport  # noqa: E402
+
+MARK = "PLANTED-MARK"
+DIRTY = f"\x1b[31m{MARK}\u202e\r\nkey={API_KEY}\x07"
+CONTROL = ("\x1b", "\u202e", "\x07", "\r")
+
+
+def echo_prompt(request) -> bytes:
+    """A 400 that quotes the request's prompt, as a validation error does, with the key."""
+    body = request.json() if isinstance(request.json(), dict) else {}
+    prompt = str(body.get("prompt", ""))
+    return error_answer(400, f"bad input {DIRTY} input_value={prompt[:400]!r}",
+                        param=DIRTY)
+
+
+SCRIPTS = {
+    "model and version": {
+        "/v1/models": json_answer(models_doc(model_entry(model_id=MODEL + DIRTY))),
+        "/version": json_answer({"version": "0.32" + DIRTY}),
+    },
+    "finish, stop and usage": {
+        "/v1/completions": lambda req: completion_with(req, choices=[{
+            "index": 0, "text": "x", "finish_reason": "length" + DIRTY,
+            "stop_reason": DIRTY}], usage={"prompt_tokens": DIRTY, "completion_tokens": 32,
+                                           "prompt_tokens_details": {"cached_tokens": DIRTY}}),
+    },
+    "error echoing the prompt": {"/v1/completions": echo_prompt},
+    "metrics labels and lines": {
+        "/metrics": metrics_answer(metrics_text(
+            f'vllm:num_requests_running{{engine="0",model_name="{MARK}\\n{API_KEY}"}} 1.0',
+            f"vllm:num_requests_waiting{{bad {MARK} {API_KEY}")),
+    },
+}
+
+
+class TestSinks(unittest.TestCase):
+    def setUp(self):
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        self.tmp = tmp.name
+
+    def run_against(self, script: dict) -> tuple[str, str]:
+        server = HostileServer(script).start()
+        self.addCleanup(server.stop)
+        records = os.path.join(self.tmp, f"r{len(os.listdir(self.tmp))}.jsonl")
+        proc = subprocess.run([sys.executable, WARMUP, "--base-url", server.url, "--records",
+                               records, "--deadline-s", "20"], capture_output=True, text=True,
+                              timeout=60, env=dict(os.environ, VLLM_API_KEY=API_KEY))
+        self.assertNotIn("Traceback", proc.stderr)
+        prompts = [str((r.json() or {}).get("prompt", "")) for r in server.requests()
+                   if isinstance(r.json(), dict)]
+        with open(records, encoding="utf-8") as handle:
+            text = handle.read()
+        self.assertTrue(read_records(records)[0][-1]["record"] == "summary")
+        return proc.stdout + proc.stderr, text, prompts
+
+    def test_every_server_field_is_clean_in_both_sinks(self):
+        for name, script in SCRIPTS.items():
+            with self.subTest(name):
+                terminal, records, prompts = self.run_against(script)
+                decoded = json.dumps([json.loads(line) for line in records.splitlines()],
+                                     ensure_ascii=False)
+                for sink, text in (("terminal", terminal), ("records", decoded)):
+                    self.assertNotIn(API_KEY, text, f"the key reached the {sink}")
+                    for char in CONTROL:
+                        self.assertNotIn(char, text.replace("\n", ""),
+                                         f"{char!r} reached the {sink}")
+                    for prompt in prompts:
+                        words = prompt.split()
+                        if words:
+                            self.assertNotIn(words[0], text, f"a prompt's tag in the {sink}")
+                            self.assertNotIn(" ".join(words[1:5]), text,
+                                             f"prompt text in the {sink}")
+
+    def test_the_sinks_clean_what_a_program_hands_them(self):
+        transport.REDACTIONS.secret("s3cr3t-sink-key")
+        transport.REDACTIONS.prompt("zz-tag-1 alpha beta gamma delta epsilon")
+        dirty = "x\x1b[2J s3cr3t-sink-key alpha beta gamma delta \u202eend"
+        sink = io.StringIO()
+        run = runframe.Run(runframe.RunSettings("p", "r", "unused", 9, 9), runframe.Program(),
+                           transport.Clock.start(9, 9), sink, print)
+        run.write({"record": "x", dirty: [dirty, {"k": dirty}]})
+        written = sink.getvalue()
+        self.assertEqual(written.count("\n"), 1)
+        for bad in ("\x1b", "\\u001b", "s3cr3t", "alpha beta", "\u202e", "\\u202e"):
+            self.assertNotIn(bad, written)
+        self.assertIn("[redacted]", written)
+        self.assertIn("[prompt text]", written)
+        out = io.StringIO()
+        printer = runframe.Printer(out)
+        printer.say(f"line one {dirty}\n  - second {dirty}")
+        self.assertTrue(printer.close(5))
+        shown = out.getvalue()
+        self.assertEqual(shown.count("\n"), 2, "our own line break is kept, theirs are not")
+        for bad in ("\x1b", "s3cr3t", "alpha beta", "\u202e"):
+            self.assertNotIn(bad, shown)
+
+
+if __name__ == "__main__":
+    unittest.main()
