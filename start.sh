@@ -23,7 +23,6 @@ readonly COMPILE_PATTERN='JIT compilation during inference|Compiling|autotun'
 readonly KILL_AFTER_S=5
 readonly PROBE_TIMEOUT_S=2
 readonly NO_ANSWER=3   # qualify.py health: no HTTP answer at all
-readonly SAY_EVERY_S=30
 
 # Settings: environment first, then flags; made readonly once checked.
 base_url="${START_BASE_URL:-http://127.0.0.1:8000}"
@@ -37,6 +36,7 @@ warmup="${START_WARMUP:-1}"
 gate="${START_GATE:-0}"
 gate_hard_s="${START_GATE_HARD_S:-180}"
 poll_s="${START_POLL_S:-1}"
+say_s="${START_SAY_S:-30}"
 stop_grace_s="${START_STOP_GRACE_S:-10}"
 server_cmd=()
 
@@ -74,7 +74,8 @@ options (environment variable in brackets):
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
   -h, --help          this text
-  START_POLL_S (1) and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
+  START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
+  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
   WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
   unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url.
 
@@ -369,6 +370,8 @@ check_settings() {
     die_usage "${guard_source} must be a whole number of seconds from 1 to 9999999," \
       "got '${guard_s}'"
   is_number "${poll_s}" || die_usage "START_POLL_S must be a number of seconds, got '${poll_s}'"
+  [[ "${say_s}" =~ ^[1-9][0-9]{0,5}$ ]] ||
+    die_usage "START_SAY_S must be whole seconds from 1 to 999999, got '${say_s}'"
   [[ "${stop_grace_s}" =~ ^(0|[1-9][0-9]{0,4})$ ]] ||
     die_usage "START_STOP_GRACE_S must be whole seconds from 0 to 99999, got '${stop_grace_s}'"
   [[ "${warmup}" =~ ^[01]$ ]] || die_usage "START_WARMUP must be 0 or 1, got '${warmup}'"
@@ -385,7 +388,7 @@ check_settings() {
   fi
   display_url="$(url_without_credentials "${base_url%/}" 2>&1)" ||
     die_usage "${display_url}"
-  readonly base_url guard_s log_dir ready_file warmup gate gate_hard_s poll_s stop_grace_s
+  readonly base_url guard_s log_dir ready_file warmup gate gate_hard_s poll_s say_s stop_grace_s
   readonly display_url server_cmd
 }
 
@@ -431,7 +434,7 @@ wait_ready() {
   while true; do
     server_alive || die_server_gone "before ${display_url}/health answered 200"
     left=$((guard_s - (SECONDS - launched_at)))
-    if ((SECONDS - said >= SAY_EVERY_S)); then
+    if ((SECONDS - said >= say_s)); then
       said=${SECONDS}
       log "waiting for ${display_url}/health: $((SECONDS - launched_at)) s of the" \
         "${guard_s} s start guard; server process group ${server_pid} is running"

@@ -754,11 +754,13 @@ def _client(target: Target, clock: Clock, exchange: Exchange,
             sock.close()
 
 
-def exchange_batch(target: Target, clock: Clock, exchanges: list[Exchange]) -> list[Exchange]:
+def exchange_batch(target: Target, clock: Clock, exchanges: list[Exchange],
+                   still_running=None, every_s: float = 10.0) -> list[Exchange]:
     """Run one batch; the main thread waits on the clients only until the deadline.
 
     Returns what each exchange ended with, in order; one still reading at the deadline is
-    abandoned (its thread is a daemon) and ends with a deadline error.
+    abandoned (its thread is a daemon) and ends with a deadline error. While the batch
+    runs, `still_running(seconds, finished)` is called every `every_s` seconds.
     """
     barrier = threading.Barrier(len(exchanges))
     threads = [threading.Thread(target=_client, args=(target, clock, ex, barrier),
@@ -766,8 +768,16 @@ def exchange_batch(target: Target, clock: Clock, exchanges: list[Exchange]) -> l
                for i, ex in enumerate(exchanges)]
     for thread in threads:
         start_quiet(thread)
+    started = clock.elapsed()
+    next_say = started + every_s
     for thread in threads:
-        thread.join(timeout=max(clock.remaining(), 0))
+        while thread.is_alive() and clock.remaining() > 0:
+            thread.join(timeout=max(min(clock.remaining(), next_say - clock.elapsed()), 0))
+            if clock.elapsed() >= next_say:
+                next_say += every_s
+                if still_running is not None:
+                    still_running(clock.elapsed() - started,
+                                  sum(1 for t in threads if not t.is_alive()))
     finished = []
     for thread, ex in zip(threads, exchanges):
         if thread.is_alive():        # still reading at the deadline: abandon it

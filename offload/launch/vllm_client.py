@@ -275,7 +275,12 @@ class ServerProgram(Program):
         if not self.check_guard(run, label, settle=not first):
             return None
         run.current = label
-        finished = release_batch(self.connection.target, run.clock, slots)
+
+        def still_running(seconds: float, finished: int) -> None:
+            run.say(f"{label}: still running after {seconds:.0f} s ({finished} of "
+                    f"{len(slots)} requests answered)")
+
+        finished = release_batch(self.connection.target, run.clock, slots, still_running)
         run.current = None
         return finished
 
@@ -364,10 +369,11 @@ class Slot:
 FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 
 
-def release_batch(target: Target, clock, slots: list[Slot]) -> list[Slot]:
+def release_batch(target: Target, clock, slots: list[Slot], still_running=None) -> list[Slot]:
     """Release the slots together (transport.exchange_batch); each slot as it ended."""
     done = exchange_batch(target, clock, [
-        Exchange(slot.payload, FIRST_TEXT if slot.stream else None) for slot in slots])
+        Exchange(slot.payload, FIRST_TEXT if slot.stream else None) for slot in slots],
+        still_running)
     return [replace(slot, payload=slot.payload if ex.payload else b"", sent_at=ex.sent_at,
                     done_at=ex.done_at, response=ex.response, error=ex.error)
             for slot, ex in zip(slots, done)]
@@ -696,14 +702,31 @@ def request_label(record: dict) -> str:
 
 
 
+def said_once(failed: list[dict]) -> list[str]:
+    """One problem a diagnosis: requests that failed the same way share one line with a
+    count ('10 requests (B1#0, B2#0, B2#1, ...): one-token response ...'); a request that
+    failed its own way keeps its label ('B2#1: HTTP 500')."""
+    groups: dict[str, list[str]] = {}
+    for record in failed:
+        diagnosis = "; ".join(str(p) for p in record["problems"]) or "not ok"
+        groups.setdefault(diagnosis, []).append(request_label(record))
+    said = []
+    for diagnosis, labels in groups.items():
+        if len(labels) == 1:
+            said.append(f"{labels[0]}: {diagnosis}")
+        else:
+            shown = ", ".join(labels[:3]) + (", ..." if len(labels) > 3 else "")
+            said.append(f"{len(labels)} requests ({shown}): {diagnosis}")
+    return said
+
+
 def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusal: list[str],
               late: list[str] = ()) -> tuple[str, int, list[str]]:
     """The run's verdict: pass only with every planned request passed, in time, unrefused.
     `late` holds the deadline problem when the run ended after its deadline."""
     problems = list(problems)
     failed = [r for r in requests if not r["ok"]]
-    for r in failed:
-        problems += [f"{request_label(r)}: {p}" for p in r["problems"]]
+    problems += said_once(failed)
     problems += list(late)
     if failed or late or problems or (len(requests) < planned and not refusal):
         if len(requests) < planned:

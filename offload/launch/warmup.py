@@ -329,9 +329,10 @@ def judge_response(fields: dict, *, tokens: int, is_b1: bool,
     problems += fields.get("usage_problems", [])
     completion, finish, stop = (fields["completion_tokens"], fields["finish_reason"],
                                 fields["stop_reason"])
-    if completion == 1:
-        problems.append(f"one-token response: completion_tokens 1 (finish_reason {finish!r}, "
-                        f"stop_reason {stop!r})")
+    if completion == 1:                   # names its finish and stop reasons: said once
+        return [clean_text(f"one-token response: completion_tokens 1 (finish_reason "
+                           f"{finish!r}, stop_reason {stop!r})", PROBLEM_LIMIT)] + \
+            [clean_text(p, PROBLEM_LIMIT) for p in problems]
     elif completion is None:
         problems.append("usage.completion_tokens missing")
     elif completion != tokens:
@@ -375,9 +376,12 @@ def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: fl
         cached = wave_requests[0]["cached_tokens"]
         line += (f"  prompt {wave_requests[0]['prompt_tokens']}"
                  f"  cached {'n/a' if cached is None else cached}")
+    same: dict[str, list[str]] = {}          # one line a diagnosis, not one a request
     for r in wave_requests:
         if not r["ok"]:
-            line += f"\n     #{r['index']}: " + "; ".join(r["problems"])
+            same.setdefault("; ".join(r["problems"]), []).append(f"#{r['index']}")
+    for diagnosis, indexes in same.items():
+        line += f"\n     {', '.join(indexes)}: {diagnosis}"
     return line
 
 
