@@ -32,6 +32,7 @@ base_url_source="START_BASE_URL"
 gate_hard_source="START_GATE_HARD_S"
 log_dir="${START_LOG_DIR:-./logs}"
 ready_file="${START_READY_FILE:-}"
+textfile="${START_TEXTFILE:-}"
 warmup="${START_WARMUP:-1}"
 gate="${START_GATE:-0}"
 gate_hard_s="${START_GATE_HARD_S:-180}"
@@ -67,8 +68,13 @@ options (environment variable in brackets):
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
   --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
   --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed;
-                      removed at every start, so `test -f PATH` gates traffic on a real
-                      warm-up; its folder must exist [START_READY_FILE]
+                      removed at every start. It names the server it vouches for (its
+                      process start, model): `qualify.py ready --ready-file PATH` says
+                      whether it is still true (a readiness probe); its folder must
+                      exist [START_READY_FILE]
+  --textfile PATH     the warm-up and the gate also publish their result there for
+                      monitoring (node_exporter's textfile collector, *.prom), as
+                      WARMUP_TEXTFILE [START_TEXTFILE]
   --no-warmup         start and guard only [START_WARMUP=0]
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
@@ -308,6 +314,11 @@ parse_args() {
         ready_file="$2"
         shift 2
         ;;
+      --textfile)
+        need_value "$@"
+        textfile="$2"
+        shift 2
+        ;;
       --no-warmup)
         warmup=0
         shift
@@ -386,9 +397,13 @@ check_settings() {
   if [[ -n "${ready_file}" ]]; then
     check_ready_file
   fi
+  if [[ -n "${textfile}" && ! -d "$(dirname -- "${textfile}")" ]]; then
+    die_usage "--textfile '${textfile}': its folder does not exist; create it first"
+  fi
   display_url="$(url_without_credentials "${base_url%/}" 2>&1)" ||
     die_usage "${display_url}"
-  readonly base_url guard_s log_dir ready_file warmup gate gate_hard_s poll_s say_s stop_grace_s
+  readonly base_url guard_s log_dir ready_file textfile warmup gate gate_hard_s poll_s say_s
+  readonly stop_grace_s
   readonly display_url server_cmd
 }
 
@@ -509,14 +524,18 @@ run_gate() {
   log "gate ended: exit ${gate_status}, verdict ${gate_verdict}, $((SECONDS - started)) s"
 }
 
-# Atomically: what passed, when, and the records that show it.
-# Arguments: what passed ("warm-up", "warm-up and gate"), then the records files.
+# The ready file, written atomically by qualify.py ready --write from the records that
+# show the pass: the server it vouches for (URL, process start, model, engines, version),
+# the run, its time and records. Globals: ready_file, warmup_records.
+# Arguments: the gate's records, when the gate ran.
 write_ready_file() {
-  local tmp what="$1"
-  shift
-  tmp="$(mktemp "${ready_file}.XXXXXX")"
-  printf '%s passed %s\nrecords: %s\n' "${what}" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >"${tmp}"
-  mv -f "${tmp}" "${ready_file}"
+  local gate_args=()
+  if [[ -n "${1:-}" ]]; then
+    gate_args=(--gate-records "$1")
+  fi
+  python3 -I -S "${QUALIFY}" ready --write --ready-file "${ready_file}" \
+    --records "${warmup_records}" "${gate_args[@]}" >/dev/null ||
+    log "WARN: the ready file ${ready_file} was not written (see above)"
 }
 
 # Identifiers and worst CER as the OK line shows them.
@@ -552,13 +571,13 @@ warm_up_and_report() {
         "$(gate_figures)); records: ${records} — inspect before releasing HOLD (${notes})"
       return 0
     fi
-    [[ -z "${ready_file}" ]] || write_ready_file "warm-up and gate" "${records}"
+    [[ -z "${ready_file}" ]] || write_ready_file "${gate_records}"
     log "OK: warm-up passed, gate passed ($(gate_figures)); records: ${records} — read them" \
       "before releasing HOLD (${notes})"
     return 0
   fi
   server_alive || die_server_gone "during the warm-up"
-  [[ -z "${ready_file}" ]] || write_ready_file "warm-up" "${warmup_records}"
+  [[ -z "${ready_file}" ]] || write_ready_file
   log "OK: warm-up passed; records: ${warmup_records} — read them before releasing HOLD" \
     "(${notes})"
 }
@@ -572,6 +591,9 @@ main() {
   check_settings
   if [[ -n "${ready_file}" ]]; then
     rm -f -- "${ready_file}"
+  fi
+  if [[ -n "${textfile}" ]]; then
+    export WARMUP_TEXTFILE="${textfile}"
   fi
   check_pid_file
   check_nothing_answers

@@ -503,6 +503,28 @@ class Gate(ServerProgram):
         return dict(super().summary_fields(run),
                     **gate_figures(self.tally.requests, len(self.server.engines)))
 
+    def exported(self, run: Run, summary: dict) -> list[tuple]:
+        """Identifiers exact per shape, passages ok, the worst character error rate."""
+        records = self.tally.requests
+        engines = len(self.server.engines)
+        samples = [("offload_gate_identifiers_exact", {"shape": shape},
+                    float(sum(1 for r in records if r["shape"] == shape and r["exact"] is True)),
+                    "Identifiers copied exactly in the last gate, per shape.")
+                   for shape in SHAPES]
+        samples += [("offload_gate_identifiers_total", {"shape": shape},
+                     float(len(IDENTIFIERS) * engines), "Identifiers probed, per shape.")
+                    for shape in SHAPES]
+        passages = [r for r in records if r["kind"] == "passage"]
+        samples.append(("offload_gate_passages_ok", {}, float(sum(r["ok"] for r in passages)),
+                        "Passages within the error bound in the last gate."))
+        samples.append(("offload_gate_passages_total", {}, float(len(SHAPES) * 2 * engines),
+                        "Passages probed."))
+        worst = gate_figures(records, engines)["worst_cer"]
+        if worst is not None:
+            samples.append(("offload_gate_worst_cer_ratio", {}, float(worst),
+                            "The worst passage's character error rate (0 to 1)."))
+        return samples
+
     def after_summary(self, run: Run, summary: dict) -> dict:
         """The gate_summary, right after the run's summary however the run ended (pass,
         fail, refused, killed); --json prints it instead of the summary."""

@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from textfile import publish, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text,
                        start_quiet)
 
@@ -74,6 +75,7 @@ class RunSettings:
     socket_cap_s: float
     json: bool = False
     debug: bool = False
+    textfile: str | None = None           # publish the result there (Prometheus text)
 
 
 class Program:
@@ -106,6 +108,11 @@ class Program:
     def after_summary(self, run: Run, summary: dict) -> dict | None:
         """A record written right after the summary (printed instead of it with --json)."""
         return None
+
+    def exported(self, run: Run, summary: dict) -> list[tuple]:
+        """More samples for the textfile beside every run's own: (name, labels, value,
+        help), names in the offload_<mode>_ namespace, labels from our own vocabulary."""
+        return []
 
 
 def late_problem(run: Run) -> list[str]:
@@ -183,6 +190,13 @@ def run_session(settings: RunSettings, program: Program) -> int:
             sink.close()
         except OSError:
             pass
+    if summary is not None and settings.textfile:
+        prefix = f"offload_{run.program.mode}"
+        fresh = result_samples(prefix, summary, time.time()) + \
+            run.program.exported(run, summary)
+        why = publish(settings.textfile, prefix, fresh)
+        if why:
+            printer.say(f"{settings.prog}: {why}", stream=sys.stderr)
     if summary is not None:
         printer.say(verdict_line(summary, path))
         if settings.json:
@@ -501,6 +515,12 @@ def add_run_options(parser: argparse.ArgumentParser, deadline_s: float = 90.0) -
                              "error); the human lines go to stderr")
     parser.add_argument("--debug", action="store_true",
                         help="on an internal error, print the Python traceback to stderr")
+    parser.add_argument("--textfile", metavar="PATH",
+                        default=os.environ.get("WARMUP_TEXTFILE") or None,
+                        help="also publish the result for monitoring: Prometheus text "
+                             "(node_exporter's textfile collector), written atomically; the "
+                             "last success's time is kept when a run fails (default: "
+                             "$WARMUP_TEXTFILE)")
 
 
 def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
@@ -509,7 +529,7 @@ def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
     return RunSettings(prog=prog, run_id=run_id,
                        records_path=args.records or default_records_path(run_id, kind),
                        deadline_s=args.deadline_s, socket_cap_s=args.socket_cap_s,
-                       json=args.json, debug=args.debug)
+                       json=args.json, debug=args.debug, textfile=args.textfile)
 
 
 def new_run_id() -> str:

@@ -66,6 +66,7 @@ class Server:
     max_model_len: int | None = None
     version: str | None = None
     engines: tuple = NO_ROUTING           # the engines a batch covers; (None,): no routing
+    process_start: float | None = None    # process_start_time_seconds: changes on a restart
 
 
 @dataclass
@@ -124,6 +125,7 @@ class ServerProgram(Program):
             "plan": plan,
             "versions": {"helper": __version__, "python": sys.version.split()[0],
                          "server": self.server.version},
+            "process_start_time_seconds": self.server.process_start,
             "api_key_env": self.connection.api_key_env,
             "api_key_set": bool(self.connection.api_key),
         }
@@ -205,6 +207,7 @@ class ServerProgram(Program):
         asked = self.connection.engines
         samples, _ = read_samples(self.connection.target, run.clock, "/metrics")
         served = engines_in(samples or [])
+        self.server.process_start = process_start(samples or [])
         if asked is None:
             return served if len(served) > 1 else NO_ROUTING
         missing = [e for e in asked if e not in (served or (0,))]
@@ -406,6 +409,21 @@ def engines_in(samples: list) -> tuple[int, ...]:
             found.add(int(engine))
     return tuple(sorted(found))
 
+
+
+def process_start(samples: list) -> float | None:
+    """The API server process's start (process_start_time_seconds, Unix time): the same
+    value means the same server process; None when /metrics does not say."""
+    for name, _, value in samples:
+        if name == "process_start_time_seconds":
+            return finite_number(value)
+    return None
+
+
+def served_models(samples: list) -> set[str]:
+    """The model names on vllm:* series (their model_name label)."""
+    return {labels["model_name"] for name, labels, _ in samples
+            if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
 
 
 FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",

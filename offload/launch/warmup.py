@@ -182,6 +182,19 @@ class WarmUp(ServerProgram):
     def summary_fields(self, run: Run) -> dict:
         return dict(super().summary_fields(run), counters=self.evidence.highlights)
 
+    def exported(self, run: Run, summary: dict) -> list[tuple]:
+        """Requests ok and failed in the last run, per engine (the engine index only)."""
+        samples = []
+        for engine in self.server.engines:
+            mine = [r for r in self.tally.requests if r["engine"] == engine]
+            ok = sum(1 for r in mine if r["ok"])
+            labels = {} if engine is None else {"engine": str(engine)}
+            for result, value in (("ok", ok), ("failed", self.plan.requests_total - ok)):
+                samples.append(("offload_warmup_requests", dict(labels, result=result),
+                                float(value), "Requests of the last run, ok or failed (not "
+                                              "run counts as failed), per engine."))
+        return samples
+
     # -- the waves -------------------------------------------------------------
 
     def warm_waves(self, run: Run) -> None:

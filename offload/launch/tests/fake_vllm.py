@@ -150,6 +150,7 @@ class FakeState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.started = time.monotonic()
+        self.process_start = round(time.time(), 2)   # process_start_time_seconds: a restart
         self.requests: list[dict] = []        # path, headers, body (parsed), arrived (monotonic)
         engines = range(max(config.engines, 1))
         self.cache: dict[int, set] = {e: set() for e in engines}    # each engine its own KV cache
@@ -361,6 +362,10 @@ class Handler(BaseHTTPRequestHandler):
                     if sampled[engine] or (gauge, str(engine)) in cfg.gauge_values:
                         lines.append(f'{gauge}{{engine="{engine}",model_name="{cfg.model}"}} '
                                      f'{float(v)}')
+        # prometheus_client's process collector: the API server process's start time.
+        lines += ["# HELP process_start_time_seconds Start time of the process since unix "
+                  "epoch in seconds.", "# TYPE process_start_time_seconds gauge",
+                  f"process_start_time_seconds {st.process_start}"]
         lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
                   f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
                   f'reason="capacity"}} {float(cfg.waiting_by_reason)}']

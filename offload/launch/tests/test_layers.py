@@ -15,11 +15,12 @@ from support import LAUNCH, copy_product, product_files
 # another program's module, but qualify.py never warmup.py).
 LAYERS = {
     "transport": 0,
+    "textfile": 0.5,
     "runframe": 1,
     "prompts": 2,
     "vllm_client": 3,
     "evidence": 4, "readback": 4,
-    "warmup": 5, "qualify": 5, "gate": 5, "procs": 5,
+    "warmup": 5, "qualify": 5, "gate": 5, "procs": 5, "report": 5, "probe": 5,
 }
 MAX_LINES = 900
 

@@ -14,6 +14,8 @@ import unittest
 
 from support import QUALIFY, HelperCase, qualify, warmup
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import probe  # noqa: E402
+import report  # noqa: E402
 import readback  # noqa: E402  (support puts offload/launch on sys.path)
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
@@ -95,18 +97,18 @@ class TestReportPieces(unittest.TestCase):
         records, issues = readback.load_records(path)
         self.assertEqual(len(records), 2)
         self.assertIn("line 3 is not valid JSON: the file ends there", issues[0])
-        report = qualify.build_report(records, issues)
-        self.assertEqual(report["verdict"], "incomplete")
-        self.assertEqual(report["exit_code"], 1)
-        self.assertIn("ends after a 'request' record", report["runs"][0]["ends"])
-        self.assertIn("verdict: incomplete (exit 1; no summary", qualify.format_report(report))
+        built = report.build_report(records, issues)
+        self.assertEqual(built["verdict"], "incomplete")
+        self.assertEqual(built["exit_code"], 1)
+        self.assertIn("ends after a 'request' record", built["runs"][0]["ends"])
+        self.assertIn("verdict: incomplete (exit 1; no summary", report.format_report(built))
 
     def test_cut_short_probe_names_its_failed_requests(self):
         records = [{"record": "run", "run_id": "r", "mode": "probe", "plan": {}},
                    {"record": "probe", "item": "burst3", "round": 2, "index": 1, "ok": False,
                     "problems": ["HTTP 500"]}]
-        report = qualify.build_report(records, [])
-        self.assertEqual(report["runs"][0]["problems"], ["burst3 round 2#1: HTTP 500"])
+        built = report.build_report(records, [])
+        self.assertEqual(built["runs"][0]["problems"], ["burst3 round 2#1: HTTP 500"])
 
     def test_probe_summary_compares_first_round_with_later_ones(self):
         def rec(item, rnd, ttft, total, index=0):
@@ -115,7 +117,7 @@ class TestReportPieces(unittest.TestCase):
                    rec("single", 3, 0.1, 0.4),
                    rec("burst3", 1, 0.1, 0.5), rec("burst3", 1, 0.4, 0.9, 1),
                    rec("burst3", 2, 0.1, 0.5), rec("burst3", 2, 0.1, 0.5, 1)]
-        single, burst = qualify.probe_summary(records)
+        single, burst = probe.probe_summary(records)
         self.assertEqual((single["ttft_first_s"], single["ttft_later_median_s"]), (0.5, 0.1))
         self.assertEqual(single["ttft_ratio"], 5.0)
         self.assertEqual(single["total_ratio"], 2.0)
@@ -147,9 +149,9 @@ class TestReportPieces(unittest.TestCase):
         connection = vllm_client.Connection(
             target=vllm_client.parse_base_url("http://h:1"), api_key=None,
             api_key_env="OPS_KEY", model="m", engines=None)
-        probe = qualify.WarmthProbe(connection, qualify.ProbeOptions(), settings)
-        run = runframe.Run(settings, probe, transport.Clock.start(90, 60), None, print)
-        record = qualify.probe_record(run, probe, "single", 1, slot)
+        program = probe.WarmthProbe(connection, probe.ProbeOptions(), settings)
+        run = runframe.Run(settings, program, transport.Clock.start(90, 60), None, print)
+        record = probe.probe_record(run, program, "single", 1, slot)
         self.assertFalse(record["ok"])
         self.assertIn("unauthorized: OPS_KEY is not set; set OPS_KEY (or --api-key-env)",
                       record["problems"][0])
@@ -161,13 +163,13 @@ class TestReportPieces(unittest.TestCase):
                     "cached_tokens": cached, "engine": engine}
         records = [rec(1, 0.27, 0, 0), rec(2, 0.03, 4992, 0), rec(3, 0.2, 0, 0),
                    rec(1, 0.3, None, 1), rec(2, 0.1, None, 1)]
-        e0, e1 = qualify.probe_summary(records)
+        e0, e1 = probe.probe_summary(records)
         self.assertEqual((e0["engine"], e0["cached_rounds"]), (0, [2]))
         self.assertEqual(e0["ttft_later_median_s"], 0.2, "the cached round is left out")
         self.assertEqual(e0["ttft_ratio"], 1.35)
         self.assertEqual((e1["engine"], e1["cached_rounds"], e1["ttft_ratio"]), (1, [], 3.0))
-        self.assertIn("long e0", qualify.probe_line(e0))
-        self.assertIn("round 2 served from the prefix cache, left out", qualify.probe_line(e0))
+        self.assertIn("long e0", report.probe_line(e0))
+        self.assertIn("round 2 served from the prefix cache, left out", report.probe_line(e0))
 
     def test_bad_usage_values_are_cut(self):
         counts, problems = vllm_client.read_usage({"completion_tokens": "9" * 10000,

@@ -500,8 +500,10 @@ class TestStartGate(StartCase):
         self.assertEqual(argv[3:], [f"WARMUP_BASE_URL={secret_url}"])
         with open(self.ready) as handle:
             ready = handle.read()
-        self.assertIn("warm-up and gate passed", ready)
-        self.assertIn(argv[2], ready)
+        doc = json.loads(ready)
+        self.assertEqual((doc["verdict"], doc["gate"]["verdict"]), ("pass", "pass"))
+        self.assertEqual(doc["gate"]["records"], argv[2])
+        self.assertEqual(doc["base_url"], self.url, "the URL without its credentials")
         for text in (result.stdout, result.stderr, self.start_log(), ready):
             self.assertNotIn("CREDMARKER", text)
 

@@ -1,0 +1,315 @@
+"""qualify.py probe: did the warm-up work? Time to first token, first round against later.
+
+  probe_main()           options -> RunSettings and a WarmthProbe -> runframe.run_session
+    WarmthProbe.steps()  learn_server(); rounds of single, burst3, burst4 (and long)
+                         streamed requests, each round behind the guard (guarded_batch)
+      probe_record()     one streamed answer: first-token and end times, counts, no text
+    probe_summary()      pure: per item and engine, round 1 against the median of later
+                         rounds; a ratio, never a verdict
+
+Every prompt is new (a nonce first), so a later round is never a prefix-cache hit.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import textwrap
+from dataclasses import dataclass
+
+from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
+                     fresh_long_prompt, make_short_prompt)
+from readback import as_list, show
+from runframe import (EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
+                      parse_or_explain, run_session, run_settings, usage_error, whole)
+from transport import UsageError, clean_text, finite_number
+from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                         add_server_options, connection_from, extract_fields, read_usage,
+                         slot_timing, stream_usage)
+
+PROG = "qualify.py probe"
+
+PROBE_ITEMS = (("single", 1), ("burst3", 3), ("burst4", 4))
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    rounds: int = 3
+    long_tokens: int = 0              # 0: no long item
+    tokens: int = 32
+    priority: int = 20
+
+    @property
+    def items(self) -> list[tuple[str, int]]:
+        return list(PROBE_ITEMS) + ([("long", 1)] if self.long_tokens else [])
+
+
+class WarmthProbe(ServerProgram):
+    """Rounds of single, burst3, burst4 (and long) streamed requests, each round behind the
+    guard like a wave; every request judged complete or not, warmth measured, never judged."""
+
+    mode = "probe"
+
+    def __init__(self, connection: Connection, options: ProbeOptions, settings: RunSettings):
+        super().__init__(connection)
+        self.options = options
+        self.settings = settings
+        self.long_prompts: dict = {}          # engine -> (prompt, counted or None)
+        self.items: list = []                 # probe_summary() of the records
+
+    def planned_per_engine(self) -> int:
+        return self.options.rounds * sum(depth for _, depth in self.options.items)
+
+    def plan_fields(self) -> dict:
+        options = self.options
+        counts = [c for _, c in self.long_prompts.values()]
+        return {"items": [{"item": i, "depth": d} for i, d in options.items],
+                "rounds": options.rounds, "requests_total": self.planned_per_engine(),
+                "long_tokens": options.long_tokens or None,
+                "long_prompt_tokens_counted": None if not counts or None in counts
+                else min(counts),
+                "tokens": options.tokens, "priority": options.priority, "stream": True,
+                "prompts": "new every request", "deadline_s": self.settings.deadline_s,
+                "socket_cap_s": self.settings.socket_cap_s}
+
+    def summary_fields(self, run: Run) -> dict:
+        return dict(super().summary_fields(run), probe=self.items)
+
+    def steps(self, run: Run) -> None:
+        options = self.options
+        self.learn_server(run)
+        if options.long_tokens:
+            self.long_prompts = self.size_long_prompts(run, options.long_tokens, options.tokens)
+        run.write_run_record()
+        run.say(f"probe {run.settings.run_id}: {self.connection.target.display} model "
+                f"{clean_text(self.server.model or '', 80)}, {options.rounds} rounds, deadline "
+                f"{run.settings.deadline_s:g} s")
+        try:
+            self.run_rounds(run)
+        finally:
+            self.items = probe_summary(self.tally.requests)
+        run.write({"record": "probe_summary", "run_id": run.settings.run_id,
+                   "items": self.items,
+                   "meaning": "first round against the median of later rounds; a ratio, "
+                              "not a verdict on the warm-up; rounds served from the prefix "
+                              "cache are left out"})
+        records = self.tally.requests
+        if records and all(r["cached_tokens"] is None for r in records
+                           if r["http_status"] == 200):
+            self.tally.notes.append("cache check not made: the server does not report cached "
+                                    "tokens (start it with --enable-prompt-tokens-details)")
+        for entry in self.items:
+            if entry["cached_rounds"]:
+                where = "" if entry["engine"] is None else f" on engine {entry['engine']}"
+                rounds = ", ".join(map(str, entry["cached_rounds"]))
+                self.tally.notes.append(
+                    f"{entry['item']}{where}: round {rounds} served from the prefix cache "
+                    f"(cached_tokens > 0): left out of the ratios")
+        run.say("probe (first round against the median of later rounds):")
+        for entry in self.items:
+            run.say(probe_line(entry))
+
+    def run_rounds(self, run: Run) -> None:
+        """Each round, each item, behind the guard; stops at a refusal or the deadline."""
+        options, run_id = self.options, run.settings.run_id
+        for round_no in range(1, options.rounds + 1):
+            for item, depth in options.items:
+                label = f"{item} round {round_no}"
+                if run.clock.remaining() <= 0:
+                    self.tally.problems.append(f"deadline passed before {label}")
+                    return
+                slots = []
+                for engine in self.server.engines:
+                    for index in range(depth):
+                        where = "" if engine is None else f"e{engine}-"
+                        rid = f"probe-{run_id}-{where}{item}-r{round_no}-{index}"
+                        prompt = self.prompt_for(run_id, item, depth, round_no, index, engine)
+                        body = dict(completion_body(self.server.model, prompt, rid,
+                                                    options.tokens, options.priority),
+                                    stream=True, stream_options={"include_usage": True})
+                        slots.append(self.make_slot(index, rid, engine, body, stream=True))
+                finished = self.guarded_batch(run, label, slots,
+                                              first=not self.tally.requests)
+                if finished is None:
+                    return
+                for slot in finished:
+                    record = probe_record(run, self, item, round_no, slot)
+                    run.write(record)
+                    self.tally.requests.append(record)
+
+    def prompt_for(self, run_id: str, item: str, depth: int, round_no: int, index: int,
+                   engine: int | None) -> str:
+        """A prompt no earlier request sent: a nonce (or a per-request tag) first."""
+        if item == "long":
+            return fresh_long_prompt(self.long_prompts[engine][0])
+        seed = f"{run_id}-{engine}-{item}-r{round_no}-{os.urandom(4).hex()}"
+        return make_short_prompt(seed, depth, index)
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def _slowest(values: list) -> float | None:
+    """A burst is as slow as its slowest request; a missing time makes the round unknown."""
+    values = [finite_number(v) for v in values]
+    return None if not values or None in values else max(values)
+
+
+def _served_from_cache(records: list[dict]) -> int:
+    """The most cached prompt tokens any request of a round reported (0: none, or unknown)."""
+    return max((r.get("cached_tokens") for r in records
+                if isinstance(r.get("cached_tokens"), int)
+                and not isinstance(r.get("cached_tokens"), bool)), default=0)
+
+
+def probe_summary(records: list[dict]) -> list[dict]:
+    """Per item and engine: round 1 against the median of later rounds (each round: its
+    slowest request), for TTFT and total; a ratio, never a verdict. A round served from
+    the prefix cache (cached_tokens > 0) would look like warmth: it is named and left out."""
+    groups: dict[tuple, dict[int, list[dict]]] = {}
+    for r in records:
+        key = (r.get("item"), r.get("engine"))
+        groups.setdefault(key, {}).setdefault(r.get("round"), []).append(r)
+    items = []
+    for (item, engine), rounds in groups.items():
+        cached = sorted(n for n, rs in rounds.items() if _served_from_cache(rs) > 0)
+        per_round = {n: (_slowest([r.get("ttft_s") for r in rs]),
+                         _slowest([r.get("total_s") for r in rs]))
+                     for n, rs in rounds.items() if n not in cached}
+        first = per_round.get(1, (None, None))
+        later = [v for n, v in per_round.items() if isinstance(n, int) and n > 1]
+        entry = {"item": item, "engine": engine, "rounds": len(rounds),
+                 "cached_rounds": cached}
+        for i, name in enumerate(("ttft", "total")):
+            warm = _median([v[i] for v in later])
+            entry[f"{name}_first_s"] = first[i]
+            entry[f"{name}_later_median_s"] = warm
+            entry[f"{name}_ratio"] = round(first[i] / warm, 2) if first[i] and warm else None
+        items.append(entry)
+    return items
+
+
+def probe_line(entry: dict) -> str:
+    """One item (on one engine) in a line; any value from a file goes through show()."""
+    def ms(v):
+        v = finite_number(v)
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+    where = show(entry.get("item")) + ("" if entry.get("engine") is None
+                                       else f" e{show(entry.get('engine'))}")
+    line = (f"  {where:<7} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
+            f"{ms(entry.get('ttft_later_median_s'))} (x{show(entry.get('ttft_ratio'))}); total "
+            f"first {ms(entry.get('total_first_s'))} vs later "
+            f"{ms(entry.get('total_later_median_s'))} (x{show(entry.get('total_ratio'))})")
+    cached = as_list(entry.get("cached_rounds"))
+    if cached:
+        line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
+                 f"left out")
+    return line
+
+
+def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
+    """One streamed request: when its first token and its end came; counts only, no text."""
+    timing, usage = slot_timing(slot), None
+    response, tokens = slot.response, probe.options.tokens
+    problems = []
+    if response is None:
+        problems.append(timing["transport_error"])
+    elif response.status != 200:
+        problems.append(probe.diagnose(extract_fields(response.status, response.body)))
+    else:
+        usage, done = stream_usage(response.body)
+        if not done:
+            problems.append("stream did not end with [DONE]")
+        if usage is None:
+            problems.append("stream carried no usage")
+        if response.watched_at is None:
+            problems.append("no token text arrived")
+    counts, bad_counts = read_usage(usage)
+    problems += bad_counts
+    if usage is not None and counts["completion_tokens"] != tokens \
+            and not any(p.startswith("usage completion_tokens") for p in bad_counts):
+        problems.append(f"completion_tokens {show(counts['completion_tokens'])}, expected "
+                        f"{tokens}")
+    sent = slot.sent_at
+    first = response.watched_at if response is not None else None
+    return {
+        "record": "probe", "run_id": run.settings.run_id, "item": item, "round": round_no,
+        "index": slot.index, "engine": slot.engine, "request_id": slot.request_id,
+        "http_status": timing["http_status"],
+        "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
+        "total_s": timing["latency_s"],
+        "prompt_tokens": counts["prompt_tokens"],
+        "cached_tokens": counts["cached_tokens"],
+        "completion_tokens": counts["completion_tokens"],
+        "ok": not problems,
+        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+    }
+
+
+PROBE_EPILOG = ENVIRONMENT_HELP + """
+exit status:
+  0    every streamed request was answered completely (usage, [DONE], its tokens), in
+       time; says nothing about warmth: the ratios are measurements, not a verdict
+  1    a request failed, or late; 2 usage or configuration error; 3 refused by a guard;
+  129/130/143  SIGHUP / SIGINT / SIGTERM: a 'killed' summary was written first
+"""
+
+
+def build_probe_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, epilog=PROBE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+                    "Did the warm-up work? Measure time to first token and total time with "
+                    "streamed completions: a single request, a burst of 3 and a burst of 4 "
+                    "(and a long prompt), repeated --rounds times, on every engine; report the "
+                    "first round against the median of the later ones, per engine. Every "
+                    "prompt is new (a nonce first), so a later round is not a prefix-cache "
+                    "hit; cached tokens are recorded and a round served from the cache is "
+                    "named and left out. A ratio, never a verdict.", 79))
+    add_server_options(parser)
+    add_run_options(parser)
+    parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=32,
+                        help="completion tokens per request (default: %(default)s)")
+    parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
+                        default=20, help="request priority (default: %(default)s)")
+    parser.add_argument("--rounds", metavar="N", type=whole(2, 100), default=3,
+                        help="rounds of single, burst3, burst4 (default: %(default)s)")
+    parser.add_argument("--long-tokens", type=whole(0, MAX_LONG_PROMPT_TOKENS), default=0,
+                        metavar="N",
+                        help="also a long request of N prompt tokens (more than 4096), "
+                             "sized once with /tokenize, a new nonce every round "
+                             "(default: none)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan and exit 0 without touching the network")
+    return parser
+
+
+def probe_main(argv: list[str]) -> int:
+    """qualify.py probe: the same connection options, guards, bounds and records as the
+    warm-up."""
+    parser = build_probe_parser()
+    args = parse_or_explain(parser, argv)
+    if args.long_tokens and args.long_tokens < MIN_LONG_PROMPT_TOKENS:
+        usage_error(parser, args.json,
+                    f"--long-tokens must be more than {MIN_LONG_PROMPT_TOKENS - 1}")
+    options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
+                           tokens=args.tokens, priority=args.priority)
+    settings = run_settings(args, PROG, "probe")
+    try:
+        connection = connection_from(args)
+    except UsageError as exc:
+        usage_error(parser, args.json, str(exc))
+    if args.dry_run:
+        long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
+        emit(f"probe plan for {connection.target.display}: {args.rounds} rounds of single, "
+             f"burst3, burst4{long}; streaming, {args.tokens} tokens each, every prompt new; "
+             f"deadline {settings.deadline_s:g} s")
+        return EXIT_PASS
+    return run_session(settings, WarmthProbe(connection, options, settings))

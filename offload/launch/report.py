@@ -1,0 +1,352 @@
+"""qualify.py report: what a records file shows, each run judged from its own evidence.
+
+  report_main()        FILE -> load_records() (readback.py) -> build_report() ->
+                       format_report(), --json, or --fields for scripts (start.sh)
+    build_run()        one run: its records grouped, evidence_problems() (pure: a run
+                       record, a summary, every planned request record ok on every
+                       engine), run_verdict() (pure: a claimed pass without the evidence is
+                       'incomplete')
+
+A file cut short by a kill, holding several runs, or with damaged lines is read past its
+bad lines. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import gate
+from probe import probe_line
+from readback import (as_dict, as_list, exit_status, known, load_records, show, split_runs,
+                      tidy)
+from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
+from transport import clean_text, finite_number
+from vllm_client import request_label
+
+PROG = "qualify.py report"
+
+PICKED = {
+    "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
+                "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
+                "stop_reason", "latency_s", "ok"),
+    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "ok"),
+    "metrics": ("source", "state", "why", "highlights", "warnings"),
+    "status": ("path", "state", "why", "delta"),
+    "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
+              "cached_tokens", "ok"),
+    "gate": ("shape", "probe", "kind", "engine", "index", "http_status", "finish_reason",
+             "completion_tokens", "reasoning_tokens", "exact", "edit_distance",
+             "reference_chars", "answer_chars", "cer", "removed", "ok"),
+}
+
+
+JUDGED_KIND = {"warmup": "request", "probe": "probe", "gate": "gate"}   # mode -> record
+
+
+def evidence_problems(run: dict | None, summary: dict | None, judged: list[dict]
+                      ) -> list[str]:
+    """What the records lack to show the run they claim: a run record, a summary, as many
+    judged records as the plan announced (each ok) on every engine, and a summary whose
+    counts agree with them. [] when the evidence is complete. Pure: records in, reasons out."""
+    problems = []
+    if run is None:
+        problems.append("no run record")
+    if summary is None:
+        problems.append("no summary record")
+    plan = as_dict(as_dict(run).get("plan"))
+    planned = plan.get("requests_total")
+    if run is not None and not is_count(planned):
+        problems.append("the run record announces no number of requests")
+    if is_count(planned) and len(judged) != planned:
+        problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
+    failed = [r for r in judged if r.get("ok") is not True]
+    if failed:
+        problems.append(f"{len(failed)} request record(s) not ok: "
+                        f"{', '.join(request_label(r) for r in failed[:5])}")
+    engines = as_dict(run).get("engines")
+    per_engine = plan.get("requests_per_engine")
+    if isinstance(engines, list) and engines and is_count(per_engine):
+        for engine in engines:
+            mine = sum(1 for r in judged if r.get("engine") == engine)
+            if mine != per_engine:
+                problems.append(f"engine {show(engine)}: {mine} of its {per_engine} request "
+                                f"records")
+    if summary is not None:
+        ok = sum(1 for r in judged if r.get("ok") is True)
+        said = summary.get("requests_ok")
+        if is_count(said) and said != ok:
+            problems.append(f"the summary says {said} requests ok; the records show {ok}")
+        total = summary.get("requests_total")
+        if is_count(total) and is_count(planned) and total != planned:
+            problems.append(f"the summary counts {total} planned requests; the run record "
+                            f"{planned}")
+    return problems
+
+
+def is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def run_verdict(summary: dict | None, evidence: list[str]) -> tuple[str, int]:
+    """The verdict the report stands behind: the summary's, unless it claims a pass the
+    evidence does not show, or there is no summary: then 'incomplete' (exit 1)."""
+    if summary is None:
+        return "incomplete", EXIT_FAIL
+    verdict = summary.get("verdict")
+    if verdict not in ("pass", "fail", "refused", "killed"):
+        return "incomplete", EXIT_FAIL
+    if verdict == "pass" and evidence:
+        return "incomplete", EXIT_FAIL
+    code = exit_status(summary.get("exit_code"))
+    if verdict == "pass" and code != EXIT_PASS or verdict != "pass" and code == EXIT_PASS:
+        return "incomplete", EXIT_FAIL
+    return verdict, code
+
+
+def build_run(records: list[dict], last: bool = True) -> dict:
+    """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
+    the verdict judged from its evidence."""
+    by_kind: dict[str, list[dict]] = {}
+    for record in records:
+        by_kind.setdefault(record["record"], []).append(record)
+    summary = (by_kind.get("summary") or [None])[-1]
+    run = (by_kind.get("run") or [None])[-1]
+    where = "the file ends" if last else "its records end (another run follows)"
+    ends = "summary" if summary else (
+        f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
+        f"run was killed{', or is still running' if last else ''})")
+    mode = as_dict(run).get("mode")
+    judged = by_kind.get(JUDGED_KIND.get(mode, "request"), []) if run is not None else \
+        [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
+    if summary:
+        problems = as_list(summary.get("problems"))
+    else:                             # cut short: name what failed before the cut
+        problems = [f"{request_label(r)}: {p}"
+                    for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
+                    if r.get("ok") is not True for p in as_list(r.get("problems"))]
+    evidence = evidence_problems(run, summary, judged)
+    verdict, exit_code = run_verdict(summary, evidence)
+
+    def pick(kind: str) -> list[dict]:
+        return [{k: r.get(k) for k in PICKED[kind]} for r in by_kind.get(kind, [])]
+
+    return tidy({
+        "run": run,
+        "requests": pick("request"), "waves": pick("wave"), "metrics": pick("metrics"),
+        "status": pick("status"), "probe": pick("probe"),
+        "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
+        "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
+        "summary": summary, "problems": problems,
+        "verdict": verdict, "exit_code": exit_code,
+        "claimed": summary.get("verdict") if summary else None,
+        "evidence": "incomplete" if evidence else "complete",
+        "evidence_problems": evidence,
+        "ends": ends,
+    })
+
+
+def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
+    """A records file as one object: each run, the bad lines, and the last run's verdict.
+    A file with no run record holds no run, whatever else it holds: exit 1."""
+    groups = split_runs(records)
+    runs = [build_run(group, last=(i == len(groups) - 1)) for i, group in enumerate(groups)]
+    if not any(run["run"] is not None for run in runs):
+        return {"runs": runs, "issues": tidy(issues), "verdict": "none",
+                "exit_code": EXIT_FAIL, "evidence": "incomplete",
+                "ends": f"no warm-up run in {clean_text(path, 200)} (no run record)"}
+    last = runs[-1]
+    return {"runs": runs, "issues": tidy(issues),
+            "verdict": last["verdict"], "exit_code": last["exit_code"],
+            "evidence": last["evidence"], "ends": last["ends"]}
+
+
+def run_header(run: dict) -> str:
+    """The run record in one line: what ran, where, against which model and server."""
+    plan = as_dict(run.get("plan"))
+    mode = run.get("mode")
+    model = (f"model {known(run.get('model'))} "
+             f"(server {known(as_dict(run.get('versions')).get('server'))})")
+    where = f"{show(run.get('run_id'))}: {show(run.get('base_url'))} {model}"
+    engines = as_list(run.get("engines")) if isinstance(run.get("engines"), list) else []
+    where += f", engines {','.join(show(e) for e in engines)}" if engines else ""
+    deadline = f"deadline {show(plan.get('deadline_s'))} s"
+    if mode == "probe":
+        items = ", ".join(show(as_dict(i).get("item")) for i in as_list(plan.get("items")))
+        return (f"probe {where}, {show(plan.get('rounds'))} rounds of {items or '-'}, "
+                f"{show(plan.get('requests_total'))} requests, {deadline}")
+    if mode == "gate":
+        return (f"gate {where}, endpoint {show(plan.get('endpoint'))}, "
+                f"{show(plan.get('requests_total'))} requests, max CER "
+                f"{show(plan.get('max_cer'))}, max_tokens {show(plan.get('max_tokens'))}, "
+                f"{deadline}")
+    waves = ",".join(show(as_dict(w).get("wave")) for w in as_list(plan.get("waves")))
+    counted = plan.get("b1_prompt_tokens_counted")
+    return (f"warm-up {where}, waves {waves or '-'}, {show(plan.get('requests_total'))} "
+            f"requests, B1 {show(counted) if counted is not None else 'estimated'} tokens, "
+            f"{deadline}")
+
+
+def request_table(requests: list[dict]) -> list[str]:
+    """The requests as an aligned table; an engine column only when some request has one."""
+    columns = ["wave", "request_id", "http_status", "prompt_tokens", "cached_tokens",
+               "completion_tokens", "finish_reason", "stop_reason", "latency_s", "ok"]
+    heads = ["wave", "id", "status", "prompt", "cached", "completion", "finish", "stop",
+             "latency", "ok"]
+    if any(r.get("engine") is not None for r in requests):
+        columns.insert(1, "engine")
+        heads.insert(1, "engine")
+    rows = [heads] + [[show(r.get(c)) for c in columns] for r in requests]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def wave_text(wave: dict) -> str:
+    where = show(wave.get("wave")) + ("" if wave.get("engine") is None
+                                      else f" e{show(wave.get('engine'))}")
+    return (f"{where:<4} depth {show(wave.get('depth'))}  skew "
+            f"{show(wave.get('release_skew_ms'))} ms  {show(wave.get('duration_s'))} s  "
+            f"{'ok' if wave.get('ok') is True else 'FAILED'}")
+
+
+def format_run(run: dict) -> list[str]:
+    """One run's lines, ending with its verdict line."""
+    lines = [run_header(as_dict(run["run"]))] if run["run"] else ["(no run record)"]
+    if run["requests"]:
+        lines += [""] + request_table(run["requests"])
+    if run["waves"]:
+        lines += [""] + [wave_text(w) for w in run["waves"]]
+    for m in run["metrics"]:
+        why = f": {show(m.get('why'), 200)}" if m.get("why") else ""
+        lines += ["", f"counter deltas from {show(m.get('source'))} ({show(m.get('state'))}"
+                      f"{why}):"]
+        lines += [f"  {show(k, 160)} {show(v)}" for k, v in as_dict(m.get("highlights")).items()]
+        lines += [f"  warning: {show(w, 300)}" for w in as_list(m.get("warnings"))]
+    for st in run["status"]:
+        why = f": {show(st.get('why'), 200)}" if st.get("why") else ""
+        lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}")
+    if run["probe_summary"]:
+        lines += ["", "probe (first round against the median of later rounds):"]
+        lines += [probe_line(as_dict(i)) for i in as_list(as_dict(run["probe_summary"]).get("items"))]
+    if run["gate"]:
+        lines += ["", "gate (exact copies; counts and distances only):"]
+        lines += [gate.gate_line(as_dict(r)) for r in run["gate"]]
+    if run["gate_summary"]:
+        lines.append(gate.gate_summary_line(as_dict(run["gate_summary"])))
+    if run["problems"]:
+        lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run["problems"]]
+    summary = as_dict(run["summary"])
+    lines += [f"note: {show(n, 300)}" for n in as_list(summary.get("notes"))]
+    lines += [f"warning: {show(w, 300)}" for w in as_list(summary.get("warnings"))]
+    if run["evidence_problems"]:
+        lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
+                                             for p in run["evidence_problems"]]
+    if not run["summary"]:
+        lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
+    elif run["verdict"] != run["claimed"]:
+        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
+                     f"claims {show(run['claimed'])}, the evidence does not show it)")
+    else:
+        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})")
+    return lines
+
+
+def format_report(report: dict) -> str:
+    """The whole file for a terminal: bad lines first, then each run, the last run last."""
+    lines = [f"note: {show(issue, 300)}" for issue in report["issues"]]
+    runs = report["runs"]
+    if not any(run["run"] for run in runs):
+        lines.append(f"verdict: none ({report['ends']})")
+        return "\n".join(lines)
+    for number, run in enumerate(runs, 1):
+        if len(runs) > 1:
+            lines += ["", f"== run {number} of {len(runs)} =="]
+        lines += format_run(run)
+    if len(runs) > 1:
+        lines.append(f"(the file holds {len(runs)} runs; the exit status is the last run's)")
+    return "\n".join(lines).lstrip("\n")
+
+
+def report_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Print a readable report of a records file (warm-up, probe or gate), run "
+                    "by run; also a file cut short by a kill, holding several runs, or with "
+                    "damaged lines (skipped and named). Each run's verdict is judged from its "
+                    "records: a pass needs its run record, its summary and every request "
+                    "record the plan announced, each ok, on every engine; otherwise the run "
+                    "is 'incomplete', whatever its summary claims. Exit status: the last "
+                    "run's (0 pass), 1 when it is incomplete or the file holds no run, 2 "
+                    "when the file cannot be read.")
+    parser.add_argument("records", help="the JSON Lines records file")
+    parser.add_argument("--json", action="store_true",
+                        help="the report as one JSON object: runs (each with its run, requests, "
+                             "waves, metrics, status, probe, probe_summary, gate, summary, "
+                             "problems, verdict, exit_code, claimed, evidence, "
+                             "evidence_problems, ends), issues, and the last run's verdict, "
+                             "exit_code and evidence")
+    parser.add_argument("--fields", metavar="LIST", type=fields_type,
+                        help="for scripts: print only these fields of the last run, space "
+                             "separated, on one line, in the order given; each a single word "
+                             f"(- when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
+    args = parser.parse_args(argv)
+    try:
+        records, issues = load_records(args.records)
+    except OSError as exc:
+        emit(f"{PROG}: cannot read {show(args.records, 200)}: "
+                    f"{exc.strerror or type(exc).__name__}; give the path of a records file",
+                    sys.stderr)
+        return EXIT_USAGE
+    report = build_report(records, issues, args.records)
+    if args.fields:
+        emit(" ".join(script_field(report, name) for name in args.fields))
+    else:
+        emit(json.dumps(report, indent=2) if args.json else format_report(report))
+    return report["exit_code"]
+
+
+def _last_run(report: dict) -> dict:
+    return report["runs"][-1] if report["runs"] else {}
+
+
+def _cache_check(report: dict) -> str:
+    notes = as_list(as_dict(_last_run(report).get("summary")).get("notes"))
+    return "not-made" if any("cache check not made" in str(n) for n in notes) else "made"
+
+
+def _gate_figure(report: dict, shape: str) -> str:
+    exact = as_dict(as_dict(_last_run(report).get("gate_summary")).get("identifiers_exact"))
+    return show(exact.get(shape), 20)
+
+
+def _worst_cer(report: dict) -> str:
+    cer = finite_number(as_dict(_last_run(report).get("gate_summary")).get("worst_cer"))
+    return "n/a" if cer is None else f"{cer:.3f}"
+
+
+SCRIPT_FIELDS = {                     # what start.sh reads: one word each
+    "verdict": lambda report: show(report["verdict"], 20),
+    "exit_code": lambda report: str(report["exit_code"]),
+    "evidence": lambda report: report["evidence"],
+    "cache_check": _cache_check,
+    "identifiers_alone": lambda report: _gate_figure(report, "alone"),
+    "identifiers_batched": lambda report: _gate_figure(report, "batched"),
+    "worst_cer": _worst_cer,
+}
+
+
+def fields_type(text: str) -> list[str]:
+    """An argparse type: a comma-separated list of SCRIPT_FIELDS names."""
+    names = [name.strip() for name in text.split(",")]
+    unknown = [name for name in names if name not in SCRIPT_FIELDS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown field {unknown[0]!r}; fields: "
+                                         f"{', '.join(SCRIPT_FIELDS)}")
+    return names
+
+
+def script_field(report: dict, name: str) -> str:
+    """One field as one word: spaces become '_', nothing becomes '-'."""
+    value = SCRIPT_FIELDS[name](report) or "-"
+    return "_".join(value.split()) or "-"

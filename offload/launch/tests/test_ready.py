@@ -1,0 +1,188 @@
+"""Readiness that stays true: the ready file names its server, `qualify.py ready` checks it,
+and the result is published as a textfile for monitoring."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+from support import FAKE, QUALIFY, HelperCase, SilentServer, free_port
+import qualify  # noqa: E402  (support puts offload/launch on sys.path)
+from test_start import StartCase
+
+try:
+    from prometheus_client.parser import text_string_to_metric_families
+except ImportError:                      # installed by .ci/run for this check only
+    text_string_to_metric_families = None
+
+
+def ready(path: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", path, *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def families(text: str) -> dict:
+    """name -> {labels as a sorted tuple: value}, through Prometheus' own parser."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = \
+                sample.value
+    return found
+
+
+class TestReadyStaysTrue(StartCase):
+    def start_fake_on_port(self) -> subprocess.Popen:
+        """A fake server on this test's port, as a restarted server would be."""
+        proc = subprocess.Popen([sys.executable, FAKE, "--port", str(self.port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait, 10)
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if subprocess.run([sys.executable, QUALIFY, "health", "--base-url", self.url],
+                              capture_output=True, timeout=30).returncode == 0:
+                return proc
+            time.sleep(0.1)
+        self.fail("the second fake server did not come up")
+
+    def test_ready_follows_the_server_it_warmed(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        result = self.start("--ready-file", self.ready, "--textfile", textfile,
+                            server=self.fake())
+        self.assertEqual(result.code, 0, result.stderr)
+        with open(self.ready) as handle:
+            doc = json.load(handle)
+        self.assertEqual((doc["kind"], doc["verdict"], doc["model"], doc["base_url"]),
+                         ("offload-ready/1", "pass", "fake-model", self.url))
+        self.assertIsInstance(doc["process_start_time_seconds"], float)
+        self.assertTrue(os.path.exists(doc["records"]))
+        shown = ready(self.ready)
+        self.assertEqual(shown.returncode, 0, shown.stderr)
+        self.assertIn("ready: ", shown.stdout)
+        # The server goes away: not answering.
+        self.stop_server()
+        gone = ready(self.ready)
+        self.assertEqual(gone.returncode, 1)
+        self.assertRegex(gone.stderr, r"^not ready: the server is not answering")
+        self.assertEqual(len(gone.stderr.strip().splitlines()), 1)
+        # A new server on the same port: restarted, until a new start warms it.
+        time.sleep(0.05)        # process_start_time_seconds has 10 ms steps
+        self.start_fake_on_port()
+        again = ready(self.ready)
+        self.assertEqual(again.returncode, 1)
+        self.assertIn("not ready: the server restarted since the warm-up", again.stderr)
+        with open(textfile) as handle:
+            self.assertIn("offload_warmup_last_run_success 1.0", handle.read())
+
+
+class TestReadyRefuses(HelperCase):
+    def test_missing_garbage_and_a_server_that_hangs(self):
+        missing = os.path.join(self.tmp, "nope")
+        shown = ready(missing)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("not ready: " + missing + " is missing", shown.stderr)
+        garbage = os.path.join(self.tmp, "garbage")
+        with open(garbage, "wb") as handle:
+            handle.write(b"\x00\xffwarm\n")
+        shown = ready(garbage)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("is not a ready file", shown.stderr)
+        silent = SilentServer()
+        self.addCleanup(silent.stop)
+        doc = os.path.join(self.tmp, "ready")
+        with open(doc, "w") as handle:
+            json.dump({"kind": "offload-ready/1", "base_url": silent.url, "model": "m",
+                       "process_start_time_seconds": 1.0}, handle)
+        started = time.monotonic()
+        shown = ready(doc, "--timeout-s", "1")
+        self.assertEqual(shown.returncode, 1)
+        self.assertLess(time.monotonic() - started, 1 + 10, "bounded by --timeout-s")
+        self.assertIn("not ready: the server is not answering", shown.stderr)
+        for proc in (shown,):
+            self.assertNotIn("Traceback", proc.stderr)
+            self.assertEqual(len(proc.stderr.strip().splitlines()), 1)
+        nothing = ready(doc, "--base-url", f"http://127.0.0.1:{free_port()}")
+        self.assertIn("not answering", nothing.stderr)
+
+    def test_identity_is_judged_from_metrics(self):
+        doc = {"model": "m", "process_start_time_seconds": 100.0}
+        same = [("process_start_time_seconds", {}, 100.0),
+                ("vllm:num_requests_running", {"model_name": "m", "engine": "0"}, 0.0)]
+        self.assertIsNone(qualify.check_identity(doc, same))
+        later = [("process_start_time_seconds", {}, 160.0)] + same[1:]
+        self.assertIn("restarted since the warm-up", qualify.check_identity(doc, later))
+        other = same[:1] + [("vllm:x_total", {"model_name": "n"}, 1.0)]
+        self.assertIn("serves n, not the warmed model m", qualify.check_identity(doc, other))
+        self.assertIn("no process_start_time_seconds", qualify.check_identity(doc, same[1:]))
+        self.assertIn("names no process start",
+                      qualify.check_identity({"model": "m"}, same))
+
+    def test_no_ready_file_from_records_that_do_not_pass(self):
+        server = self.start_fake(fault="one_token", fault_match="-B4-0")
+        self.assertEqual(self.run_helper(server).code, 1)
+        path = os.path.join(self.tmp, "ready")
+        shown = ready(path, "--write", "--records", self.records_path)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("not written: the warm-up's records show fail", shown.stderr)
+        self.assertFalse(os.path.exists(path))
+
+
+@unittest.skipIf(text_string_to_metric_families is None,
+                 "prometheus_client is not installed (.ci/run installs it for this check)")
+class TestTextfile(HelperCase):
+    def test_textfile_parses_and_keeps_the_last_success(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        server = self.start_fake(engines=2)
+        self.assertEqual(self.run_helper(server, "--textfile", textfile).code, 0)
+        with open(textfile) as handle:
+            first = families(handle.read())
+        self.assertEqual(first["offload_warmup_last_run_success"][()], 1.0)
+        success = first["offload_warmup_last_success_timestamp_seconds"][()]
+        self.assertEqual(first["offload_warmup_requests"][
+            (("engine", "1"), ("result", "ok"))], 10.0)
+        for name in ("offload_warmup_last_run_timestamp_seconds",
+                     "offload_warmup_last_run_duration_seconds",
+                     "offload_warmup_last_run_exit_code"):
+            self.assertIn(name, first)
+        broken = self.start_fake(fault="one_token", fault_match="-B2-")
+        os.remove(self.records_path)
+        self.assertEqual(self.run_helper(broken, "--textfile", textfile).code, 1)
+        with open(textfile) as handle:
+            text = handle.read()
+        after = families(text)
+        self.assertEqual(after["offload_warmup_last_run_success"][()], 0.0)
+        self.assertEqual(after["offload_warmup_last_run_exit_code"][()], 1.0)
+        self.assertEqual(after["offload_warmup_last_success_timestamp_seconds"][()], success,
+                         "the last success is kept through a failed run")
+        self.assertEqual(after["offload_warmup_requests"][(("result", "failed"),)], 2.0)
+        self.assertNotIn("fake-model", text, "no label from the server")
+        for line in text.splitlines():
+            if not line.startswith("#"):
+                self.assertEqual(len(line.split()), 2, f"no timestamp: {line}")
+
+    def test_gate_writes_beside_the_warm_up(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server, "--textfile", textfile).code, 0)
+        os.remove(self.records_path)
+        gate = subprocess.run([sys.executable, QUALIFY, "gate", "--base-url", server.url,
+                               "--records", self.records_path, "--textfile", textfile],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(gate.returncode, 0, gate.stderr)
+        with open(textfile) as handle:
+            found = families(handle.read())
+        self.assertEqual(found["offload_gate_last_run_success"][()], 1.0)
+        self.assertEqual(found["offload_gate_identifiers_exact"][(("shape", "batched"),)], 6.0)
+        self.assertEqual(found["offload_warmup_last_run_success"][()], 1.0, "kept beside")
+
+
+del StartCase            # imported to build on, not to run twice
+
+
+if __name__ == "__main__":
+    unittest.main()

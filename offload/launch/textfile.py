@@ -1,0 +1,105 @@
+"""A run's result published for monitoring: a node_exporter textfile (Prometheus text).
+
+Between transport and the run frame (transport <- textfile <- runframe): the run frame
+calls publish() after the summary when --textfile (WARMUP_TEXTFILE) names a file. The
+file is written whole and atomically (a temporary file in the same folder, then a
+rename), with HELP and TYPE lines, no timestamps, base units, every name in the
+`offload_` namespace, and labels only from our own fixed vocabulary (engine index,
+result, shape, verdict): nothing from a server and no secret. Samples another program
+wrote there (offload_gate_* beside offload_warmup_*) are kept, and so is the last
+success's time when this run did not pass.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from transport import open_regular, parse_prometheus
+
+VERDICTS = ("pass", "fail", "refused", "killed")
+MAX_TEXTFILE_BYTES = 1 << 20
+
+
+def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
+    """The samples every run has: (name, labels, value, help). Pure."""
+    passed = summary.get("verdict") == "pass"
+    samples = [
+        (f"{prefix}_last_run_timestamp_seconds", {}, ended_at,
+         "When the last run ended (Unix time)."),
+        (f"{prefix}_last_run_success", {}, 1.0 if passed else 0.0,
+         "1 when the last run passed, else 0."),
+        (f"{prefix}_last_run_duration_seconds", {}, float(summary.get("elapsed_s") or 0.0),
+         "How long the last run took."),
+        (f"{prefix}_last_run_exit_code", {}, float(summary.get("exit_code", 1)),
+         "The last run's exit status (0 pass, 1 fail, 2 usage, 3 refused, 124/143 killed)."),
+    ]
+    samples += [(f"{prefix}_last_run_verdict", {"verdict": v},
+                 1.0 if summary.get("verdict") == v else 0.0,
+                 "The last run's verdict, one sample a verdict, 1 for the one it had.")
+                for v in VERDICTS]
+    if passed:
+        samples.append((f"{prefix}_last_success_timestamp_seconds", {}, ended_at,
+                        "When a run last passed (Unix time); kept while later runs fail."))
+    return samples
+
+
+def render(samples: list[tuple]) -> str:
+    """Prometheus text format 0.0.4: each family's HELP and TYPE (gauge), then its samples."""
+    lines, seen = [], set()
+    for name, labels, value, help_text in samples:
+        if name not in seen:
+            seen.add(name)
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        shown = repr(float(value)) if math.isfinite(value) else "NaN"
+        lines.append(f"{name}{{{inner}}} {shown}" if labels else f"{name} {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def previous_samples(path: str) -> list[tuple]:
+    """What the file holds now (name, labels, value, help), or [] when it holds nothing
+    readable; only offload_ samples are kept."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_TEXTFILE_BYTES)
+    except OSError:
+        return []
+    text = data.decode("utf-8", "replace")
+    helps = {}
+    for line in text.split("\n"):
+        parts = line.split(" ", 3)
+        if len(parts) == 4 and parts[:2] == ["#", "HELP"]:
+            helps[parts[2]] = parts[3]
+    return [(name, labels, value, helps.get(name, "Kept from the previous file."))
+            for name, labels, value in parse_prometheus(text).samples
+            if name.startswith("offload_")]
+
+
+def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
+    """This run's samples, other programs' samples as they were, and this program's last
+    success time from before when this run did not pass. Pure."""
+    success = f"{prefix}_last_success_timestamp_seconds"
+    kept = [s for s in before if not s[0].startswith(prefix + "_")]
+    if not any(s[0] == success for s in fresh):
+        kept += [s for s in before if s[0] == success]
+    ordered = sorted(kept + fresh, key=lambda s: s[0])     # a family's samples together
+    return ordered
+
+
+def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
+    """Write the textfile; None when written, else why not (one line)."""
+    content = render(merged(prefix, fresh, previous_samples(path)))
+    folder = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(content)
+        os.replace(temporary, path)
+    except OSError as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        return f"cannot write the textfile {path}: {exc.strerror or exc}"
+    return None
