@@ -17,6 +17,7 @@ import argparse
 import math
 import re
 import textwrap
+import unicodedata
 from dataclasses import dataclass
 
 from readback import as_dict, as_list, exit_status, show
@@ -39,6 +40,7 @@ class GateOptions:
     max_tokens: int
     max_cer: float
     template_kwargs: dict | None
+    max_typos: int = 0
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,46 @@ def collapse(text: str) -> str:
     return " ".join(text.split())
 
 
+# Typography a model may change without garbling the text: curly quotes, dashes, the
+# ellipsis and a non-breaking space become their ASCII forms.
+TYPOGRAPHY = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'",
+                            "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u201f": '"',
+                            "\u2010": "-", "\u2011": "-", "\u2012": "-", "\u2013": "-",
+                            "\u2014": "-", "\u2015": "-", "\u2212": "-",
+                            "\u2026": "...", "\u00a0": " "})
+COPY_START_WORDS = 4                   # a passage's copy starts where its first words stand
+PREAMBLE_LINES = 64                    # a preamble longer than this is not looked past
+
+
+def normalize(text: str) -> str:
+    """The one normalization before a passage is scored: Unicode NFC, typographic quotes,
+    dashes and the ellipsis as ASCII, runs of whitespace (line breaks too) as one space,
+    none at the ends (so a trailing newline is nothing)."""
+    return collapse(unicodedata.normalize("NFC", text).translate(TYPOGRAPHY))
+
+
+def find_copy(probe: Probe, text: str) -> tuple[str, int]:
+    """(the copy, how many characters of preamble stood before it).
+
+    A model whose chat template ignores `thinking: false` writes its plan first. The copy
+    of an identifier is the last non-empty line (the lines before it are the preamble);
+    the copy of a passage starts at the first line that begins with the passage's first
+    COPY_START_WORDS words. A one-line identifier answer, or a passage whose start is not
+    found at a line's start, is all copy."""
+    if probe.kind == "identifier":
+        lines = [line for line in text.strip().split("\n") if line.strip()]
+        if len(lines) < 2:
+            return text, 0
+        return lines[-1], len("\n".join(lines[:-1]))
+    head = normalize(probe.reference).split(" ")[:COPY_START_WORDS]
+    offset = 0
+    for line in text.split("\n", PREAMBLE_LINES)[:PREAMBLE_LINES]:
+        if normalize(text[offset:offset + 4096]).split(" ")[:len(head)] == head:
+            return text[offset:], len(normalize(text[:offset]))
+        offset += len(line) + 1
+    return text, 0
+
+
 def levenshtein(a: str, b: str) -> int:
     """Edit distance (insertions, deletions, substitutions), exact, in O(len(a)) big-integer
     steps: Myers' bit-parallel algorithm (Hyyrö's formulation); 2,000 x 2,000 in ms."""
@@ -237,27 +279,36 @@ def levenshtein(a: str, b: str) -> int:
     return score
 
 
-def score_answer(probe: Probe, answer: str, max_cer: float) -> dict:
+def score_answer(probe: Probe, answer: str, max_cer: float, max_typos: int = 0) -> dict:
     """The answer against the reference: counts and distances only, never the text.
 
-    Identifiers: exact after clean_identifier. Passages: character error rate (edit
-    distance / reference length, whitespace collapsed in both) at most `max_cer`.
+    What wraps a faithful answer is removed first (unwrap), then a preamble (find_copy:
+    counted, never scored). Identifiers: exact after clean_identifier. Passages, after
+    normalize(): at most `max_typos` word errors (words substituted, inserted or deleted)
+    and a character error rate (edit distance / reference length) at most `max_cer`.
     """
     text, removed = unwrap(answer)
+    text, preamble = find_copy(probe, text)
     if probe.kind == "identifier":
         got, want = clean_identifier(text), probe.reference
     else:
-        got, want = collapse(text), collapse(probe.reference)
+        got, want = normalize(text), normalize(probe.reference)
     distance = levenshtein(got, want)
     cer = round(distance / len(want), 6)
     exact = got == want
-    ok = exact if probe.kind == "identifier" else cer <= max_cer
+    word_errors = None if probe.kind == "identifier" else \
+        levenshtein(got.split(" ") if got else [], want.split(" "))
+    ok = exact if probe.kind == "identifier" else \
+        word_errors <= max_typos and cer <= max_cer
     return {"exact": exact if probe.kind == "identifier" else None, "edit_distance": distance,
             "reference_chars": len(want), "answer_chars": len(got), "cer": cer,
-            "removed": removed, "ok": ok, "empty": not got}
+            "word_errors": word_errors,
+            "reference_words": None if word_errors is None else len(want.split(" ")),
+            "preamble_chars": preamble, "removed": removed, "ok": ok, "empty": not got}
 
 
-def score_problem(probe: Probe, score: dict, max_cer: float) -> str | None:
+def score_problem(probe: Probe, score: dict, max_cer: float, max_typos: int = 0
+                  ) -> str | None:
     """Why a scored answer failed, in figures; None when it passed."""
     if score["ok"]:
         return None
@@ -267,7 +318,8 @@ def score_problem(probe: Probe, score: dict, max_cer: float) -> str | None:
         return f"empty answer ({figures})"
     if probe.kind == "identifier":
         return f"not an exact copy ({figures})"
-    return f"CER {score['cer']:.4f} above {max_cer:g} ({figures})"
+    return (f"{score['word_errors']} word error(s) of {score['reference_words']} words "
+            f"(allowed: {max_typos}), CER {score['cer']:.4f} (bound {max_cer:g}; {figures})")
 
 
 # -- one response -> one record ---------------------------------------------
@@ -378,14 +430,14 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
             if why is not None:
                 problems.append(why)
             else:
-                score = score_answer(probe, answer, options.max_cer)
+                score = score_answer(probe, answer, options.max_cer, options.max_typos)
                 finish = fields["finish_reason"]
                 if score["empty"] and finish == "length" and \
                         (reasoned or fields["reasoning_tokens"]):
                     problems.append(exhausted_problem(fields["reasoning_tokens"],
                                                       options.max_tokens))
                 else:
-                    problem = score_problem(probe, score, options.max_cer)
+                    problem = score_problem(probe, score, options.max_cer, options.max_typos)
                     if problem and finish == "length":
                         problem += (f"; the answer was cut at --max-tokens "
                                     f"{options.max_tokens} (finish_reason length)")
@@ -403,6 +455,8 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
         "exact": score.get("exact"), "edit_distance": score.get("edit_distance"),
         "reference_chars": score.get("reference_chars", len(probe.reference)),
         "answer_chars": score.get("answer_chars"), "cer": score.get("cer"),
+        "word_errors": score.get("word_errors"), "reference_words": score.get("reference_words"),
+        "preamble_chars": score.get("preamble_chars"),
         "removed": score.get("removed", []),
         "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
         "ok": not problems,
@@ -420,12 +474,14 @@ def gate_line(record: dict) -> str:
             f"MISS (distance {show(record.get('edit_distance'))})")
     else:
         cer = finite_number(record.get("cer"))
-        figure = (f"CER {cer:.4f} ({show(record.get('edit_distance'))}/"
-                  f"{show(record.get('reference_chars'))})" if cer is not None else "CER -")
+        figure = (f"{show(record.get('word_errors'))} typos, CER {cer:.4f}"
+                  if cer is not None else "CER -")
     tokens = f"{show(record.get('completion_tokens'))} tokens"
     if record.get("reasoning_tokens") is not None:
         tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
     removed = as_list(record.get("removed"))
+    if record.get("preamble_chars"):
+        removed = removed + [f"a preamble of {show(record.get('preamble_chars'))} characters"]
     line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
             f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
             f"{'ok' if record.get('ok') is True else 'FAILED'}")
@@ -437,10 +493,16 @@ def gate_line(record: dict) -> str:
 def gate_summary_line(summary: dict) -> str:
     exact = as_dict(summary.get("identifiers_exact"))
     worst = finite_number(summary.get("worst_cer"))
-    return (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
-            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage "
-            f"CER {'-' if worst is None else f'{worst:.4f}'} (bound "
-            f"{show(summary.get('max_cer'))})")
+    line = (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
+            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage: "
+            f"{show(summary.get('worst_typos'))} typos (allowed "
+            f"{show(summary.get('max_typos'))}), CER {'-' if worst is None else f'{worst:.4f}'}")
+    preambles = as_list(summary.get("preambles"))
+    if preambles:
+        line += (f"\n  preamble before the answer in {len(preambles)} probe(s) "
+                 f"({', '.join(show(p) for p in preambles[:4])}"
+                 f"{', ...' if len(preambles) > 4 else ''}): the copy alone was scored")
+    return line
 
 
 # -- the run ---------------------------------------------------------------
@@ -452,10 +514,15 @@ def gate_figures(records: list[dict], engines: int) -> dict:
         hits = sum(1 for r in records if r["shape"] == shape and r["exact"] is True)
         exact[shape] = f"{hits}/{len(IDENTIFIERS) * engines}"
     cers = [r["cer"] for r in records if r["kind"] == "passage" and r["cer"] is not None]
+    typos = [r["word_errors"] for r in records
+             if r["kind"] == "passage" and r.get("word_errors") is not None]
     passages = [r for r in records if r["kind"] == "passage"]
     return {"identifiers_exact": exact, "worst_cer": max(cers) if cers else None,
+            "worst_typos": max(typos) if typos else None,
             "passages_ok": f"{sum(r['ok'] for r in passages)}/"
-                           f"{len(SHAPES) * 2 * engines}"}
+                           f"{len(SHAPES) * 2 * engines}",
+            "preambles": sorted({f"{r['shape']} {r['probe']}" for r in records
+                                 if r.get("preamble_chars")})}
 
 
 class Gate(ServerProgram):
@@ -481,7 +548,8 @@ class Gate(ServerProgram):
                         "reference_chars": len(collapse(p.reference))} for p in PROBES],
             "shapes": list(SHAPES), "endpoint": options.endpoint,
             "path": ENDPOINTS[options.endpoint], "max_tokens": options.max_tokens,
-            "max_cer": options.max_cer, "temperature": 0, "seed": GATE_SEED,
+            "max_cer": options.max_cer, "max_typos": options.max_typos, "temperature": 0,
+            "seed": GATE_SEED,
             "chat_template_kwargs": options.template_kwargs,
             "requests_total": self.planned_per_engine(),
             "deadline_s": self.settings.deadline_s, "socket_cap_s": self.settings.socket_cap_s}
@@ -577,6 +645,8 @@ def gate_summary_record(summary: dict | None, run_id: str, options: GateOptions,
         "identifiers_exact": summary.get("identifiers_exact",
                                          {shape: f"0/{len(IDENTIFIERS)}" for shape in SHAPES}),
         "worst_cer": summary.get("worst_cer"), "passages_ok": summary.get("passages_ok"),
+        "worst_typos": summary.get("worst_typos"), "max_typos": options.max_typos,
+        "preambles": summary.get("preambles", []),
         "max_cer": options.max_cer, "endpoint": options.endpoint,
         "elapsed_s": summary.get("elapsed_s"),
         "problems": as_list(summary.get("problems")) or
@@ -610,12 +680,23 @@ what it proves, and what it cannot:
   model, a broken chat template, or a build that garbles only when requests are batched
   fails it. Passing it proves exact copying, nothing more: not answer quality, not
   reasoning, not speed. The answers are scored in memory; records keep counts and
-  distances (edit distance, CER), never the answer or the reference text.
+  distances (word errors, edit distance, CER), never the answer or the reference text.
+
+how a passage is scored:
+  After one normalization (Unicode NFC; curly quotes, dashes and the ellipsis as ASCII;
+  runs of whitespace as one space; no trailing newline) the copy is compared word by word:
+  a substituted, inserted or deleted word is a word error ("typo"). A passage passes with
+  at most --max-typos word errors (default 0: one typo fails it) and a character error
+  rate at most --max-cer. Identifiers must be exact.
+  Text before the copy (a plan written by a model whose template ignores "thinking off")
+  is a preamble: an identifier's copy is the answer's last line, a passage's starts at
+  the first line that begins with its first four words; the preamble is counted
+  (preamble_chars) and named in the summary, never scored.
 
 exit status: 0 pass, 1 fail, 2 usage or configuration error, 3 refused by a guard.
 --json prints the gate_summary record on stdout as one JSON object: verdict, exit_code,
-identifiers_exact ({"alone": "6/6", "batched": "6/6"}), worst_cer (a number or null),
-problems; the human lines go to stderr.
+identifiers_exact ({"alone": "6/6", "batched": "6/6"}), worst_typos and worst_cer
+(numbers or null), preambles, problems; the human lines go to stderr.
 """
 
 
@@ -627,7 +708,7 @@ def build_gate_parser() -> argparse.ArgumentParser:
                     "The quality gate: can the served model copy text exactly? Six "
                     "identifiers (a repo id, a config key, a digest, a path, a version tag, "
                     "a flag) must come back exactly, and an English and a Russian passage of "
-                    "about 300 words within a character error rate (--max-cer), each probe "
+                    "about 300 words without a typo (--max-typos), each probe "
                     "once alone and once with all the others in one batch, greedy "
                     "(temperature 0, a fixed seed). Same connection options, API key, guards, "
                     "deadline and records as the warm-up.", 79))
@@ -648,9 +729,12 @@ def build_gate_parser() -> argparse.ArgumentParser:
                         default=GATE_MAX_TOKENS,
                         help="completion tokens each probe may use; raise it for reasoning "
                              "models (default: %(default)s)")
+    parser.add_argument("--max-typos", metavar="N", type=whole(0, 1000), default=0,
+                        help="word errors a passage may have and pass (default: %(default)s: "
+                             "clean means no typo)")
     parser.add_argument("--max-cer", metavar="F", type=fraction, default=GATE_MAX_CER,
-                        help="the highest character error rate a passage may have "
-                             "(default: %(default)g)")
+                        help="the highest character error rate a passage may have, besides "
+                             "--max-typos (default: %(default)g)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan and exit 0 without touching the network")
     return parser
@@ -663,7 +747,7 @@ def gate_main(argv: list[str]) -> int:
     if args.chat_template_kwargs is not None and args.endpoint != "chat":
         usage_error(parser, args.json, "--chat-template-kwargs needs --endpoint chat")
     options = GateOptions(args.endpoint, args.max_tokens, args.max_cer,
-                          args.chat_template_kwargs)
+                          args.chat_template_kwargs, args.max_typos)
     settings = run_settings(args, PROG, "gate")
     try:
         connection = connection_from(args)

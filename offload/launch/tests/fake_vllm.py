@@ -93,7 +93,9 @@ def tokenize(text: str) -> list[int]:
 
 # The quality gate's copy probes: the text to copy stands between these markers.
 COPY_OPEN, COPY_CLOSE = "<text>\n", "\n</text>"
-COPY_MODES = ("faithful", "typos", "garbage")
+COPY_MODES = ("faithful", "typos", "garbage", "onetypo", "preamble")
+# What a model whose chat template ignores `thinking: false` writes before its answer.
+PREAMBLE = "Okay, the user wants an exact copy of the text, so I will reproduce it as given."
 CHAT_TEMPLATE_TOKENS = 12               # what the chat template adds around the messages
 # What vLLM answers when the model's tokenizer has no chat template (HTTP 400).
 CHAT_TEMPLATE_ERROR = ("As of transformers v4.44, default chat template is no longer allowed, "
@@ -123,7 +125,18 @@ def with_typos(text: str) -> str:
 def copy_answer(reference: str, mode: str, batched: bool) -> str:
     """A copy probe's answer: faithful copies exactly; typos changes one identifier (a
     version tag's last digit) and the passages (the Russian one always, the English one
-    only in a batch); garbage answers noise. Every unfaithful passage carries TEXT_MARKER."""
+    only in a batch); onetypo changes one character of the English passage (its 100th
+    letter, to the next letter), alone and batched; preamble writes a plan sentence, then
+    the exact copy; garbage answers noise. Every unfaithful passage carries TEXT_MARKER."""
+    if mode == "preamble":
+        return f"{PREAMBLE}\n\n{reference}"
+    if mode == "onetypo":
+        if any(ch.isspace() for ch in reference) and not any(
+                "\u0400" <= ch <= "\u04ff" for ch in reference):
+            letters = [i for i, ch in enumerate(reference) if "a" <= ch <= "y"]
+            i = letters[100]
+            return reference[:i] + chr(ord(reference[i]) + 1) + reference[i + 1:]
+        return reference
     if mode == "garbage":
         rng = random.Random(zlib.crc32(reference.encode()))
         noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz     ") for _ in reference)

@@ -105,11 +105,43 @@ class TestScorers(unittest.TestCase):
                 score = gate.score_answer(PASSAGE, answer, 0.01)
                 self.assertEqual(score["edit_distance"], edits)
                 self.assertAlmostEqual(score["cer"], edits / n, places=5)
-        self.assertTrue(gate.score_answer(PASSAGE, ref.replace("fox", "fx", 1), 0.01)["ok"])
+        # One typo is one word error: clean means none (unless --max-typos allows it).
+        typo = gate.score_answer(PASSAGE, ref.replace("fox", "fx", 1), 0.01)
+        self.assertEqual((typo["ok"], typo["word_errors"], typo["reference_words"]),
+                         (False, 1, 36))
+        self.assertTrue(gate.score_answer(PASSAGE, ref.replace("fox", "fx", 1), 0.01, 1)["ok"])
         bad = gate.score_answer(PASSAGE, ref.replace("dog", "cat"), 0.01)
         self.assertFalse(bad["ok"])
-        self.assertIn("CER 0.0670 above 0.01 (edit distance 12 of 179 characters)",
-                      gate.score_problem(PASSAGE, bad, 0.01))
+        self.assertEqual(gate.score_problem(PASSAGE, bad, 0.01),
+                         "4 word error(s) of 36 words (allowed: 0), CER 0.0670 (bound 0.01; "
+                         "edit distance 12 of 179 characters)")
+
+    def test_one_normalization_before_scoring(self):
+        ref = "Don't stop - wait... it's \"fine\" caf\u00e9"
+        probe = gate.Probe("p", "passage", ref)
+        typographic = ("Don\u2019t stop \u2014 wait\u2026 it\u2019s \u201cfine\u201d "
+                       "cafe\u0301\n")
+        score = gate.score_answer(probe, typographic, 0.01)
+        self.assertEqual((score["ok"], score["word_errors"], score["edit_distance"]),
+                         (True, 0, 0))
+        inserted = gate.score_answer(probe, ref.replace("wait...", "wait wait..."), 0.01)
+        deleted = gate.score_answer(probe, ref.replace(" stop", ""), 0.01)
+        self.assertEqual((inserted["word_errors"], deleted["word_errors"]), (1, 1))
+
+    def test_a_preamble_is_counted_not_scored(self):
+        ref = PASSAGE.reference
+        plan = "Okay, I will copy the text exactly as it is given."
+        score = gate.score_answer(PASSAGE, f"{plan}\n\n{ref}", 0.01)
+        self.assertEqual((score["ok"], score["word_errors"], score["preamble_chars"]),
+                         (True, 0, len(plan)))
+        garbled = gate.score_answer(PASSAGE, f"{plan}\n\n{ref.replace('lazy', 'lacy')}", 0.01)
+        self.assertFalse(garbled["ok"], "a preamble never makes a typo pass")
+        ident = IDENTIFIER.reference
+        found = gate.score_answer(IDENTIFIER, f"{plan}\n{ident}", 0.01)
+        self.assertEqual((found["ok"], found["preamble_chars"]), (True, len(plan)))
+        last_line = gate.score_answer(IDENTIFIER, f"{plan}\n{ident[:-1]}3", 0.01)
+        self.assertEqual((last_line["ok"], last_line["preamble_chars"]), (False, len(plan)))
+        self.assertEqual(last_line["edit_distance"], 1, "the last line is the copy scored")
 
     def test_cer_of_a_russian_passage(self):
         probe = gate.Probe("ru", "passage", "Паром ходит с мая до заморозков.")
@@ -237,15 +269,43 @@ class TestGateRuns(HelperCase):
         self.assertEqual(shown["identifiers_exact"], {"alone": "5/6", "batched": "5/6"})
         self.assertGreater(shown["worst_cer"], 0.01)
         problems = "\n".join(shown["problems"])
-        self.assertIn("alone id_version#4: not an exact copy (edit distance 1 of", problems)
-        self.assertRegex(problems, r"batched passage_en#6: CER 0\.0\d+ above 0\.01 \(edit "
+        self.assertIn("2 requests (alone id_version#4, batched id_version#4): not an exact "
+                      "copy (edit distance 1 of", problems)
+        self.assertRegex(problems, r"batched passage_en#6: \d+ word error\(s\) of \d+ words "
+                                   r"\(allowed: 0\), CER 0\.0\d+ \(bound 0\.01; edit "
                                    r"distance \d+ of \d+ characters\)")
-        self.assertIn("alone passage_ru#7: CER", problems)
+        self.assertIn("(alone passage_ru#7, batched passage_ru#7): ", problems)
         records = self.gate_records(result)
         self.assertTrue(records[("alone", "passage_en", None)]["ok"],
                         "the English passage is garbled only in the batch")
         self.assertFalse(records[("batched", "passage_en", None)]["ok"])
-        self.assertRegex(result.stderr, r"batched passage_en +CER 0\.0\d+ \(\d+/\d+\)")
+        self.assertRegex(result.stderr, r"batched passage_en +\d+ typos, CER 0\.0\d+")
+        self.assert_nothing_copied_out(result)
+
+    def test_one_typo_fails_the_gate(self):
+        server = self.start_fake(copy="onetypo")
+        result = self.gate(server, "--json")
+        self.assertEqual(result.code, 1, result.stderr)
+        shown = json.loads(result.stdout)
+        self.assertEqual(shown["identifiers_exact"], {"alone": "6/6", "batched": "6/6"})
+        self.assertEqual(shown["worst_typos"], 1)
+        self.assertLess(shown["worst_cer"], 0.01, "a CER bound alone would have passed it")
+        failed = {(r["shape"], r["probe"]) for r in result.kind("gate") if not r["ok"]}
+        self.assertEqual(failed, {("alone", "passage_en"), ("batched", "passage_en")})
+        self.assertEqual(self.run_argv(["gate", "--base-url", server.url, "--records",
+                                        self.records_path, "--max-typos", "1"],
+                                       main=qualify.main).code, 0)
+        self.assert_nothing_copied_out(result)
+
+    def test_a_plan_before_each_answer_passes_and_is_named(self):
+        server = self.start_fake(copy="preamble")
+        result = self.gate(server, "--json")
+        self.assertEqual(result.code, 0, result.stderr)
+        shown = json.loads(result.stdout)
+        self.assertEqual(len(shown["preambles"]), 16)
+        self.assertIn("preamble before the answer in 16 probe(s)", result.stderr)
+        self.assertTrue(all(r["preamble_chars"] > 0 for r in result.kind("gate")))
+        self.assertIn("a preamble of", result.stderr)
         self.assert_nothing_copied_out(result)
 
     def test_garbage_fails(self):
