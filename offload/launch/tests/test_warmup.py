@@ -136,9 +136,9 @@ class TestJudge(unittest.TestCase):
 
     def test_one_token_response_is_named(self):
         problems = self.judge(completion_tokens=1, finish_reason="stop", stop_reason=2)
-        self.assertIn("one-token response", problems[0])
-        self.assertIn("finish_reason 'stop', expected 'length'", problems)
-        self.assertIn("stop_reason 2, expected null", problems)
+        # One diagnosis, said once: it names the finish and stop reasons it showed.
+        self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
+                                    "'stop', stop_reason 2)"])
 
     def test_wrong_counts_and_reasons(self):
         self.assertEqual(self.judge(completion_tokens=31), ["completion_tokens 31, expected 32"])
