@@ -765,6 +765,7 @@ environment:
   WARMUP_MODEL        default for --model
   WARMUP_ENGINES      default for --engines
   WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
+  WARMUP_TEXTFILE     default for --textfile
   VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
                       never printed or recorded (another variable: --api-key-env)
 """
