@@ -38,6 +38,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LAUNCH = os.path.join(REPO, "offload", "launch")
 TESTS = os.path.join(LAUNCH, "tests")
 WARMUP = os.path.join(LAUNCH, "warmup.py")
+QUALIFY = os.path.join(LAUNCH, "qualify.py")
 WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 sys.path.insert(0, TESTS)
 sys.path.insert(0, LAUNCH)
@@ -274,15 +275,32 @@ def held(code: str) -> str:
 
 
 def helper_modules() -> list[str]:
-    """The standard modules warmup.py imports at its top level (not __future__)."""
-    with open(WARMUP, encoding="utf-8") as handle:
-        tree = ast.parse(handle.read())
-    names = set()
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
-            names.add(node.module)
+    """The standard modules warmup.py and the layers it loads import at their top level
+    (also inside a top-level try; not __future__, not the folder's own modules)."""
+    local = {name[:-3] for name in os.listdir(LAUNCH) if name.endswith(".py")}
+    names, seen, todo = set(), set(), ["warmup"]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        with open(os.path.join(LAUNCH, module + ".py"), encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        nodes = list(tree.body)
+        for node in tree.body:
+            if isinstance(node, ast.Try):
+                nodes += node.body
+        for node in nodes:
+            found = []
+            if isinstance(node, ast.Import):
+                found = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found = [node.module]
+            for name in found:
+                if name in local:
+                    todo.append(name)
+                else:
+                    names.add(name)
     return sorted(names)
 
 
@@ -295,6 +313,32 @@ def bytecode_cached() -> bool:
 # ---------------------------------------------------------------------------
 # Start-up (issue 9.7).
 # ---------------------------------------------------------------------------
+
+def bench_ready(runs: int, tmp: str) -> dict:
+    """What a readiness probe costs: `python3 qualify.py ready` against a warmed fake (one
+    /health, one /metrics), against `python3 -c pass`, median wall time and peak RSS."""
+    server = FakeServer(FakeConfig()).start()
+    try:
+        records = os.path.join(tmp, "ready-records.jsonl")
+        ready_file = os.path.join(tmp, "ready.json")
+        done = run_timed([PYTHON, WARMUP, "--base-url", server.url, "--records", records])
+        if done.code != 0:
+            raise BenchError(f"the warm-up before the ready bench failed: {done.error}")
+        wrote = run_timed([PYTHON, QUALIFY, "ready", "--write", "--ready-file", ready_file,
+                           "--records", records])
+        if wrote.code != 0:
+            raise BenchError(f"qualify.py ready --write failed: {wrote.error}")
+        commands = {"ready": ([PYTHON, QUALIFY, "ready", "--ready-file", ready_file],
+                              base_env()),
+                    "pass": ([PYTHON, "-c", "pass"], base_env())}
+        medians = interleaved_medians(commands, runs)
+        peak = run_peak([PYTHON, QUALIFY, "ready", "--ready-file", ready_file], base_env())
+        if peak.code != 0:
+            raise BenchError(f"qualify.py ready said not ready: {peak.error}")
+        return dict(medians, rss_kib=peak.peak_kib)
+    finally:
+        server.stop()
+
 
 def bench_startup(shapes: Shapes, runs: int) -> dict:
     """Median wall times of the wrapper's --dry-run and --help and of every baseline and
@@ -836,6 +880,13 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
                         "the wrapper",
                         f"max {fmt_ms(max(late))} late (median {fmt_ms(statistics.median(late))})",
                         "-", "≤ 500 ms", max(late) <= 0.5))
+        progress(f"readiness probe: qualify.py ready, {reps} runs")
+        ready = bench_ready(reps, tmp)
+        rows.append(row("readiness probe: `python3 qualify.py ready` (one /health, one "
+                        "/metrics) vs `python3 -c pass`",
+                        f"{fmt_ms(ready['ready'])} vs {fmt_ms(ready['pass'])}, peak "
+                        f"{mib(ready['rss_kib'])}", f"{ready['ready'] / ready['pass']:.2f}",
+                        "-", None))
         if not args.no_sdk:
             rows.append(sdk_row(shapes, start["wrapper --dry-run"], 5 if args.quick else 10,
                                 deadline))

@@ -19,7 +19,7 @@ from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
 from vllm_client import (ENGINE_HEADER, Tally, counter_deltas, metrics_source,
-                         read_counters)
+                         read_counters, series_sum)
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 
@@ -50,26 +50,18 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
 
 
 
-def _sum_of(deltas: dict, name: str, engine: int | None = None) -> float | None:
-    values = [v for k, v in deltas.items() if series_name(k) == name
-              and (engine is None or f'engine="{engine}"' in k)]
-    if not values or any(not isinstance(v, (int, float)) for v in values):
-        return None
-    return sum(values)
-
-
 
 def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
     """Counter deltas against the records; a mismatch is a warning, never a failure."""
     warnings = []
-    generated = _sum_of(deltas, "vllm:generation_tokens_total")
+    generated = series_sum(deltas, "vllm:generation_tokens_total")
     completed = sum(r["completion_tokens"] or 0 for r in requests)
     if generated is None:
         warnings.append("cross-check not made: vllm:generation_tokens_total absent")
     elif generated != completed:
         warnings.append(f"generation tokens delta {generated:g} differs from the records' "
                         f"{completed} completion tokens (foreign traffic or a counting difference)")
-    succeeded = _sum_of(deltas, "vllm:request_success_total")
+    succeeded = series_sum(deltas, "vllm:request_success_total")
     answered = sum(1 for r in requests if r["http_status"] == 200)
     if succeeded is None:
         warnings.append("cross-check not made: vllm:request_success_total absent")
@@ -89,8 +81,8 @@ def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
     """
     shares, problems, warnings = [], [], []
     for engine in engines:
-        generated = _sum_of(deltas, "vllm:generation_tokens_total", engine)
-        prompt = _sum_of(deltas, "vllm:prompt_tokens_total", engine)
+        generated = series_sum(deltas, "vllm:generation_tokens_total", engine)
+        prompt = series_sum(deltas, "vllm:prompt_tokens_total", engine)
         shares.append({"engine": engine, "generation_tokens": generated,
                        "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
                        "b1_prompt_tokens": want_prompt.get(engine)})
@@ -159,6 +151,7 @@ class Evidence:
         self.counters_before: dict = {}       # source -> (counters or None, why)
         self.status_before: dict = {}         # path -> (document or None, why)
         self.highlights: dict | None = None   # the main source's highlighted deltas
+        self.main_deltas: dict | None = None  # the main source's deltas, when complete
 
     def read_before(self, run: Run) -> None:
         """Counters of the extra endpoints and the status files, before the first wave."""
@@ -198,6 +191,7 @@ class Evidence:
                       "highlights": highlighted(deltas)}
             if source == main_source:
                 self.highlights = record["highlights"]
+                self.main_deltas = None if why else deltas
                 record["warnings"] = [] if why else cross_check(deltas, tally.requests)
                 tally.warnings += record["warnings"]
                 if why:

@@ -605,13 +605,13 @@ class Exposition:
     """One /metrics body: the samples read, and every line that could not be read exactly."""
     samples: list                     # (name, labels, value)
     bad_lines: list                   # (line number, why, line)
-    declared: set                     # metric names with a # TYPE line
+    declared: dict                    # metric name -> its type, from its # TYPE line
 
 
 
 def parse_prometheus(text: str) -> Exposition:
     """Prometheus text format 0.0.4, line by line (split on LF only, as the format says)."""
-    samples, bad, declared = [], [], set()
+    samples, bad, declared = [], [], {}
     for number, raw in enumerate(text.split("\n"), 1):
         line = raw.strip(" \t")
         if not line:
@@ -619,7 +619,7 @@ def parse_prometheus(text: str) -> Exposition:
         if line.startswith("#"):
             parts = line.split()
             if len(parts) >= 3 and parts[1] == "TYPE":
-                declared.add(parts[2])
+                declared[parts[2]] = parts[3] if len(parts) > 3 else "untyped"
             continue
         try:
             if _LINE_BREAKERS.search(line):

@@ -23,17 +23,19 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
 from prompts import long_prompt_budget, size_long_prompt
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       late_problem, seconds)
-from transport import (REDACTIONS, Exchange, Exposition, Response, Target, TransportError,
+from transport import (REDACTIONS, Clock, Exchange, Exposition, Response, Target,
+                       TransportError, start_quiet,
                        UsageError, __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
                        format_sample, is_header_value, json_number, parse_prometheus,
-                       parse_url, positive_int, scrub, series_key, short_str)
+                       parse_url, positive_int, scrub, series_key, series_name, short_str)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
@@ -95,6 +97,8 @@ class ServerProgram(Program):
         self.connection = connection
         self.server = Server()
         self.tally = Tally()
+        self.counters_before: dict | None = None   # counters of the last guard read
+        self.observed: dict | None = None          # what the last batch's sampler saw
         REDACTIONS.secret(connection.api_key)
         REDACTIONS.secret(connection.target.credentials)
 
@@ -268,12 +272,14 @@ class ServerProgram(Program):
                                 headers)
         return Slot(index, rid, payload, engine=engine, stream=stream)
 
-    def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool
-                      ) -> list[Slot] | None:
+    def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool,
+                      observe_ms: float = 0) -> list[Slot] | None:
         """The step every batch shares: guard, release the slots together, collect.
 
         None when the guard refused (nothing was sent). After one of our own batches a busy
-        gauge may be ours not yet counted out, so it is read again for --settle-s.
+        gauge may be ours not yet counted out, so it is read again for --settle-s. With
+        observe_ms, a GaugeSampler reads the request gauges that often while the batch
+        runs; what it saw is in self.observed.
         """
         if not self.check_guard(run, label, settle=not first):
             return None
@@ -283,16 +289,20 @@ class ServerProgram(Program):
             run.say(f"{label}: still running after {seconds:.0f} s ({finished} of "
                     f"{len(slots)} requests answered)")
 
+        sampler = GaugeSampler(self.connection.target, run.clock, observe_ms / 1000,
+                               routed(self.server.engines)) if observe_ms else None
+        if sampler:
+            sampler.start()
         finished = release_batch(self.connection.target, run.clock, slots, still_running)
+        self.observed = sampler.stop() if sampler else None
         run.current = None
         return finished
 
-    def check_guard(self, run: Run, label: str, settle: bool) -> bool:
-        """Read /metrics before a batch and record the gauges; False = refused.
-
-        With `settle`, a busy gauge right after our own batch is read again for up to
-        --settle-s (within the deadline) before it counts as foreign work.
-        """
+    def settled_read(self, run: Run, label: str, settle: bool
+                     ) -> tuple[GuardRead, float | None]:
+        """A guard read of /metrics; with `settle`, a busy gauge (our own requests not yet
+        counted out) is read again for up to --settle-s, within the deadline. Returns the
+        read and how long it settled (None when it did not wait)."""
         started = run.clock.elapsed()
         read = self.read_guard(run, label)
         limit = started + self.connection.settle_s
@@ -303,7 +313,27 @@ class ServerProgram(Program):
             time.sleep(SETTLE_POLL_S)
             waited = True
             read = self.read_guard(run, label)
-        settle_s = round(run.clock.elapsed() - started, 4) if waited else None
+        return read, (round(run.clock.elapsed() - started, 4) if waited else None)
+
+    def counters_after(self, run: Run, label: str) -> tuple[dict | None, str | None]:
+        """The counters right after a batch, read once our requests are counted out (as the
+        guard settles); (None, why) when /metrics cannot be read: evidence, never fatal."""
+        try:
+            read, _ = self.settled_read(run, label, settle=True)
+        except Fatal as exc:
+            return None, exc.problem
+        return (read.counters, None) if read.counters is not None else \
+            (None, "; ".join(read.problems) or "no counters")
+
+    def check_guard(self, run: Run, label: str, settle: bool) -> bool:
+        """Read /metrics before a batch and record the gauges; False = refused.
+
+        With `settle`, a busy gauge right after our own batch is read again for up to
+        --settle-s (within the deadline) before it counts as foreign work.
+        """
+        read, settle_s = self.settled_read(run, label, settle)
+        waited = settle_s is not None
+        self.counters_before = read.counters              # this batch's "before"
         if read.counters is not None and self.tally.first_counters is None:
             self.tally.first_counters = read.counters        # before the first batch
         if waited and read.ok:
@@ -341,7 +371,7 @@ class ServerProgram(Program):
                              [], None)
         problems, fresh = guard_problems(exposition, routed(self.server.engines))
         return GuardRead(not problems, problems, exposition.samples,
-                         counters(exposition.samples), fresh)
+                         counters(exposition.samples, exposition.declared), fresh)
 
     def diagnose(self, fields: dict) -> str:
         """Why a non-200 answer happened, with this connection's API key variable."""
@@ -366,6 +396,68 @@ class Slot:
     error: TransportError | None = None
     engine: int | None = None
     stream: bool = False                # a streamed request: note its first token
+
+
+class GaugeSampler:
+    """Reads the request gauges every `interval_s` while a batch runs, in its own thread
+    and on its own connections (each read bounded to 1 s and by the deadline); never
+    delays the release, never outlives the batch (stop() ends it), and a failed read is
+    counted, not fatal. Per engine: the largest running and waiting values seen."""
+
+    MAX_READS = 3000                      # a minute at 20 ms
+
+    def __init__(self, target: Target, clock, interval_s: float, engines: tuple | None):
+        self.target, self.clock, self.interval_s = target, clock, interval_s
+        self.engines = engines
+        self.stopping = threading.Event()
+        self.seen: dict = {}                 # engine -> {"running_max", "waiting_max", ...}
+        self.reads = self.failed = 0
+        self.thread = threading.Thread(target=self._sample, name="gauge-sampler", daemon=True)
+
+    def start(self) -> None:
+        start_quiet(self.thread)
+
+    def stop(self) -> dict:
+        """End the sampling; per engine (None: one engine) what it saw."""
+        self.stopping.set()
+        self.thread.join(timeout=1.5)
+        return {engine: dict(seen, gauge_reads=self.reads, gauge_reads_failed=self.failed)
+                for engine, seen in self.seen.items()} or \
+            {None: {"running_max": None, "waiting_max": None, "gauge_samples": 0,
+                    "gauge_reads": self.reads, "gauge_reads_failed": self.failed}}
+
+    def _sample(self) -> None:
+        while not self.stopping.is_set() and self.reads < self.MAX_READS:
+            started = time.monotonic()
+            left = self.clock.remaining()
+            if left <= 0:
+                return
+            exposition, _ = read_exposition(self.target, Clock.start(min(left, 1.0), 1.0),
+                                            "/metrics")
+            self.reads += 1
+            if exposition is None:
+                self.failed += 1
+            else:
+                self.note(exposition.samples)
+            self.stopping.wait(max(self.interval_s - (time.monotonic() - started), 0))
+
+    def note(self, samples: list) -> None:
+        """Fold one read's gauge samples into the per-engine maxima."""
+        for name, labels, value in samples:
+            if name not in GAUGES or not math.isfinite(value):
+                continue
+            engine = None
+            if self.engines is not None:
+                label = labels.get("engine")
+                if label is None or not label.isdigit() or int(label) not in self.engines:
+                    continue
+                engine = int(label)
+            seen = self.seen.setdefault(engine, {"running_max": 0.0, "waiting_max": 0.0,
+                                                 "gauge_samples": 0})
+            key = "running_max" if name.endswith("running") else "waiting_max"
+            seen[key] = max(seen[key], value)
+            if key == "running_max":
+                seen["gauge_samples"] += 1
 
 
 # A server-sent event whose choice carries non-empty text: the first token has arrived.
@@ -499,9 +591,88 @@ def only_busy(problems: list[str]) -> bool:
 
 
 
-def counters(samples: list[tuple[str, dict, float]]) -> dict[str, float]:
-    """Every counter series (`*_total`) by name and label set."""
-    return {series_key(n, labels): v for n, labels, v in samples if n.endswith("_total")}
+COUNTING_TYPES = ("counter", "histogram", "summary")
+FAMILY_SUFFIXES = ("_bucket", "_count", "_sum")
+
+
+def is_count_series(name: str, types: dict) -> bool:
+    """A series that counts: a counter's, or a histogram's bucket, count or sum (from the
+    family's # TYPE line; without one, a name ending in _total). A `*_created` sample is a
+    time, never a count."""
+    if name.endswith("_created"):
+        return False
+    family = [name] + [name[:-len(s)] for s in FAMILY_SUFFIXES if name.endswith(s)]
+    if any(types.get(f) in COUNTING_TYPES for f in family):
+        return True
+    return name.endswith("_total") and not any(f in types for f in family)
+
+
+def counters(samples: list[tuple[str, dict, float]], types: dict | None = None
+             ) -> dict[str, float]:
+    """Every counting series by name and label set (is_count_series)."""
+    types = types or {}
+    return {series_key(n, labels): v for n, labels, v in samples
+            if is_count_series(n, types)}
+
+
+def series_sum(deltas: dict, name: str, engine: int | None = None) -> float | None:
+    """The sum of one metric's deltas (over labels; one engine's only, when given); None
+    when absent or any of them is unknown."""
+    values = [v for k, v in deltas.items() if series_name(k) == name
+              and (engine is None or f'engine="{engine}"' in k)]
+    if not values or any(not isinstance(v, (int, float)) for v in values):
+        return None
+    return sum(values)
+
+
+def engine_deltas(deltas: dict, engine: int | None) -> dict:
+    """One engine's series of a deltas dict (all of them for a single engine)."""
+    if engine is None:
+        return dict(deltas)
+    return {k: v for k, v in deltas.items() if f'engine="{engine}"' in k}
+
+
+SPEC = "vllm:spec_decode_num_"
+
+
+def spec_figures(deltas: dict) -> dict | None:
+    """Derived from speculative-decoding counter deltas (pure): acceptance rate (accepted
+    / draft tokens), mean acceptance length (1 + accepted / drafts), acceptance by
+    position (accepted there / drafts). Not worker RPC steps, not proof of graph capture.
+    None without speculative counters (nothing invented)."""
+    drafts = series_sum(deltas, SPEC + "drafts_total")
+    draft_tokens = series_sum(deltas, SPEC + "draft_tokens_total")
+    accepted = series_sum(deltas, SPEC + "accepted_tokens_total")
+    if drafts is None or draft_tokens is None or accepted is None:
+        return None
+    positions = {}
+    for key, value in deltas.items():
+        found = re.search(r'position="([0-9]{1,3})"', key)
+        if series_name(key) == SPEC + "accepted_tokens_per_pos_total" and found \
+                and isinstance(value, (int, float)):
+            positions[int(found.group(1))] = positions.get(int(found.group(1)), 0) + value
+    return {
+        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
+        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
+        "acceptance_by_position": [round(positions[p] / drafts, 4) if drafts else None
+                                   for p in sorted(positions)],
+    }
+
+
+def tokens_per_step(deltas: dict) -> float | None:
+    """Mean tokens per engine step over the deltas (vllm:iteration_tokens_total's sum /
+    count); None when absent or no step ran."""
+    total = series_sum(deltas, "vllm:iteration_tokens_total_sum")
+    steps = series_sum(deltas, "vllm:iteration_tokens_total_count")
+    return round(total / steps, 3) if total is not None and steps else None
+
+
+def went_down(before: dict | None, after: dict | None) -> list[str]:
+    """The series whose count went down between two reads: a restart (named, never
+    subtracted)."""
+    before, after = before or {}, after or {}
+    return sorted(k for k in set(before) & set(after) if after[k] < before[k])
 
 
 
@@ -522,23 +693,30 @@ def metrics_source(target: Target, path: str = "") -> str:
 
 
 
-def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
-    """The samples of one Prometheus endpoint, or None and why."""
+def read_exposition(target: Target, clock, path: str) -> tuple[Exposition | None, str | None]:
+    """One Prometheus endpoint, parsed, or None and why."""
     try:
         response = fetch(target, clock, "GET", path)
     except TransportError as exc:
         return None, exc.problem
     if response.status != 200:
         return None, f"HTTP {response.status}"
-    samples = parse_prometheus(response.body.decode("utf-8", "replace")).samples
-    return (samples, None) if samples else (None, "not Prometheus text")
+    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
+    return (exposition, None) if exposition.samples else (None, "not Prometheus text")
+
+
+def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
+    """The samples of one Prometheus endpoint, or None and why."""
+    exposition, why = read_exposition(target, clock, path)
+    return (exposition.samples, None) if exposition else (None, why)
 
 
 
 def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | None]:
     """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
-    samples, why = read_samples(target, clock, path)
-    return (counters(samples), None) if samples else (None, why)
+    exposition, why = read_exposition(target, clock, path)
+    return (counters(exposition.samples, exposition.declared), None) if exposition \
+        else (None, why)
 
 
 

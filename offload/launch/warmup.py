@@ -45,9 +45,10 @@ try:
                          make_short_prompt)
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                             add_server_options, connection_from, diagnose_http_error,
-                             extract_fields, format_engines, release_skew_ms, routed,
-                             slot_timing)
+                             add_server_options, connection_from, counter_deltas,
+                             diagnose_http_error, engine_deltas, extract_fields,
+                             format_engines, release_skew_ms, routed, slot_timing,
+                             spec_figures, tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)
@@ -84,6 +85,7 @@ class Plan:
     tokens: int = 32
     priority: int = 20
     b1_tokens: int = 5000
+    gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
 
     @property
     def requests_total(self) -> int:
@@ -131,6 +133,8 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
         "deadline_s": settings.deadline_s,
         "socket_cap_s": settings.socket_cap_s,
         "max_body_bytes": MAX_BODY_BYTES,
+        "wave_evidence": bool(plan.gauge_interval_ms),
+        "gauge_interval_ms": plan.gauge_interval_ms or None,
     }
 
 
@@ -180,7 +184,14 @@ class WarmUp(ServerProgram):
                     b1_sizing="tokenize" if smallest is not None else "estimate")
 
     def summary_fields(self, run: Run) -> dict:
-        return dict(super().summary_fields(run), counters=self.evidence.highlights)
+        """The summary's counts, highlighted counters and, per engine, speculative
+        acceptance over the whole run (null without speculative counters)."""
+        deltas = self.evidence.main_deltas
+        spec = None if deltas is None else {
+            "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
+            for e in self.server.engines}
+        return dict(super().summary_fields(run), counters=self.evidence.highlights,
+                    spec_decode=spec)
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         """Requests ok and failed in the last run, per engine (the engine index only)."""
@@ -214,7 +225,8 @@ class WarmUp(ServerProgram):
         name = wave_name(depth)
         slots = self.wave_slots(run, depth, first)
         started = run.clock.elapsed()
-        finished = self.guarded_batch(run, name, slots, first=first)
+        finished = self.guarded_batch(run, name, slots, first=first,
+                                      observe_ms=self.plan.gauge_interval_ms)
         if finished is None:
             return False
         duration = run.clock.elapsed() - started
@@ -222,18 +234,20 @@ class WarmUp(ServerProgram):
         for record in wave_requests:
             run.write(record)
         self.tally.requests += wave_requests
+        evidence = self.wave_evidence(run, name)
         for engine in self.server.engines:
             mine = [r for r in wave_requests if r["engine"] == engine]
             skew = release_skew_ms([s for s in finished if s.engine == engine])
             problems = judge_wave(mine, depth, engine)
+            seen = wave_figures(evidence, engine, self.observed)
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
                        "depth": depth, "engine": engine,
                        "release_skew_ms": skew,
                        "batch_release_skew_ms": release_skew_ms(finished),
                        "duration_s": round(duration, 4), "started_at_s": round(started, 4),
                        "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
-                       "problems": problems})
-            run.say(wave_line(name, engine, mine, skew, duration, first))
+                       "problems": problems, **seen})
+            run.say(wave_line(name, engine, mine, skew, duration, first, seen))
         if first and wave_requests and wave_requests[0]["http_status"] == 200 \
                 and wave_requests[0]["cached_tokens"] is None:
             self.tally.notes.append("B1 cache check not made: the server does not report "
@@ -254,6 +268,19 @@ class WarmUp(ServerProgram):
                                        plan.priority)
                 slots.append(self.make_slot(index, rid, engine, body))
         return slots
+
+    def wave_evidence(self, run: Run, name: str) -> dict | None:
+        """What the engine counted during the wave: counter deltas from the guard's read
+        before it to a settled read after it (None without per-wave evidence)."""
+        if not self.plan.gauge_interval_ms:
+            return None
+        before = self.counters_before
+        after, why = self.counters_after(run, name)
+        if before is None or after is None:
+            return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
+        return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
+                           if v is not None or (k in before and k in after)},
+                "went_down": went_down(before, after), "why": None}
 
     def request_record(self, run: Run, depth: int, slot: Slot, first: bool) -> dict:
         """A request record from what one client got: counts, reasons, verdict."""
@@ -314,6 +341,28 @@ class WarmUp(ServerProgram):
                 f"{','.join(wave_name(d) for d in self.plan.waves)} ({self.planned()} "
                 f"requests), B1 prompt {b1_size} tokens, deadline "
                 f"{run.settings.deadline_s:g} s")
+
+
+def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:
+    """A wave record's evidence fields for one engine (pure): `counters` (series ->
+    delta, keyed as the metrics record's deltas; absent series absent, a counter that went
+    down null and named in `counters_went_down`), `running_max`, `waiting_max`,
+    `gauge_samples`, and the derived `spec_decode` and `tokens_per_step` (null when the
+    server does not count them)."""
+    if evidence is None:
+        return {}
+    deltas = engine_deltas(evidence["deltas"], engine)
+    seen = (observed or {}).get(engine) or {}
+    return {
+        "counters": deltas,
+        "counters_went_down": list(engine_deltas(dict.fromkeys(evidence["went_down"]),
+                                                 engine)),
+        "counters_why": evidence["why"],
+        "running_max": seen.get("running_max"), "waiting_max": seen.get("waiting_max"),
+        "gauge_samples": seen.get("gauge_samples", 0),
+        "spec_decode": spec_figures(deltas),
+        "tokens_per_step": tokens_per_step(deltas),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -380,7 +429,7 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None) -> l
 
 
 def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: float | None,
-              duration: float, first: bool) -> str:
+              duration: float, first: bool, seen: dict | None = None) -> str:
     ok = sum(r["ok"] for r in wave_requests)
     where = name if engine is None else f"{name} e{engine}"
     shown_skew = "-" if skew is None else f"{skew:.1f}"
@@ -389,6 +438,7 @@ def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: fl
         cached = wave_requests[0]["cached_tokens"]
         line += (f"  prompt {wave_requests[0]['prompt_tokens']}"
                  f"  cached {'n/a' if cached is None else cached}")
+    line += evidence_text(seen or {}, len(wave_requests))
     same: dict[str, list[str]] = {}          # one line a diagnosis, not one a request
     for r in wave_requests:
         if not r["ok"]:
@@ -396,6 +446,20 @@ def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: fl
     for diagnosis, indexes in same.items():
         line += f"\n     {', '.join(indexes)}: {diagnosis}"
     return line
+
+
+def evidence_text(seen: dict, depth: int) -> str:
+    """The wave line's compact addition: depth observed below the wave's (evidence, not a
+    failure) and, with speculative decoding, acceptance."""
+    text = ""
+    running = seen.get("running_max")
+    if seen.get("gauge_samples") and running is not None and running < depth:
+        text += f"  observed {running:g} of {depth}"
+    spec = seen.get("spec_decode")
+    if spec and spec.get("acceptance_rate") is not None:
+        text += (f"  accept {spec['acceptance_rate']:.2f}, mean length "
+                 f"{spec['mean_acceptance_length']:g}")
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -458,6 +522,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="target size of B1's long prompt in tokens, more than 4096 and at "
                              "most 1048576, capped by the context; counted with the server's "
                              "/tokenize when it has one (default: %(default)s)")
+    parser.add_argument("--gauge-interval-ms", metavar="MS", type=whole(0, 25), default=20,
+                        help="per-wave evidence: read the request gauges this often while a "
+                             "wave runs (the depth observed), and the counters after each "
+                             "wave (their deltas, speculative acceptance, tokens per step); "
+                             "0: none of it (default: %(default)s)")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                         help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
                              "deltas over the warm-up are recorded; repeatable")
@@ -481,7 +550,7 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
     parser = build_parser(prog)
     args = parse_or_explain(parser, argv)
     plan = Plan(waves=args.waves, tokens=args.tokens, priority=args.priority,
-                b1_tokens=args.b1_tokens)
+                b1_tokens=args.b1_tokens, gauge_interval_ms=args.gauge_interval_ms)
     settings = run_settings(args, prog, "warmup")
     try:
         connection = connection_from(args)

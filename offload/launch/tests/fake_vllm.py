@@ -59,6 +59,10 @@ class FakeConfig:
     prompt_tokens_details: bool = False   # --enable-prompt-tokens-details
     per_request_metrics: bool = False     # --enable-per-request-metrics
     speculative: bool = True
+    spec_k: int = 5                       # speculative tokens a draft proposes
+    spec_accept: tuple = (0.8, 0.7, 0.5, 0.4, 0.3)   # share of drafts accepted at each position
+    reset_after: int = 0                  # counters drop to 0 after this many completions (a
+                                          # restart); 0: never
     engines: int = 1                      # --data-parallel-size: engines behind one API server
     ignore_rank: bool = False             # balance requests even when X-data-parallel-rank names one
     late_gauge_s: float = 0.0             # the gauges count a finished request out this much later
@@ -80,6 +84,9 @@ class FakeConfig:
     cold_s: float = 0.0                   # extra time for the first request of each shape
     counter_skew: int = 0                 # generation tokens counted beyond those sent (foreign)
     copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
+
+
+STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def tokenize(text: str) -> list[int]:
@@ -181,12 +188,17 @@ class FakeState:
         if config.speculative:
             names += ["vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
                       "vllm:spec_decode_num_accepted_tokens_total"]
+        self.histograms: dict[int, list] = {e: [0.0] * (len(STEP_BUCKETS) + 2) for e in engines}
+        self.completed = 0
         for engine in engines:
             for name in names:
                 self.count(name, 0, engine=engine)
             for reason in ("stop", "length", "abort", "error", "repetition"):
                 self.count("vllm:request_success_total", 0, engine=engine,
                            finished_reason=reason)
+            for position in range(config.spec_k if config.speculative else 0):
+                self.count("vllm:spec_decode_num_accepted_tokens_per_pos_total", 0,
+                           engine=engine, position=str(position))
 
     def route(self, header: str | None) -> int:
         """The engine for a request: the one X-data-parallel-rank names (an integer in range),
@@ -227,6 +239,44 @@ class FakeState:
         key = (name, tuple(sorted(dict(labels, engine=str(engine)).items())))
         with self.lock:
             self.counters[key] = self.counters.get(key, 0.0) + value
+
+    def steps(self, engine: int, tokens: list[int]) -> None:
+        """Engine steps of `tokens` each, into vllm:iteration_tokens_total (a histogram:
+        bucket counts, then count and sum)."""
+        with self.lock:
+            counts = self.histograms[engine]
+            for n in tokens:
+                for i, bound in enumerate(STEP_BUCKETS):
+                    if n <= bound:
+                        counts[i] += 1
+                counts[-2] += 1
+                counts[-1] += n
+
+    def completed_one(self) -> None:
+        """A completion finished; with reset_after, the counters then restart from 0."""
+        with self.lock:
+            self.completed += 1
+            if self.config.reset_after and self.completed == self.config.reset_after:
+                self.counters = {key: 0.0 for key in self.counters}
+                self.histograms = {e: [0.0] * len(h) for e, h in self.histograms.items()}
+
+    def speculate(self, engine: int, n_out: int) -> None:
+        """Draft/verify counters for n_out tokens: each step emits its accepted tokens plus
+        one; spec_accept says which share of drafts each position accepts."""
+        cfg = self.config
+        accept = [min(max(p, 0.0), 1.0) for p in cfg.spec_accept[:cfg.spec_k]]
+        drafts = math.ceil(n_out / (1 + sum(accept)))
+        accepted = max(n_out - drafts, 0)
+        per_pos = [min(drafts, round(accepted * p / sum(accept))) if sum(accept) else 0
+                   for p in accept]
+        if per_pos:
+            per_pos[0] += accepted - sum(per_pos)
+        self.count("vllm:spec_decode_num_drafts_total", drafts, engine)
+        self.count("vllm:spec_decode_num_draft_tokens_total", cfg.spec_k * drafts, engine)
+        self.count("vllm:spec_decode_num_accepted_tokens_total", accepted, engine)
+        for position, value in enumerate(per_pos):
+            self.count("vllm:spec_decode_num_accepted_tokens_per_pos_total", value, engine,
+                       position=str(position))
 
     def cached_prefix(self, ids: list[int], engine: int = 0) -> int:
         """Whole leading blocks this engine saw before; the last token is always computed."""
@@ -382,12 +432,37 @@ class Handler(BaseHTTPRequestHandler):
         lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
                   f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
                   f'reason="capacity"}} {float(cfg.waiting_by_reason)}']
+        declared = set()
         for (name, labels), value in sorted(counters.items()):
             inner = ",".join(f'{k}="{v}"' for k, v in
                              sorted(dict(labels, model_name=cfg.model).items()))
+            if name not in declared:          # as prometheus_client writes a counter
+                declared.add(name)
+                lines.append(f"# TYPE {name} counter")
             lines.append(f"{name}{{{inner}}} {float(value)}")
+            # Every counter also has a *_created sample: a Unix time, never a count.
+            lines.append(f"{name[:-len('_total')]}_created{{{inner}}} {st.process_start}")
+        lines += self.iteration_histogram(st, cfg)
         self.send_bytes(200, ("\n".join(lines) + "\n").encode(),
                         "text/plain; version=0.0.4; charset=utf-8")
+
+    @staticmethod
+    def iteration_histogram(st, cfg) -> list[str]:
+        """vllm:iteration_tokens_total, per engine: tokens per engine step."""
+        name = "vllm:iteration_tokens_total"
+        lines = [f"# HELP {name} Histogram of number of tokens per engine_step.",
+                 f"# TYPE {name} histogram"]
+        with st.lock:
+            histograms = {e: list(h) for e, h in st.histograms.items()}
+        for engine, counts in sorted(histograms.items()):
+            labels = f'engine="{engine}",model_name="{cfg.model}"'
+            for bound, value in zip(STEP_BUCKETS, counts):
+                lines.append(f'{name}_bucket{{{labels},le="{float(bound)}"}} {value}')
+            lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {counts[-2]}')
+            lines.append(f"{name}_count{{{labels}}} {counts[-2]}")
+            lines.append(f"{name}_sum{{{labels}}} {counts[-1]}")
+            lines.append(f"{name}_created{{{labels}}} {st.process_start}")
+        return lines
 
     # -- completions --------------------------------------------------------
     def completion(self, body: dict):
@@ -472,10 +547,9 @@ class Handler(BaseHTTPRequestHandler):
         st.count("vllm:prefix_cache_queries_total", n_prompt, engine)
         st.count("vllm:prefix_cache_hits_total", cached, engine)
         if cfg.speculative:
-            drafts = math.ceil(n_out / 5)
-            st.count("vllm:spec_decode_num_drafts_total", drafts, engine)
-            st.count("vllm:spec_decode_num_draft_tokens_total", 5 * drafts, engine)
-            st.count("vllm:spec_decode_num_accepted_tokens_total", n_out - drafts, engine)
+            st.speculate(engine, n_out)
+        st.steps(engine, [n_prompt - cached] + [1] * max(n_out - 1, 0))
+        st.completed_one()
         doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
         if streaming:
             return self.send_stream(doc, bool((body.get("stream_options") or {})
