@@ -31,7 +31,9 @@ PICKED = {
     "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
                 "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
                 "stop_reason", "latency_s", "ok"),
-    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "ok"),
+    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "ok", "running_max",
+             "waiting_max", "gauge_samples", "spec_decode", "tokens_per_step",
+             "counters_went_down"),
     "metrics": ("source", "state", "why", "highlights", "warnings"),
     "status": ("path", "state", "why", "delta"),
     "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
@@ -210,6 +212,31 @@ def wave_text(wave: dict) -> str:
             f"{'ok' if wave.get('ok') is True else 'FAILED'}")
 
 
+def evidence_table(waves: list[dict]) -> list[str]:
+    """Per wave (and engine): what the engine did, as its counters and gauges say —
+    observed depth, speculative acceptance, tokens per engine step. Evidence, not proof
+    of batch shapes or graph capture; '-' where the server did not say."""
+    if not any("running_max" in w or "spec_decode" in w for w in waves
+               if isinstance(w, dict)):
+        return []
+    heads = ["wave", "engine", "depth", "observed", "gauge samples", "accept rate",
+             "mean accept len", "accept by position", "tokens/step"]
+    rows = [heads]
+    for wave in waves:
+        spec = as_dict(wave.get("spec_decode"))
+        positions = " ".join(show(p, 8) for p in as_list(spec.get("acceptance_by_position")))
+        running = finite_number(wave.get("running_max"))
+        rows.append([show(wave.get("wave")), show(wave.get("engine")), show(wave.get("depth")),
+                     "-" if running is None else f"{running:g}",
+                     show(wave.get("gauge_samples")), show(spec.get("acceptance_rate")),
+                     show(spec.get("mean_acceptance_length")), positions or "-",
+                     show(wave.get("tokens_per_step"))])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    went_down = sorted({show(k, 160) for w in waves for k in as_list(w.get("counters_went_down"))})
+    return lines + [f"counter went down during a wave (a restart?): {k}" for k in went_down]
+
+
 def format_run(run: dict) -> list[str]:
     """One run's lines, ending with its verdict line."""
     lines = [run_header(as_dict(run["run"]))] if run["run"] else ["(no run record)"]
@@ -217,6 +244,10 @@ def format_run(run: dict) -> list[str]:
         lines += [""] + request_table(run["requests"])
     if run["waves"]:
         lines += [""] + [wave_text(w) for w in run["waves"]]
+        table = evidence_table(run["waves"])
+        if table:
+            lines += ["", "per-wave evidence (counters and gauges; not worker RPC steps, not "
+                          "proof of graph capture):"] + table
     for m in run["metrics"]:
         why = f": {show(m.get('why'), 200)}" if m.get("why") else ""
         lines += ["", f"counter deltas from {show(m.get('source'))} ({show(m.get('state'))}"

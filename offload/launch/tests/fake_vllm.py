@@ -89,6 +89,12 @@ class FakeConfig:
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
+def go_float(value: float) -> str:
+    """A float as prometheus_client writes a large one: 1.7960769266e+09."""
+    mantissa, exponent = f"{value:.10e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+
+
 def tokenize(text: str) -> list[int]:
     """A tokenizer that is not one token per word: a BOS, then one token per 3 characters."""
     ids = [1]
@@ -428,7 +434,7 @@ class Handler(BaseHTTPRequestHandler):
         # prometheus_client's process collector: the API server process's start time.
         lines += ["# HELP process_start_time_seconds Start time of the process since unix "
                   "epoch in seconds.", "# TYPE process_start_time_seconds gauge",
-                  f"process_start_time_seconds {st.process_start}"]
+                  f"process_start_time_seconds {go_float(st.process_start)}"]
         lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
                   f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
                   f'reason="capacity"}} {float(cfg.waiting_by_reason)}']
