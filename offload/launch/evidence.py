@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
-from vllm_client import (ENGINE_HEADER, Tally, counter_deltas, metrics_source,
-                         read_counters, series_sum)
+from vllm_client import ENGINE_HEADER, Tally
+from vllm_metrics import counter_deltas, metrics_source, read_counters, series_sum
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 

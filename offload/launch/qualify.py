@@ -39,7 +39,8 @@ try:
     from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
     from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
                            finite_number, open_regular, parse_prometheus)
-    from vllm_client import base_url_from, parse_base_url, process_start, served_models
+    from vllm_client import base_url_from, parse_base_url
+    from vllm_metrics import process_start, served_models
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"qualify.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)

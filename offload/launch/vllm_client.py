@@ -19,30 +19,28 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import re
 import sys
-import threading
 import time
 from dataclasses import dataclass, field, replace
 
 from prompts import long_prompt_budget, size_long_prompt
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       late_problem, seconds)
-from transport import (REDACTIONS, Clock, Exchange, Exposition, Response, Target,
-                       TransportError, start_quiet,
-                       UsageError, __version__, clean_text, count_value, decode_json, describe,
+from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
+                       __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
-                       format_sample, is_header_value, json_number, parse_prometheus,
-                       parse_url, positive_int, scrub, series_key, series_name, short_str)
+                       is_header_value, json_number, parse_prometheus, parse_url,
+                       positive_int, scrub, short_str)
+from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
+                          guard_problems, only_busy, process_start, read_samples)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
 STOP_REASON_LIMIT = 64
 METRICS_RETRY_PAUSE_S = 0.25
 SETTLE_POLL_S = 0.1
-GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 ENGINE_HEADER = "X-data-parallel-rank"
 REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
                          "mean_itl_ms", "tokens_per_second")
@@ -317,11 +315,14 @@ class ServerProgram(Program):
 
     def counters_after(self, run: Run, label: str) -> tuple[dict | None, str | None]:
         """The counters right after a batch, read once our requests are counted out (as the
-        guard settles); (None, why) when /metrics cannot be read: evidence, never fatal."""
+        guard settles, and counted in the summary's settled_s); (None, why) when /metrics
+        cannot be read: evidence, never fatal."""
         try:
-            read, _ = self.settled_read(run, label, settle=True)
+            read, settle_s = self.settled_read(run, label, settle=True)
         except Fatal as exc:
             return None, exc.problem
+        if settle_s is not None and read.ok:
+            self.tally.settled_s.append(settle_s)
         return (read.counters, None) if read.counters is not None else \
             (None, "; ".join(read.problems) or "no counters")
 
@@ -398,68 +399,6 @@ class Slot:
     stream: bool = False                # a streamed request: note its first token
 
 
-class GaugeSampler:
-    """Reads the request gauges every `interval_s` while a batch runs, in its own thread
-    and on its own connections (each read bounded to 1 s and by the deadline); never
-    delays the release, never outlives the batch (stop() ends it), and a failed read is
-    counted, not fatal. Per engine: the largest running and waiting values seen."""
-
-    MAX_READS = 3000                      # a minute at 20 ms
-
-    def __init__(self, target: Target, clock, interval_s: float, engines: tuple | None):
-        self.target, self.clock, self.interval_s = target, clock, interval_s
-        self.engines = engines
-        self.stopping = threading.Event()
-        self.seen: dict = {}                 # engine -> {"running_max", "waiting_max", ...}
-        self.reads = self.failed = 0
-        self.thread = threading.Thread(target=self._sample, name="gauge-sampler", daemon=True)
-
-    def start(self) -> None:
-        start_quiet(self.thread)
-
-    def stop(self) -> dict:
-        """End the sampling; per engine (None: one engine) what it saw."""
-        self.stopping.set()
-        self.thread.join(timeout=1.5)
-        return {engine: dict(seen, gauge_reads=self.reads, gauge_reads_failed=self.failed)
-                for engine, seen in self.seen.items()} or \
-            {None: {"running_max": None, "waiting_max": None, "gauge_samples": 0,
-                    "gauge_reads": self.reads, "gauge_reads_failed": self.failed}}
-
-    def _sample(self) -> None:
-        while not self.stopping.is_set() and self.reads < self.MAX_READS:
-            started = time.monotonic()
-            left = self.clock.remaining()
-            if left <= 0:
-                return
-            exposition, _ = read_exposition(self.target, Clock.start(min(left, 1.0), 1.0),
-                                            "/metrics")
-            self.reads += 1
-            if exposition is None:
-                self.failed += 1
-            else:
-                self.note(exposition.samples)
-            self.stopping.wait(max(self.interval_s - (time.monotonic() - started), 0))
-
-    def note(self, samples: list) -> None:
-        """Fold one read's gauge samples into the per-engine maxima."""
-        for name, labels, value in samples:
-            if name not in GAUGES or not math.isfinite(value):
-                continue
-            engine = None
-            if self.engines is not None:
-                label = labels.get("engine")
-                if label is None or not label.isdigit() or int(label) not in self.engines:
-                    continue
-                engine = int(label)
-            seen = self.seen.setdefault(engine, {"running_max": 0.0, "waiting_max": 0.0,
-                                                 "gauge_samples": 0})
-            key = "running_max" if name.endswith("running") else "waiting_max"
-            seen[key] = max(seen[key], value)
-            if key == "running_max":
-                seen["gauge_samples"] += 1
-
-
 # A server-sent event whose choice carries non-empty text: the first token has arrived.
 FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 
@@ -487,245 +426,8 @@ def request_bytes(target: Target, path: str, body: dict, api_key: str | None,
 
 
 # ---------------------------------------------------------------------------
-# The guard and the counters: what /metrics says (pure decisions on parsed text).
-# ---------------------------------------------------------------------------
-
-_NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
-
-def engines_in(samples: list) -> tuple[int, ...]:
-    """Sorted engine indexes named by the `engine` label of vllm:* series."""
-    found = set()
-    for name, labels, _ in samples:
-        engine = labels.get("engine")
-        if name.startswith("vllm:") and engine is not None and re.fullmatch(r"[0-9]{1,4}", engine):
-            found.add(int(engine))
-    return tuple(sorted(found))
-
-
-
-def process_start(samples: list) -> float | None:
-    """The API server process's start (process_start_time_seconds, Unix time): the same
-    value means the same server process; None when /metrics does not say."""
-    for name, _, value in samples:
-        if name == "process_start_time_seconds":
-            return finite_number(value)
-    return None
-
-
-def served_models(samples: list) -> set[str]:
-    """The model names on vllm:* series (their model_name label)."""
-    return {labels["model_name"] for name, labels, _ in samples
-            if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
-
-
-FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",
-                  "vllm:generation_tokens_total")
-
-def guard_problems(exposition: Exposition, engines: tuple | None = None
-                   ) -> tuple[list[str], list[int]]:
-    """Both request gauges must be declared or sampled, and every sample of each must be 0.
-
-    Fails closed: a line that names a gauge but cannot be read exactly refuses. With
-    engines, each engine must have a 0 sample of each gauge, or (a fresh data-parallel
-    server publishes none until an engine has run a request) no sample while the family
-    is declared and that engine's own counters show it never ran one. Returns the problems
-    and the engines judged idle that way.
-    """
-    problems, fresh = [], []
-    for number, why, raw in exposition.bad_lines:
-        if _NAMES_A_GAUGE.search(raw):
-            problems.append(f"/metrics line {number} names a request gauge but cannot be read "
-                            f"exactly ({why}): {clean_text(raw, 120)!r}")
-    for gauge in GAUGES:
-        series = [(labels, value) for name, labels, value in exposition.samples if name == gauge]
-        for labels, value in series:
-            if value != 0:
-                problems.append(f"{format_sample(gauge, labels, value)}: the server is not idle")
-        sampled = {labels.get("engine") for labels, _ in series}
-        if not series and gauge not in exposition.declared:
-            problems.append(f"{gauge} missing from /metrics (metrics collection off, "
-                            f"or not a vLLM server): the guard cannot see other work")
-            continue
-        for engine in engines or ():
-            if str(engine) in sampled:
-                continue
-            if gauge in exposition.declared and engine_never_ran(exposition.samples, engine):
-                if engine not in fresh:
-                    fresh.append(engine)
-                continue
-            problems.append(f"{gauge} has no sample for engine {engine}, and that engine has "
-                            f"run requests: the guard cannot see its work")
-        if not engines and not series and not engine_never_ran(exposition.samples, None):
-            problems.append(f"{gauge} is declared but has no sample, and the server has run "
-                            f"requests: the guard cannot see its work")
-    return problems, fresh
-
-
-
-def engine_never_ran(samples: list, engine: int | None) -> bool:
-    """True when the engine's (or, with None, the server's) request counters are all 0."""
-    for name, labels, value in samples:
-        if name in FRESH_COUNTERS and (engine is None or labels.get("engine") == str(engine)):
-            if value != 0:
-                return False
-    return True
-
-
-
-@dataclass
-class GuardRead:
-    """One guard read: what /metrics said, and the decision."""
-    ok: bool
-    problems: list
-    samples: list
-    counters: dict | None
-    fresh: list = field(default_factory=list)     # engines judged idle by their counters
-
-
-
-
-def only_busy(problems: list[str]) -> bool:
-    """True when every problem is a busy gauge (worth a settle), none a missing or bad line."""
-    return all(p.endswith("the server is not idle") for p in problems)
-
-
-
-
-COUNTING_TYPES = ("counter", "histogram", "summary")
-FAMILY_SUFFIXES = ("_bucket", "_count", "_sum")
-
-
-def is_count_series(name: str, types: dict) -> bool:
-    """A series that counts: a counter's, or a histogram's bucket, count or sum (from the
-    family's # TYPE line; without one, a name ending in _total). A `*_created` sample is a
-    time, never a count."""
-    if name.endswith("_created"):
-        return False
-    family = [name] + [name[:-len(s)] for s in FAMILY_SUFFIXES if name.endswith(s)]
-    if any(types.get(f) in COUNTING_TYPES for f in family):
-        return True
-    return name.endswith("_total") and not any(f in types for f in family)
-
-
-def counters(samples: list[tuple[str, dict, float]], types: dict | None = None
-             ) -> dict[str, float]:
-    """Every counting series by name and label set (is_count_series)."""
-    types = types or {}
-    return {series_key(n, labels): v for n, labels, v in samples
-            if is_count_series(n, types)}
-
-
-def series_sum(deltas: dict, name: str, engine: int | None = None) -> float | None:
-    """The sum of one metric's deltas (over labels; one engine's only, when given); None
-    when absent or any of them is unknown."""
-    values = [v for k, v in deltas.items() if series_name(k) == name
-              and (engine is None or f'engine="{engine}"' in k)]
-    if not values or any(not isinstance(v, (int, float)) for v in values):
-        return None
-    return sum(values)
-
-
-def engine_deltas(deltas: dict, engine: int | None) -> dict:
-    """One engine's series of a deltas dict (all of them for a single engine)."""
-    if engine is None:
-        return dict(deltas)
-    return {k: v for k, v in deltas.items() if f'engine="{engine}"' in k}
-
-
-SPEC = "vllm:spec_decode_num_"
-
-
-def spec_figures(deltas: dict) -> dict | None:
-    """Derived from speculative-decoding counter deltas (pure): acceptance rate (accepted
-    / draft tokens), mean acceptance length (1 + accepted / drafts), acceptance by
-    position (accepted there / drafts). Not worker RPC steps, not proof of graph capture.
-    None without speculative counters (nothing invented)."""
-    drafts = series_sum(deltas, SPEC + "drafts_total")
-    draft_tokens = series_sum(deltas, SPEC + "draft_tokens_total")
-    accepted = series_sum(deltas, SPEC + "accepted_tokens_total")
-    if drafts is None or draft_tokens is None or accepted is None:
-        return None
-    positions = {}
-    for key, value in deltas.items():
-        found = re.search(r'position="([0-9]{1,3})"', key)
-        if series_name(key) == SPEC + "accepted_tokens_per_pos_total" and found \
-                and isinstance(value, (int, float)):
-            positions[int(found.group(1))] = positions.get(int(found.group(1)), 0) + value
-    return {
-        "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-        "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
-        "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
-        "acceptance_by_position": [round(positions[p] / drafts, 4) if drafts else None
-                                   for p in sorted(positions)],
-    }
-
-
-def tokens_per_step(deltas: dict) -> float | None:
-    """Mean tokens per engine step over the deltas (vllm:iteration_tokens_total's sum /
-    count); None when absent or no step ran."""
-    total = series_sum(deltas, "vllm:iteration_tokens_total_sum")
-    steps = series_sum(deltas, "vllm:iteration_tokens_total_count")
-    return round(total / steps, 3) if total is not None and steps else None
-
-
-def went_down(before: dict | None, after: dict | None) -> list[str]:
-    """The series whose count went down between two reads: a restart (named, never
-    subtracted)."""
-    before, after = before or {}, after or {}
-    return sorted(k for k in set(before) & set(after) if after[k] < before[k])
-
-
-
-def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float | None]:
-    """after - before for every series; None where a side lacks it or the counter went back."""
-    before, after = before or {}, after or {}
-    deltas = {}
-    for key in sorted(set(before) | set(after)):
-        b, a = before.get(key), after.get(key)
-        ok = b is not None and a is not None and math.isfinite(a - b) and a >= b
-        deltas[key] = json_number(a - b) if ok else None
-    return deltas
-
-
-
-def metrics_source(target: Target, path: str = "") -> str:
-    return target.display + path
-
-
-
-def read_exposition(target: Target, clock, path: str) -> tuple[Exposition | None, str | None]:
-    """One Prometheus endpoint, parsed, or None and why."""
-    try:
-        response = fetch(target, clock, "GET", path)
-    except TransportError as exc:
-        return None, exc.problem
-    if response.status != 200:
-        return None, f"HTTP {response.status}"
-    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
-    return (exposition, None) if exposition.samples else (None, "not Prometheus text")
-
-
-def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
-    """The samples of one Prometheus endpoint, or None and why."""
-    exposition, why = read_exposition(target, clock, path)
-    return (exposition.samples, None) if exposition else (None, why)
-
-
-
-def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | None]:
-    """Counters of one Prometheus endpoint, or None and why (never a made-up number)."""
-    exposition, why = read_exposition(target, clock, path)
-    return (counters(exposition.samples, exposition.declared), None) if exposition \
-        else (None, why)
-
-
-
-
-# ---------------------------------------------------------------------------
 # Reading an answer: counts and reasons, never text or ids; the run's verdict.
 # ---------------------------------------------------------------------------
-
-FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 
 def release_skew_ms(slots: list[Slot]) -> float | None:
     sent = [slot.sent_at for slot in slots if slot.sent_at is not None]

@@ -45,10 +45,11 @@ try:
                          make_short_prompt)
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                             add_server_options, connection_from, counter_deltas,
-                             diagnose_http_error, engine_deltas, extract_fields,
-                             format_engines, release_skew_ms, routed, slot_timing,
-                             spec_figures, tokens_per_step, went_down)
+                             add_server_options, connection_from, diagnose_http_error,
+                             extract_fields, format_engines, release_skew_ms, routed,
+                             slot_timing)
+    from vllm_metrics import (counter_deltas, engine_deltas, spec_figures, tokens_per_step,
+                              went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)

@@ -11,6 +11,7 @@ import unittest
 from support import QUALIFY, HelperCase, SilentServer
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
 import vllm_client  # noqa: E402
+import vllm_metrics  # noqa: E402
 
 
 def summed(waves: list[dict]) -> dict:
@@ -135,23 +136,23 @@ class TestSampler(unittest.TestCase):
                       36.0,
                   'vllm:iteration_tokens_total_sum{engine="0"}': 600.0,
                   'vllm:iteration_tokens_total_count{engine="0"}': 150.0}
-        spec = vllm_client.spec_figures(deltas)
+        spec = vllm_metrics.spec_figures(deltas)
         self.assertEqual(spec["acceptance_rate"], round(138 / 219, 4))
         self.assertEqual(spec["mean_acceptance_length"], round(1 + 138 / 53, 3))
         self.assertEqual(spec["acceptance_by_position"], [round(43 / 53, 4), round(36 / 53, 4)])
-        self.assertEqual(vllm_client.tokens_per_step(deltas), 4.0)
-        self.assertIsNone(vllm_client.spec_figures({}))
-        self.assertIsNone(vllm_client.tokens_per_step({}))
+        self.assertEqual(vllm_metrics.tokens_per_step(deltas), 4.0)
+        self.assertIsNone(vllm_metrics.spec_figures({}))
+        self.assertIsNone(vllm_metrics.tokens_per_step({}))
 
     def test_created_samples_are_never_counts(self):
         types = {"vllm:x_total": "counter", "vllm:h": "histogram"}
-        self.assertTrue(vllm_client.is_count_series("vllm:x_total", types))
-        self.assertFalse(vllm_client.is_count_series("vllm:x_created", types))
-        self.assertTrue(vllm_client.is_count_series("vllm:h_bucket", types))
-        self.assertTrue(vllm_client.is_count_series("vllm:h_sum", types))
-        self.assertFalse(vllm_client.is_count_series("vllm:h_created", types))
-        self.assertFalse(vllm_client.is_count_series("vllm:g", {"vllm:g": "gauge"}))
-        self.assertTrue(vllm_client.is_count_series("untyped_total", {}))
+        self.assertTrue(vllm_metrics.is_count_series("vllm:x_total", types))
+        self.assertFalse(vllm_metrics.is_count_series("vllm:x_created", types))
+        self.assertTrue(vllm_metrics.is_count_series("vllm:h_bucket", types))
+        self.assertTrue(vllm_metrics.is_count_series("vllm:h_sum", types))
+        self.assertFalse(vllm_metrics.is_count_series("vllm:h_created", types))
+        self.assertFalse(vllm_metrics.is_count_series("vllm:g", {"vllm:g": "gauge"}))
+        self.assertTrue(vllm_metrics.is_count_series("untyped_total", {}))
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ class TestFaults(HelperCase):
 
     def test_metrics_read_retried_once(self):
         server = self.start_fake(metrics_mode="flaky_once")
-        result = self.run_helper(server)
+        result = self.run_helper(server, "--gauge-interval-ms", "0")   # guard reads only
         self.assertEqual(result.code, 0, result.stdout)
         reads = [r for r in server.state.requests if r["path"] == "/metrics"]
         # B1's read dropped, then read again; B2..B4; one more after the last wave (counters).

@@ -18,6 +18,7 @@ LAYERS = {
     "textfile": 0.5,
     "runframe": 1,
     "prompts": 2,
+    "vllm_metrics": 2.5,
     "vllm_client": 3,
     "evidence": 4, "readback": 4,
     "warmup": 5, "qualify": 5, "gate": 5, "procs": 5, "report": 5, "probe": 5,

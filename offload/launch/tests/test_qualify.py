@@ -19,7 +19,8 @@ import report  # noqa: E402
 import readback  # noqa: E402  (support puts offload/launch on sys.path)
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
+import vllm_client  # noqa: E402
+import vllm_metrics  # noqa: E402  (support puts offload/launch on sys.path)
 
 SERIES = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}'
 
@@ -30,13 +31,13 @@ class TestCounterDeltas(unittest.TestCase):
                   "reset_total": 9.0}
         after = {SERIES: 14.0, "vllm:prompt_tokens_total": 5100.0, "new_total": 3.0,
                  "reset_total": 1.0}
-        deltas = vllm_client.counter_deltas(before, after)
+        deltas = vllm_metrics.counter_deltas(before, after)
         self.assertEqual(deltas[SERIES], 10.0)
         self.assertEqual(deltas["vllm:prompt_tokens_total"], 5000.0)
         self.assertIsNone(deltas["gone_total"])
         self.assertIsNone(deltas["new_total"])
         self.assertIsNone(deltas["reset_total"])
-        self.assertTrue(all(v is None for v in vllm_client.counter_deltas(None, after).values()))
+        self.assertTrue(all(v is None for v in vllm_metrics.counter_deltas(None, after).values()))
 
     def test_counters_are_total_series_only(self):
         samples = transport.parse_prometheus(

@@ -71,7 +71,7 @@ class TestReadyStaysTrue(StartCase):
         self.assertRegex(gone.stderr, r"^not ready: the server is not answering")
         self.assertEqual(len(gone.stderr.strip().splitlines()), 1)
         # A new server on the same port: restarted, until a new start warms it.
-        time.sleep(0.05)        # process_start_time_seconds has 10 ms steps
+        time.sleep(0.2)         # process_start_time_seconds is written in 0.1 s steps
         self.start_fake_on_port()
         again = ready(self.ready)
         self.assertEqual(again.returncode, 1)
