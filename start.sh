@@ -192,11 +192,13 @@ process_alive() {
 # process of its group (a server that forks and exits leaves its group running). The
 # first time the launched pid is seen gone, keeps its status and says so when the
 # group lives on. (Until the launched pid has called setsid its group is empty: the
-# pid itself is checked first.)
+# pid itself is checked first.) The launched pid is start.sh's own child, which bash
+# reaps itself, so `kill -0` tells whether it runs; its group's other members may be
+# zombies nobody reaps, so they are checked with procs.py.
 # Globals: server_pid, server_status (set). Returns: 0 while the server runs.
 server_alive() {
   if [[ -z "${server_status}" ]]; then
-    process_alive "${server_pid}" && return 0
+    kill -0 "${server_pid}" 2>/dev/null && return 0
     server_status=0
     wait "${server_pid}" 2>/dev/null || server_status=$?
     if group_alive "${server_pid}"; then
@@ -229,15 +231,14 @@ die_server_gone() {
 stop_server() {
   [[ -n "${server_pid}" ]] || return 0
   kill -TERM -- "-${server_pid}" 2>/dev/null || return 0
-  local waited=0
+  local started=${SECONDS}
   while group_alive "${server_pid}"; do
-    if ((waited >= stop_grace_s * 10)); then
+    if ((SECONDS - started >= stop_grace_s)); then
       log "server group ${server_pid} still alive after ${stop_grace_s} s: KILL"
       kill -KILL -- "-${server_pid}" 2>/dev/null || true
       break
     fi
     sleep 0.1
-    waited=$((waited + 1))
   done
   # No `wait` here: start.sh exits next, and its exit hands any zombie to init (a
   # `wait` inside a trap handler has hung bash when the child was already collected).
@@ -254,10 +255,9 @@ on_signal() {
     kill -TERM "${child_pid}" 2>/dev/null || true
     # Bounded, and without `wait`: inside this handler a wait for a child bash had
     # already collected could block forever (seen about once in thirty runs).
-    local tries=0
-    while process_alive "${child_pid}" && ((tries < 50)); do
+    local started=${SECONDS}
+    while ((SECONDS - started < 5)) && process_alive "${child_pid}"; do
       sleep 0.1
-      tries=$((tries + 1))
     done
   fi
   stop_server

@@ -48,19 +48,26 @@ class UsageError(Exception):
 
 class Redactions:
     """What no output may hold, registered as the process learns it: secrets (the API
-    key, URL credentials, our prompts' nonces and tags) and our prompts' text."""
+    key, URL credentials), our prompts' nonces and tags, and our prompts' text. Lookups
+    stay cheap however many prompts were registered: tags and word runs are sets."""
 
     PROMPT_RUN = 4                   # this many words in a row of one of our prompts
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.secrets: tuple[str, ...] = ()
-        self.words: frozenset = frozenset()
-        self.runs: frozenset = frozenset()
+        self.secrets: tuple[str, ...] = ()    # exact strings, longest first
+        self.tags: set = set()                # nonces and tags (matched as whole tokens)
+        self.words: set = set()
+        self.runs: set = set()
 
     def secret(self, text: str | None) -> None:
-        """Register an exact string to replace by [redacted] wherever it appears."""
-        if text and text not in self.secrets:
+        """Register an exact string to replace by [redacted] wherever it appears; a nonce
+        or tag (_HEX_TAG's shape) is kept among the tags."""
+        if not text:
+            return
+        if _HEX_TAG.fullmatch(text):
+            self.tags.add(text)
+        elif text not in self.secrets:
             with self.lock:
                 # Longest first: a secret inside another is replaced as part of it.
                 self.secrets = tuple(sorted(set(self.secrets) | {text}, key=len, reverse=True))
@@ -70,16 +77,15 @@ class Redactions:
         and every run of PROMPT_RUN words, so an echo of it is found in any output."""
         words = [w.lower() for w in _WORD.findall(text)]
         if tag and words:
-            self.secret(text.split(None, 1)[0] if text.split() else "")
+            self.secret(text.split(None, 1)[0])
         n = self.PROMPT_RUN
-        runs = {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
         with self.lock:
-            self.words = self.words | frozenset(words)
-            self.runs = self.runs | frozenset(runs)
+            self.words.update(words)
+            self.runs.update(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
 
     def reset(self) -> None:
         with self.lock:
-            self.secrets, self.words, self.runs = (), frozenset(), frozenset()
+            self.secrets, self.tags, self.words, self.runs = (), set(), set(), set()
 
 
 REDACTIONS = Redactions()
@@ -92,11 +98,14 @@ _HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")
 
 
 def redact_secrets(text: str) -> str:
-    """Every registered secret replaced, before anything cuts or quotes the text (a cut
-    could keep half a key; repr() would double its backslashes)."""
+    """Every registered secret, nonce and tag replaced, before anything cuts or quotes the
+    text (a cut could keep half a key; repr() would double its backslashes)."""
     for secret in REDACTIONS.secrets:
         if secret in text:
             text = text.replace(secret, "[redacted]")
+    if REDACTIONS.tags:
+        text = _HEX_TAG.sub(lambda m: "[redacted]" if m.group() in REDACTIONS.tags
+                            else m.group(), text)
     return text
 
 

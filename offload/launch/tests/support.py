@@ -95,8 +95,12 @@ class HelperCase(unittest.TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
         for name in ("VLLM_API_KEY", "WARMUP_MODEL", "WARMUP_BASE_URL", "WARMUP_RECORDS_DIR",
-                     "WARMUP_HARD_S"):
+                     "WARMUP_HARD_S", "WARMUP_TEXTFILE", "WARMUP_ENGINES"):
             os.environ.pop(name, None)
+        # The scripts under test (start.sh, the wrapper) run `python3`: let that be the
+        # interpreter running the tests, not a version manager's shim in front of it.
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
+            os.environ.get("PATH", "")
 
     def start_fake(self, **settings) -> FakeServer:
         server = FakeServer(FakeConfig(**settings)).start()

@@ -142,7 +142,7 @@ class TestEngines(HelperCase):
         self.assertIsNone(result.kind("run")[0]["engines"])
 
     def test_gauge_counted_out_late_settles_and_passes(self):
-        server = self.start_fake(engines=2, late_gauge_s=0.4)
+        server = self.start_fake(engines=2, late_gauge_s=0.25)
         result = self.run_helper(server)
         self.assertEqual(result.code, 0, result.stdout)
         settled = [g["settle_s"] for g in result.kind("gauges")]
@@ -152,7 +152,7 @@ class TestEngines(HelperCase):
         self.assertTrue(result.summary["settled_s"], result.summary)
         self.assertTrue(all(0.1 <= s <= 2 for s in result.summary["settled_s"]),
                         result.summary["settled_s"])
-        without = self.start_fake(engines=2, late_gauge_s=0.4)
+        without = self.start_fake(engines=2, late_gauge_s=0.25)
         os.remove(self.records_path)
         guarded = self.run_helper(without, "--gauge-interval-ms", "0")
         self.assertEqual(guarded.code, 0, guarded.stdout)

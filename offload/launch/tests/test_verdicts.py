@@ -129,7 +129,7 @@ class TestSaysItIsStillWorking(HelperCase):
 
 class TestStartSaysItWaits(StartCase):
     def test_start_says_it_waits_for_health(self):
-        result = self.start("--no-warmup", server=self.fake("--health-delay-s", "3"),
+        result = self.start("--no-warmup", server=self.fake("--health-delay-s", "1.6"),
                             env={"START_SAY_S": "1"}, timeout=60)
         self.assertEqual(result.code, 0, result.stderr)
         self.assertRegex(result.stdout, r"waiting for http://127\.0\.0\.1:\d+/health: \d+ s of "
