@@ -83,7 +83,9 @@ options (environment variable in brackets):
   START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
   and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
   WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
-  unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url.
+  unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url, and
+  WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens
+  when that is there and the variable is not set.
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -163,6 +165,26 @@ redacted_command() {
     fi
   done
   echo "${out[*]}"
+}
+
+# The server's prefill chunk from its command line (--max-num-batched-tokens N or =N),
+# for the warm-up's B1 to be longer (WARMUP_CHUNK_TOKENS). Outputs: N, or nothing.
+# Arguments: the server command and its arguments.
+chunk_tokens_of() {
+  local arg take=0
+  for arg in "$@"; do
+    if ((take)); then
+      echo "${arg}"
+      return 0
+    fi
+    case "${arg}" in
+      --max-num-batched-tokens=*)
+        echo "${arg#*=}"
+        return 0
+        ;;
+      --max-num-batched-tokens) take=1 ;;
+    esac
+  done
 }
 
 # GET /health once (qualify.py health; the URL in the environment, out of ps).
@@ -594,6 +616,11 @@ main() {
   fi
   if [[ -n "${textfile}" ]]; then
     export WARMUP_TEXTFILE="${textfile}"
+  fi
+  local chunk
+  chunk="$(chunk_tokens_of "${server_cmd[@]}")"
+  if [[ -z "${WARMUP_CHUNK_TOKENS:-}" && -n "${chunk}" ]]; then
+    export WARMUP_CHUNK_TOKENS="${chunk}"   # B1 must be longer than the server's chunk
   fi
   check_pid_file
   check_nothing_answers

@@ -25,7 +25,8 @@ from runframe import (EXIT_FAIL, EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add
                       emit, parse_or_explain, run_session, run_settings, usage_error, whole)
 from transport import REDACTIONS, UsageError, clean_text, decode_json, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
-                         connection_from, diagnose_http_error, extract_fields, slot_timing)
+                         connection_from, diagnose_http_error, extract_fields, slot_timing,
+                         template_kwargs_type)
 
 PROG = "qualify.py gate"
 
@@ -653,14 +654,6 @@ def gate_summary_record(summary: dict | None, run_id: str, options: GateOptions,
         ([] if summary else ["the run left no summary record (see stderr)"]),
         "records": records_path,
     }
-
-
-def template_kwargs_type(text: str) -> dict:
-    """An argparse type: a JSON object passed to the chat template."""
-    doc, why = decode_json(text.encode("utf-8", "replace"))
-    if why is not None or not isinstance(doc, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object such as {THINKING_OFF}")
-    return doc
 
 
 def fraction(text: str) -> float:

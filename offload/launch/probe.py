@@ -18,6 +18,7 @@ import os
 import textwrap
 from dataclasses import dataclass
 
+from paths import KINDS, PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
 from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
                      fresh_long_prompt, make_short_prompt)
 from readback import as_list, show
@@ -25,8 +26,9 @@ from runframe import (EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_option
                       parse_or_explain, run_session, run_settings, usage_error, whole)
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                         add_server_options, connection_from, extract_fields, read_usage,
-                         slot_timing, stream_usage)
+                         add_server_options, connection_from, extract_fields,
+                         extract_stream_fields, read_usage, slot_timing, stream_usage,
+                         template_kwargs_type)
 
 PROG = "qualify.py probe"
 
@@ -39,10 +41,13 @@ class ProbeOptions:
     long_tokens: int = 0              # 0: no long item
     tokens: int = 32
     priority: int = 20
+    paths: tuple = ()                 # request kinds of --paths, each an item at depth 1
+    template_kwargs: dict | None = None
 
     @property
     def items(self) -> list[tuple[str, int]]:
-        return list(PROBE_ITEMS) + ([("long", 1)] if self.long_tokens else [])
+        return list(PROBE_ITEMS) + ([("long", 1)] if self.long_tokens else []) + \
+            [(k.name, 1) for k in kinds_of(self.paths)]
 
 
 class WarmthProbe(ServerProgram):
@@ -125,10 +130,7 @@ class WarmthProbe(ServerProgram):
                         where = "" if engine is None else f"e{engine}-"
                         rid = f"probe-{run_id}-{where}{item}-r{round_no}-{index}"
                         prompt = self.prompt_for(run_id, item, depth, round_no, index, engine)
-                        body = dict(completion_body(self.server.model, prompt, rid,
-                                                    options.tokens, options.priority),
-                                    stream=True, stream_options={"include_usage": True})
-                        slots.append(self.make_slot(index, rid, engine, body, stream=True))
+                        slots.append(self.item_slot(item, prompt, rid, index, engine))
                 finished = self.guarded_batch(run, label, slots,
                                               first=not self.tally.requests)
                 if finished is None:
@@ -137,6 +139,20 @@ class WarmthProbe(ServerProgram):
                     record = probe_record(run, self, item, round_no, slot)
                     run.write(record)
                     self.tally.requests.append(record)
+
+    def item_slot(self, item: str, prompt: str, rid: str, index: int, engine: int | None
+                  ) -> Slot:
+        """One request of an item: a streamed completion, or a --paths kind as it is."""
+        options, model = self.options, self.server.model
+        kind_ = KINDS.get(item)
+        if kind_ is None:
+            body = dict(completion_body(model, prompt, rid, options.tokens, options.priority),
+                        stream=True, stream_options={"include_usage": True})
+            return self.make_slot(index, rid, engine, body, stream=True)
+        body = kind_.build(model, prompt, rid, options.tokens, options.priority,
+                           options.template_kwargs)
+        return self.make_slot(index, rid, engine, body, stream=kind_.stream,
+                              path=kind_.endpoint)
 
     def prompt_for(self, run_id: str, item: str, depth: int, round_no: int, index: int,
                    engine: int | None) -> str:
@@ -195,6 +211,34 @@ def probe_summary(records: list[dict]) -> list[dict]:
     return items
 
 
+def kind_record(run: Run, probe: WarmthProbe, kind_: Kind, round_no: int, slot: Slot) -> dict:
+    """A probe record for a request kind of --paths (streamed or not)."""
+    timing, response = slot_timing(slot), slot.response
+    if response is None:
+        fields = {"http_status": None, "transport_error": timing["transport_error"]}
+    elif slot.stream:
+        fields = extract_stream_fields(response.status, response.body)
+    else:
+        fields = extract_fields(response.status, response.body)
+    problems = judge_kind(fields, kind_, probe.options.tokens, probe.diagnose)
+    if slot.stream and response is not None and response.status == 200 \
+            and response.watched_at is None:
+        problems.append("no token text arrived")
+    first, sent = (response.watched_at if response is not None else None), slot.sent_at
+    return {
+        "record": "probe", "run_id": run.settings.run_id, "item": kind_.name,
+        "round": round_no, "index": slot.index, "engine": slot.engine,
+        "request_id": slot.request_id, "http_status": timing["http_status"],
+        "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
+        "total_s": timing["latency_s"],
+        "prompt_tokens": fields.get("prompt_tokens"),
+        "cached_tokens": fields.get("cached_tokens"),
+        "completion_tokens": fields.get("completion_tokens"),
+        "ok": not problems,
+        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+    }
+
+
 def probe_line(entry: dict) -> str:
     """One item (on one engine) in a line; any value from a file goes through show()."""
     def ms(v):
@@ -214,10 +258,14 @@ def probe_line(entry: dict) -> str:
 
 
 def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
-    """One streamed request: when its first token and its end came; counts only, no text."""
+    """One request: when its first token (streamed) and its end came; counts only, no
+    text. A --paths kind is judged as the warm-up judges it (paths.judge_kind)."""
     timing, usage = slot_timing(slot), None
     response, tokens = slot.response, probe.options.tokens
     problems = []
+    kind_ = KINDS.get(item)
+    if kind_ is not None:
+        return kind_record(run, probe, kind_, round_no, slot)
     if response is None:
         problems.append(timing["transport_error"])
     elif response.status != 200:
@@ -286,6 +334,12 @@ def build_probe_parser() -> argparse.ArgumentParser:
                         help="also a long request of N prompt tokens (more than 4096), "
                              "sized once with /tokenize, a new nonce every round "
                              "(default: none)")
+    parser.add_argument("--paths", metavar="LIST", default="none",
+                        help="also measure other request kinds, each an item at depth 1 "
+                             f"({', '.join(PATH_NAMES)}, all or none), to see which a warm-up "
+                             "left cold (default: %(default)s)")
+    parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
+                        help="a JSON object passed to the chat template by the chat kinds")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan and exit 0 without touching the network")
     return parser
@@ -299,17 +353,23 @@ def probe_main(argv: list[str]) -> int:
     if args.long_tokens and args.long_tokens < MIN_LONG_PROMPT_TOKENS:
         usage_error(parser, args.json,
                     f"--long-tokens must be more than {MIN_LONG_PROMPT_TOKENS - 1}")
-    options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
-                           tokens=args.tokens, priority=args.priority)
     settings = run_settings(args, PROG, "probe")
     try:
+        try:
+            paths = parse_paths(args.paths)
+        except ValueError as exc:
+            raise UsageError(f"--paths: {exc}")
+        options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
+                               tokens=args.tokens, priority=args.priority, paths=paths,
+                               template_kwargs=args.chat_template_kwargs)
         connection = connection_from(args)
     except UsageError as exc:
         usage_error(parser, args.json, str(exc))
     if args.dry_run:
         long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
+        kinds = "".join(f", {k.name}" for k in kinds_of(options.paths))
         emit(f"probe plan for {connection.target.display}: {args.rounds} rounds of single, "
-             f"burst3, burst4{long}; streaming, {args.tokens} tokens each, every prompt new; "
-             f"deadline {settings.deadline_s:g} s")
+             f"burst3, burst4{long} (streamed){kinds}; {args.tokens} tokens each, every "
+             f"prompt new; deadline {settings.deadline_s:g} s")
         return EXIT_PASS
     return run_session(settings, WarmthProbe(connection, options, settings))

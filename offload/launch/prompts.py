@@ -67,22 +67,24 @@ def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: in
 
 
 
-def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None) -> int:
+def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None,
+                       minimum: int = MIN_LONG_PROMPT_TOKENS) -> int:
     """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""
     if max_model_len is None:
         return target_tokens
     room = max_model_len - tokens
-    if room < MIN_LONG_PROMPT_TOKENS:
+    if room < minimum:
         raise Fatal(f"context too small: max_model_len {max_model_len} leaves room for "
                     f"{max(room, 0)} prompt tokens beside {tokens} completion tokens, but B1 "
-                    f"needs more than {MIN_LONG_PROMPT_TOKENS - 1}; no completion was sent")
+                    f"needs more than {minimum - 1}; no completion was sent")
     return min(target_tokens, room)
 
 
 
 SIZING_ROUNDS = 6
 
-def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
+def size_long_prompt(count, nonce: str, budget: int, minimum: int = MIN_LONG_PROMPT_TOKENS
+                     ) -> tuple[str, int | None]:
     """Size B1 to `budget` tokens with `count(prompt) -> int | None` (the server's /tokenize).
 
     Returns the prompt and its counted size, or an estimated prompt and None when the
@@ -92,7 +94,7 @@ def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
     """
     low_words, high_words = max(1, budget // 8), 2 * budget
     n_words = max(1, math.ceil(budget * EST_WORDS_PER_TOKEN))
-    low = max(MIN_LONG_PROMPT_TOKENS, int(budget * 0.97))
+    low = max(minimum, int(budget * 0.97))
     best = None
     for _ in range(SIZING_ROUNDS):
         prompt = make_long_prompt(nonce, n_words)
@@ -108,9 +110,9 @@ def size_long_prompt(count, nonce: str, budget: int) -> tuple[str, int | None]:
                 return best
         # Tokens grow about linearly in words: aim just under the budget.
         n_words = min(high_words, max(low_words, int(n_words * (budget - 8) / counted)))
-    if best is not None and best[1] >= MIN_LONG_PROMPT_TOKENS:
+    if best is not None and best[1] >= minimum:
         return best
-    raise Fatal(f"could not size the B1 prompt between {MIN_LONG_PROMPT_TOKENS} and {budget} "
+    raise Fatal(f"could not size the B1 prompt between {minimum} and {budget} "
                 f"tokens with the server's /tokenize; no completion was sent")
 
 

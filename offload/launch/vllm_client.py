@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from prompts import long_prompt_budget, size_long_prompt
+from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       late_problem, seconds)
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
@@ -234,23 +234,24 @@ class ServerProgram(Program):
             self.server.max_model_len = positive_int(doc.get("max_model_len"))
         return doc["count"]
 
-    def size_long_prompts(self, run: Run, target_tokens: int, tokens: int
-                          ) -> dict:
+    def size_long_prompts(self, run: Run, target_tokens: int, tokens: int,
+                          minimum: int = MIN_LONG_PROMPT_TOKENS) -> dict:
         """One long prompt per engine, each with its own nonce, sized with /tokenize to at
-        most `target_tokens` and room for `tokens` more: engine -> (prompt, counted or
-        None when estimated)."""
-        budget = long_prompt_budget(target_tokens, tokens, self.server.max_model_len)
+        most `target_tokens`, at least `minimum`, and room for `tokens` more: engine ->
+        (prompt, counted or None when estimated)."""
+        budget = long_prompt_budget(target_tokens, tokens, self.server.max_model_len, minimum)
         prompts = {}
         for engine in self.server.engines:
             nonce = "warmup-" + os.urandom(12).hex()
             REDACTIONS.secret(nonce)
             prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p), nonce,
-                                               budget)
-            tighter = long_prompt_budget(target_tokens, tokens, self.server.max_model_len)
+                                               budget, minimum)
+            tighter = long_prompt_budget(target_tokens, tokens, self.server.max_model_len,
+                                         minimum)
             if tighter < budget:      # /tokenize told a smaller context than /v1/models did
                 budget = tighter
                 prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p),
-                                                   nonce, budget)
+                                                   nonce, budget, minimum)
             prompts[engine] = (prompt, counted)
         return prompts
 
@@ -455,7 +456,7 @@ def extract_fields(status: int, body: bytes) -> dict:
               "n_choices": None, "usage": False, "prompt_tokens": None, "cached_tokens": None,
               "completion_tokens": None, "reasoning_tokens": None, "finish_reason": None,
               "stop_reason": None, "metrics": None, "speculative_decoding": None,
-              "usage_problems": []}
+              "usage_problems": [], "logprobs_count": None}
     doc, why = decode_json(body)
     if why is not None:
         fields["body_error"] = f"{why} in the response body"
@@ -474,6 +475,7 @@ def extract_fields(status: int, body: bytes) -> dict:
         choice = choices[0] if choices and isinstance(choices[0], dict) else {}
         fields["finish_reason"] = exact_str(choice.get("finish_reason"), 32)
         fields["stop_reason"] = clean_stop_reason(choice.get("stop_reason"))
+        fields["logprobs_count"] = logprobs_count(choice.get("logprobs"))
     usage = doc.get("usage")
     if isinstance(usage, dict):
         fields["usage"] = True
@@ -486,6 +488,55 @@ def extract_fields(status: int, body: bytes) -> dict:
         fields["speculative_decoding"] = _numbers_only(metrics.get("speculative_decoding"))
     return fields
 
+
+
+def logprobs_count(logprobs) -> int | None:
+    """How many positions a choice's log-probabilities cover (completions: token_logprobs;
+    chat: content), or None. They carry generated tokens as text: only counted, never
+    read."""
+    if not isinstance(logprobs, dict):
+        return None
+    entries = logprobs.get("token_logprobs", logprobs.get("content"))
+    return len(entries) if isinstance(entries, list) else None
+
+
+def extract_stream_fields(status: int, body: bytes) -> dict:
+    """extract_fields for a streamed answer (server-sent events): the finish and stop
+    reasons of the event that finished the choice, the last event's usage, the
+    log-probabilities counted over the events, whether [DONE] came. Never the text."""
+    if status != 200:
+        return extract_fields(status, body)
+    fields = extract_fields(status, b'{"choices": []}')
+    fields.update(n_choices=None, stream_done=False)
+    logprobs = None
+    for line in body.split(b"\n"):
+        line = line.strip()
+        if line == b"data: [DONE]":
+            fields["stream_done"] = True
+        if not line.startswith(b"data: {"):
+            continue
+        event, why = decode_json(line[6:])
+        if not isinstance(event, dict):
+            fields["body_error"] = f"{why or 'not an object'} in an event of the stream"
+            continue
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if not isinstance(choice, dict):
+                continue
+            fields["n_choices"] = max(fields["n_choices"] or 0, 1 + (
+                choice.get("index") if isinstance(choice.get("index"), int) else 0))
+            if choice.get("finish_reason") is not None:
+                fields["finish_reason"] = exact_str(choice.get("finish_reason"), 32)
+                fields["stop_reason"] = clean_stop_reason(choice.get("stop_reason"))
+            counted = logprobs_count(choice.get("logprobs"))
+            if counted is not None:
+                logprobs = (logprobs or 0) + counted
+        if isinstance(event.get("usage"), dict):
+            fields["usage"] = True
+            counts, fields["usage_problems"] = read_usage(event["usage"])
+            fields.update(counts)
+    fields["logprobs_count"] = logprobs
+    return fields
 
 
 def stream_usage(body: bytes) -> tuple[dict | None, bool]:
@@ -678,6 +729,15 @@ def engines_type(text: str) -> tuple[int, ...] | None:
         return parse_engines(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc))
+
+
+def template_kwargs_type(text: str) -> dict:
+    """An argparse type: a JSON object passed to the chat template."""
+    doc, why = decode_json(text.encode("utf-8", "replace"))
+    if why is not None or not isinstance(doc, dict):
+        raise argparse.ArgumentTypeError('must be a JSON object such as '
+                                         '{"enable_thinking": false}')
+    return doc
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:

@@ -41,13 +41,14 @@ try:
                           EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, EXIT_USAGE, PROBLEM_LIMIT,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
+    from paths import KINDS, PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
     from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
                          make_short_prompt)
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                              add_server_options, connection_from, diagnose_http_error,
-                             extract_fields, format_engines, release_skew_ms, routed,
-                             slot_timing)
+                             extract_fields, extract_stream_fields, format_engines,
+                             release_skew_ms, routed, slot_timing, template_kwargs_type)
     from vllm_metrics import (counter_deltas, engine_deltas, spec_figures, tokens_per_step,
                               went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
@@ -87,6 +88,31 @@ class Plan:
     priority: int = 20
     b1_tokens: int = 5000
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
+    chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
+    paths: tuple = ()                     # --paths: request kinds warmed after the waves
+    template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
+
+    @property
+    def path_depths(self) -> tuple[int, ...]:
+        """A --paths kind runs at depth 1 and at the deepest wave's."""
+        return tuple(dict.fromkeys((1, max(self.waves))))
+
+    @property
+    def requests_per_engine(self) -> int:
+        """Every request on one engine: the waves', then every kind's."""
+        return self.requests_total + len(kinds_of(self.paths)) * sum(self.path_depths)
+
+    @property
+    def b1_minimum(self) -> int:
+        """The fewest prompt tokens B1 may have: one more than a prefill chunk."""
+        return self.chunk_tokens + 1
+
+    @property
+    def b1_target(self) -> int:
+        """B1's target size: --b1-tokens, or past the chunk when that is not longer."""
+        if self.b1_tokens > self.chunk_tokens:
+            return self.b1_tokens
+        return self.chunk_tokens + max(self.chunk_tokens // 8, 64)
 
     @property
     def requests_total(self) -> int:
@@ -113,10 +139,18 @@ def parse_waves(text: str) -> tuple[int, ...]:
     return depths
 
 
-def request_id(run_id: str, depth: int, index: int, engine: int | None = None) -> str:
-    """warmup-<run>-B2-1; with several engines warmup-<run>-e1-B2-1."""
+def request_id(run_id: str, depth: int, index: int, engine: int | None = None,
+               kind_: Kind | None = None) -> str:
+    """warmup-<run>-B2-1; with several engines warmup-<run>-e1-B2-1; a request kind of
+    --paths: warmup-<run>-e1-logprobs-4-1."""
     where = "" if engine is None else f"e{engine}-"
-    return f"warmup-{run_id}-{where}{wave_name(depth)}-{index}"
+    what = wave_name(depth) if kind_ is None else f"{kind_.name}-{depth}"
+    return f"warmup-{run_id}-{where}{what}-{index}"
+
+
+def path_wave_name(kind_: Kind, depth: int) -> str:
+    """A --paths wave: the kind and its depth, as in its request ids (logprobs-chat-4)."""
+    return f"{kind_.name}-{depth}"
 
 
 def plan_description(plan: Plan, settings: RunSettings) -> dict:
@@ -128,12 +162,18 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
         "completion_tokens_max": plan.requests_total * plan.tokens,
         "tokens": plan.tokens,
         "priority": plan.priority,
-        "b1_target_tokens": plan.b1_tokens,
-        "b1_min_prompt_tokens": MIN_B1_PROMPT_TOKENS,
+        "b1_target_tokens": plan.b1_target,
+        "b1_min_prompt_tokens": plan.b1_minimum,
+        "chunk_tokens": plan.chunk_tokens,
         "short_prompt_words": SHORT_PROMPT_WORDS + 1,
         "deadline_s": settings.deadline_s,
         "socket_cap_s": settings.socket_cap_s,
         "max_body_bytes": MAX_BODY_BYTES,
+        "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
+                   "stream": k.stream, "held_to": "1 to N tokens, length or stop"
+                   if k.structured else "N tokens, length"} for k in kinds_of(plan.paths)],
+        "requests_per_engine_with_paths": plan.requests_per_engine,
+        "completion_tokens_max_with_paths": plan.requests_per_engine * plan.tokens,
         "wave_evidence": bool(plan.gauge_interval_ms),
         "gauge_interval_ms": plan.gauge_interval_ms or None,
     }
@@ -159,17 +199,19 @@ class WarmUp(ServerProgram):
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
         self.learn_server(run)
-        self.b1_prompts = self.size_long_prompts(run, self.plan.b1_tokens, self.plan.tokens)
+        self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
+                                                 self.plan.b1_minimum)
         run.write_run_record()
         run.say(self.start_line(run))
         self.evidence.read_before(run)
-        self.warm_waves(run)
+        if self.warm_waves(run) and self.plan.paths:
+            self.warm_paths(run)
         if self.tally.requests:
             self.evidence.read_after(run, self.connection.target, self.tally.first_counters,
                                      self.tally, self.check_engine_shares)
 
     def planned_per_engine(self) -> int:
-        return self.plan.requests_total
+        return self.plan.requests_per_engine
 
     def b1_counts(self) -> list:
         return [counted for _, counted in self.b1_prompts.values()]
@@ -191,8 +233,11 @@ class WarmUp(ServerProgram):
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
-        return dict(super().summary_fields(run), counters=self.evidence.highlights,
-                    spec_decode=spec)
+        fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
+                      spec_decode=spec)
+        if self.plan.paths:
+            fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
+        return fields
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         """Requests ok and failed in the last run, per engine (the engine index only)."""
@@ -209,29 +254,43 @@ class WarmUp(ServerProgram):
 
     # -- the waves -------------------------------------------------------------
 
-    def warm_waves(self, run: Run) -> None:
-        """Guard, then wave, in order; stops at a refusal or at the deadline."""
+    def warm_waves(self, run: Run) -> bool:
+        """Guard, then wave, in order; stops at a refusal or at the deadline (False)."""
         waves = self.plan.waves
         for position, depth in enumerate(waves):
             if run.clock.remaining() <= 0:
                 rest = ",".join(wave_name(d) for d in waves[position:])
                 self.tally.problems.append(f"deadline passed before {wave_name(depth)}: "
                                            f"waves {rest} not run")
-                return
+                return False
             if not self.warm_wave(run, depth, first=(position == 0)):
-                return
+                return False
+        return True
 
-    def warm_wave(self, run: Run, depth: int, first: bool) -> bool:
+    def warm_paths(self, run: Run) -> None:
+        """After the waves, each request kind of --paths at depth 1 and at the deepest
+        wave's depth, on every engine, behind the same guard; stops like the waves."""
+        for kind_ in kinds_of(self.plan.paths):
+            for depth in self.plan.path_depths:
+                name = path_wave_name(kind_, depth)
+                if run.clock.remaining() <= 0:
+                    self.tally.problems.append(f"deadline passed before {name}")
+                    return
+                if not self.warm_wave(run, depth, first=False, kind_=kind_):
+                    return
+
+    def warm_wave(self, run: Run, depth: int, first: bool, kind_: Kind | None = None) -> bool:
         """One wave on every engine at once; False when the guard refused it."""
-        name = wave_name(depth)
-        slots = self.wave_slots(run, depth, first)
+        name = wave_name(depth) if kind_ is None else path_wave_name(kind_, depth)
+        slots = self.wave_slots(run, depth, first, kind_)
         started = run.clock.elapsed()
         finished = self.guarded_batch(run, name, slots, first=first,
                                       observe_ms=self.plan.gauge_interval_ms)
         if finished is None:
             return False
         duration = run.clock.elapsed() - started
-        wave_requests = [self.request_record(run, depth, slot, first) for slot in finished]
+        wave_requests = [self.request_record(run, depth, slot, first, kind_)
+                         for slot in finished]
         for record in wave_requests:
             run.write(record)
         self.tally.requests += wave_requests
@@ -239,9 +298,10 @@ class WarmUp(ServerProgram):
         for engine in self.server.engines:
             mine = [r for r in wave_requests if r["engine"] == engine]
             skew = release_skew_ms([s for s in finished if s.engine == engine])
-            problems = judge_wave(mine, depth, engine)
+            problems = judge_wave(mine, depth, engine, name)
             seen = wave_figures(evidence, engine, self.observed)
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
+                       **({} if kind_ is None else {"path": kind_.name}),
                        "depth": depth, "engine": engine,
                        "release_skew_ms": skew,
                        "batch_release_skew_ms": release_skew_ms(finished),
@@ -256,18 +316,26 @@ class WarmUp(ServerProgram):
                                     "--enable-prompt-tokens-details to check)")
         return True
 
-    def wave_slots(self, run: Run, depth: int, first: bool) -> list[Slot]:
+    def wave_slots(self, run: Run, depth: int, first: bool, kind_: Kind | None = None
+                   ) -> list[Slot]:
         """The wave's requests on every engine, encoded before any client connects."""
         run_id, plan = run.settings.run_id, self.plan
         slots = []
         for engine in self.server.engines:
             for index in range(depth):
-                rid = request_id(run_id, depth, index, engine)
+                rid = request_id(run_id, depth, index, engine, kind_)
+                seed = f"{run_id}/{engine}" + ("" if kind_ is None else f"/{kind_.name}")
                 prompt = self.b1_prompts[engine][0] if first else \
-                    make_short_prompt(f"{run_id}/{engine}", depth, index)
-                body = completion_body(self.server.model, prompt, rid, plan.tokens,
-                                       plan.priority)
-                slots.append(self.make_slot(index, rid, engine, body))
+                    make_short_prompt(seed, depth, index)
+                if kind_ is None:
+                    body = completion_body(self.server.model, prompt, rid, plan.tokens,
+                                           plan.priority)
+                    slots.append(self.make_slot(index, rid, engine, body))
+                    continue
+                body = kind_.build(self.server.model, prompt, rid, plan.tokens,
+                                   plan.priority, plan.template_kwargs)
+                slots.append(self.make_slot(index, rid, engine, body, stream=kind_.stream,
+                                            path=kind_.endpoint))
         return slots
 
     def wave_evidence(self, run: Run, name: str) -> dict | None:
@@ -283,20 +351,31 @@ class WarmUp(ServerProgram):
                            if v is not None or (k in before and k in after)},
                 "went_down": went_down(before, after), "why": None}
 
-    def request_record(self, run: Run, depth: int, slot: Slot, first: bool) -> dict:
+    def request_record(self, run: Run, depth: int, slot: Slot, first: bool,
+                       kind_: Kind | None = None) -> dict:
         """A request record from what one client got: counts, reasons, verdict."""
         timing = slot_timing(slot)
-        if slot.response is not None:
-            fields = extract_fields(slot.response.status, slot.response.body)
-        else:
+        if slot.response is None:
             fields = {"http_status": None, "transport_error": timing["transport_error"]}
-        problems = judge_response(fields, tokens=self.plan.tokens, is_b1=first,
-                                  api_key_env=self.connection.api_key_env,
-                                  key_set=bool(self.connection.api_key))
+        elif slot.stream:
+            fields = extract_stream_fields(slot.response.status, slot.response.body)
+        else:
+            fields = extract_fields(slot.response.status, slot.response.body)
+        if kind_ is None:
+            problems = judge_response(fields, tokens=self.plan.tokens, is_b1=first,
+                                      api_key_env=self.connection.api_key_env,
+                                      key_set=bool(self.connection.api_key),
+                                      b1_minimum=self.plan.b1_minimum)
+        else:
+            problems = [clean_text(p, PROBLEM_LIMIT) for p in
+                        judge_kind(fields, kind_, self.plan.tokens, self.diagnose)]
+        path = {} if kind_ is None else {"path": kind_.name, "depth": depth,
+                                         "logprobs_count": fields.get("logprobs_count")}
         return {
             "record": "request", "run_id": run.settings.run_id,
             "request_id": slot.request_id,
-            "wave": wave_name(depth), "index": slot.index, "engine": slot.engine,
+            "wave": wave_name(depth) if kind_ is None else path_wave_name(kind_, depth),
+            **path, "index": slot.index, "engine": slot.engine,
             "http_status": timing["http_status"],
             "prompt_tokens": fields.get("prompt_tokens"),
             "cached_tokens": fields.get("cached_tokens"),
@@ -344,6 +423,17 @@ class WarmUp(ServerProgram):
                 f"{run.settings.deadline_s:g} s")
 
 
+def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
+    """Each --paths kind's result (pure): ok, failed with its first problem, or not run."""
+    results = {}
+    for kind_ in kinds:
+        mine = [r for r in requests if r.get("path") == kind_.name]
+        failed = [r for r in mine if not r["ok"]]
+        results[kind_.name] = "not run" if not mine else "ok" if not failed else \
+            f"failed: {failed[0]['problems'][0] if failed[0]['problems'] else 'not ok'}"
+    return results
+
+
 def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:
     """A wave record's evidence fields for one engine (pure): `counters` (series ->
     delta, keyed as the metrics record's deltas; absent series absent, a counter that went
@@ -371,7 +461,8 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
 # ---------------------------------------------------------------------------
 
 def judge_response(fields: dict, *, tokens: int, is_b1: bool,
-                   api_key_env: str = "VLLM_API_KEY", key_set: bool = False) -> list[str]:
+                   api_key_env: str = "VLLM_API_KEY", key_set: bool = False,
+                   b1_minimum: int = MIN_B1_PROMPT_TOKENS) -> list[str]:
     """What makes one warm-up response pass; [] means it passed."""
     if fields.get("transport_error"):
         return [fields["transport_error"]]
@@ -408,18 +499,19 @@ def judge_response(fields: dict, *, tokens: int, is_b1: bool,
         prompt, cached = fields["prompt_tokens"], fields["cached_tokens"]
         if prompt is None:
             problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
-        elif prompt < MIN_B1_PROMPT_TOKENS:
+        elif prompt < b1_minimum:
             problems.append(f"B1 prompt_tokens {prompt}, expected more than "
-                            f"{MIN_B1_PROMPT_TOKENS - 1}")
+                            f"{b1_minimum - 1} (the prefill chunk)")
         if cached:
             problems.append(f"B1 cached_tokens {cached}, expected 0: a cached prefix matched, "
                             f"so the long prefill did not run in full")
     return [clean_text(p, PROBLEM_LIMIT) for p in problems]
 
 
-def judge_wave(requests: list[dict], depth: int, engine: int | None = None) -> list[str]:
+def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
+               name: str | None = None) -> list[str]:
     """A wave passes (on one engine) when all `depth` requests ran and passed."""
-    name = wave_name(depth) + ("" if engine is None else f" engine {engine}")
+    name = (name or wave_name(depth)) + ("" if engine is None else f" engine {engine}")
     problems = []
     if len(requests) != depth:
         problems.append(f"{name}: {len(requests)} of {depth} requests ran")
@@ -523,6 +615,20 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="target size of B1's long prompt in tokens, more than 4096 and at "
                              "most 1048576, capped by the context; counted with the server's "
                              "/tokenize when it has one (default: %(default)s)")
+    parser.add_argument("--paths", metavar="LIST", default=None,
+                        help="after the waves, warm other request kinds, each at depth 1 and "
+                             "at the deepest wave's, on every engine: "
+                             f"{', '.join(PATH_NAMES)}, all or none (default: $WARMUP_PATHS, "
+                             "else none: the contract's ten requests only)")
+    parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
+                        help="a JSON object passed to the chat template by the chat kinds of "
+                             "--paths, e.g. '{\"enable_thinking\": false}'")
+    parser.add_argument("--chunk-tokens", metavar="N", type=whole(1, MAX_B1_TOKENS - 1),
+                        default=None,
+                        help="the server's prefill chunk (its --max-num-batched-tokens): B1 "
+                             "must be longer, so that the chunked prefill really runs; B1 is "
+                             "sized past it when --b1-tokens is not (default: "
+                             "$WARMUP_CHUNK_TOKENS, else 4096)")
     parser.add_argument("--gauge-interval-ms", metavar="MS", type=whole(0, 25), default=20,
                         help="per-wave evidence: read the request gauges this often while a "
                              "wave runs (the depth observed), and the counters after each "
@@ -550,10 +656,12 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
     here). A usage error exits 2 through the parser (with --json, a JSON object first)."""
     parser = build_parser(prog)
     args = parse_or_explain(parser, argv)
-    plan = Plan(waves=args.waves, tokens=args.tokens, priority=args.priority,
-                b1_tokens=args.b1_tokens, gauge_interval_ms=args.gauge_interval_ms)
     settings = run_settings(args, prog, "warmup")
     try:
+        plan = Plan(waves=args.waves, tokens=args.tokens, priority=args.priority,
+                    b1_tokens=args.b1_tokens, gauge_interval_ms=args.gauge_interval_ms,
+                    chunk_tokens=chunk_tokens_from(args.chunk_tokens),
+                    paths=paths_from(args.paths), template_kwargs=args.chat_template_kwargs)
         connection = connection_from(args)
         evidence = EvidenceOptions(
             metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
@@ -564,6 +672,29 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
         dry_run(plan, settings, connection, args.json)
         return None
     return settings, WarmUp(connection, plan, settings, evidence)
+
+
+def paths_from(flag: str | None) -> tuple[str, ...]:
+    """--paths, else WARMUP_PATHS (each named when bad), else none."""
+    source, text = ("--paths", flag) if flag is not None else \
+        ("WARMUP_PATHS", os.environ.get("WARMUP_PATHS") or "none")
+    try:
+        return parse_paths(text)
+    except ValueError as exc:
+        raise UsageError(f"{source}: {exc}")
+
+
+def chunk_tokens_from(flag: int | None) -> int:
+    """--chunk-tokens, else WARMUP_CHUNK_TOKENS (named when bad), else 4096."""
+    if flag is not None:
+        return flag
+    text = os.environ.get("WARMUP_CHUNK_TOKENS")
+    if not text:
+        return 4096
+    if not text.strip().isdigit() or not 0 < int(text) < MAX_B1_TOKENS:
+        raise UsageError(f"WARMUP_CHUNK_TOKENS must be a whole number of tokens from 1 to "
+                         f"{MAX_B1_TOKENS - 1}, got {text!r}")
+    return int(text)
 
 
 def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: bool) -> None:
@@ -582,14 +713,19 @@ def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: 
         return
     lines = [f"plan for {target.display} (dry run: nothing sent)"]
     for i, depth in enumerate(plan.waves):
-        prompt = (f"1 long prompt of ~{plan.b1_tokens} tokens (more than "
-                  f"{MIN_B1_PROMPT_TOKENS - 1}), run-unique nonce first") if i == 0 else \
+        prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than "
+                  f"{plan.b1_minimum - 1}, the prefill chunk), run-unique nonce first") \
+            if i == 0 else \
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
-    lines.append(f"  budget: {plan.requests_total} requests, at most "
-                 f"{plan.requests_total * plan.tokens} completion tokens ({plan.tokens} each, "
-                 f"min = max, ignore_eos, greedy, priority {plan.priority}), per engine "
-                 f"(engines: {engines})")
+    for kind_ in kinds_of(plan.paths):
+        held = "1 to N tokens (its grammar may end it)" if kind_.structured else "N tokens"
+        lines.append(f"  {kind_.name:<13} depths {','.join(map(str, plan.path_depths))}: "
+                     f"{'streamed ' if kind_.stream else ''}{kind_.endpoint}, held to {held}")
+    lines.append(f"  budget: {plan.requests_per_engine} requests, at most "
+                 f"{plan.requests_per_engine * plan.tokens} completion tokens ({plan.tokens} "
+                 f"each, min = max, ignore_eos, priority {plan.priority}; the waves greedy), "
+                 f"per engine (engines: {engines})")
     lines.append(f"  bounds: deadline {settings.deadline_s:g} s, socket cap "
                  f"{settings.socket_cap_s:g} s, body cap {MAX_BODY_BYTES} bytes, hard bound "
                  f"{hard} s (warmup_serve.sh)")

@@ -55,12 +55,16 @@ class FakeConfig:
     extra_models: tuple = ()              # more entries in /v1/models
     max_model_len: int = 32768
     max_num_seqs: int = 4
+    max_num_batched_tokens: int = 8192    # the prefill chunk (--max-num-batched-tokens)
     api_key: str | None = None
     prompt_tokens_details: bool = False   # --enable-prompt-tokens-details
     per_request_metrics: bool = False     # --enable-per-request-metrics
     speculative: bool = True
     spec_k: int = 5                       # speculative tokens a draft proposes
     spec_accept: tuple = (0.8, 0.7, 0.5, 0.4, 0.3)   # share of drafts accepted at each position
+    lack_paths: tuple = ()                # request kinds (PATH_KINDS) answered 400, as a
+                                          # server without a grammar backend or template
+    cold_paths: tuple = ()                # request kinds whose first request is cold_s slow
     reset_after: int = 0                  # counters drop to 0 after this many completions (a
                                           # restart); 0: never
     engines: int = 1                      # --data-parallel-size: engines behind one API server
@@ -87,6 +91,59 @@ class FakeConfig:
 
 
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# The request kinds a request is (the warm-up's --paths), for cold and missing paths.
+PATH_KINDS = ("stream", "chat", "sampled", "logprobs", "json")
+JSON_ANSWER = '{"id": 1, "name": "lorem"}'
+LACK_ERRORS = {
+    "json": "The structured output backend could not be initialized: no grammar backend is "
+            "installed (xgrammar, guidance, outlines).",
+    "logprobs": "logprobs are not supported by this server",
+    "sampled": "sampling parameters are not supported",
+    "stream": "streaming is not supported",
+}
+
+
+def request_kinds(body: dict, chat: bool) -> set:
+    """Which of PATH_KINDS a request is: chat, streamed, sampled, with logprobs, held to
+    a grammar."""
+    kinds = set()
+    if chat:
+        kinds.add("chat")
+    elif body.get("stream"):
+        kinds.add("stream")
+    temperature = body.get("temperature")
+    if isinstance(temperature, (int, float)) and temperature > 0:
+        kinds.add("sampled")
+    if body.get("logprobs"):
+        kinds.add("logprobs")
+    if body.get("response_format") or body.get("structured_outputs"):
+        kinds.add("json")
+    return kinds
+
+
+def completion_logprobs(n_out: int) -> dict:
+    """A completion's logprobs object: the tokens as text (the marker among them), as vLLM
+    sends them; a reader may count them, never keep them."""
+    tokens = [TEXT_MARKER] + ["lorem"] * (n_out - 1)
+    return {"text_offset": list(range(n_out)), "token_logprobs": [-0.5] * n_out,
+            "tokens": tokens, "top_logprobs": [{t: -0.5} for t in tokens]}
+
+
+def chat_doc(doc: dict, body: dict) -> dict:
+    """A completion document in vLLM's chat shape (message, logprobs.content)."""
+    choice = doc["choices"][0]
+    n_out = doc["usage"]["completion_tokens"]
+    logprobs = None
+    if body.get("logprobs"):
+        logprobs = {"content": [{"token": t, "logprob": -0.5, "bytes": list(t.encode()),
+                                 "top_logprobs": [{"token": t, "logprob": -0.5,
+                                                   "bytes": list(t.encode())}]}
+                                for t in [TEXT_MARKER] + ["lorem"] * (n_out - 1)]}
+    return dict(doc, id=f"chatcmpl-{secrets.token_hex(16)}", object="chat.completion",
+                choices=[{"index": 0, "message": {"role": "assistant", "content": choice["text"],
+                                                  "reasoning": None, "tool_calls": []},
+                          "logprobs": logprobs, "finish_reason": choice["finish_reason"],
+                          "stop_reason": choice["stop_reason"], "token_ids": None}])
 
 
 def go_float(value: float) -> str:
@@ -397,7 +454,12 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/v1/completions":
             return self.completion(body or {})
         if self.path == "/v1/chat/completions":
-            return self.copy_request(body if isinstance(body, dict) else {}, chat=True)
+            body = body if isinstance(body, dict) else {}
+            messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+            if any(COPY_OPEN in str(m.get("content", "")) for m in messages
+                   if isinstance(m, dict)) or not messages:
+                return self.copy_request(body, chat=True)
+            return self.completion(body, chat=True)
         self.send_json(404, {"detail": "Not Found"})
 
     def metrics(self):
@@ -471,10 +533,15 @@ class Handler(BaseHTTPRequestHandler):
         return lines
 
     # -- completions --------------------------------------------------------
-    def completion(self, body: dict):
-        if COPY_OPEN in str(body.get("prompt", "")):
+    def completion(self, body: dict, chat: bool = False):
+        if not chat and COPY_OPEN in str(body.get("prompt", "")):
             return self.copy_request(body, chat=False)
         cfg, st = self.state.config, self.state
+        kinds = request_kinds(body, chat)
+        lacking = sorted(kinds & set(cfg.lack_paths))
+        if lacking:
+            return self.send_error_json(400, CHAT_TEMPLATE_ERROR if lacking[0] == "chat"
+                                        else LACK_ERRORS.get(lacking[0], "not supported"))
         priority = body.get("priority", 0)
         if not isinstance(priority, int) or isinstance(priority, bool):
             return self.send_json(400, {"error": {"message": "Input should be a valid integer",
@@ -483,7 +550,11 @@ class Handler(BaseHTTPRequestHandler):
         if cfg.reject_priority and priority != 0:
             return self.send_error_json(400, "Got priority 20 but Priority scheduling is not "
                                              "enabled.", param="priority")
-        ids = tokenize(str(body.get("prompt", "")))
+        if chat:
+            ids = tokenize("\n".join(str(m.get("content", "")) for m in body["messages"]
+                                     if isinstance(m, dict))) + [2] * CHAT_TEMPLATE_TOKENS
+        else:
+            ids = tokenize(str(body.get("prompt", "")))
         n_prompt = len(ids)
         max_tokens = int(body.get("max_tokens") or 16)
         min_tokens = int(body.get("min_tokens") or 0)
@@ -515,7 +586,8 @@ class Handler(BaseHTTPRequestHandler):
             # A shape not served before is cold: the first batch at a depth, the first long
             # prefill, on each engine.
             shapes = {(engine, st.running[engine])} | \
-                ({(engine, "long")} if n_prompt > 4096 else set())
+                ({(engine, "long")} if n_prompt > 4096 else set()) | \
+                {(engine, k) for k in kinds & set(cfg.cold_paths)}
             cold = cfg.cold_s * len(shapes - st.warm_shapes)
             st.warm_shapes |= shapes
         for _ in range(compile_lines):
@@ -538,6 +610,8 @@ class Handler(BaseHTTPRequestHandler):
                     st.lingering.append((engine, time.monotonic() + cfg.late_gauge_s))
         n_out = max_tokens if body.get("ignore_eos") else max(min_tokens, 1)
         finish, stop_reason = ("length", None) if n_out >= max_tokens else ("stop", EOS_ID)
+        if "json" in kinds:                  # the grammar ends the object early
+            n_out, finish, stop_reason = min(n_out, len(tokenize(JSON_ANSWER)) + 1), "stop", None
         if fault == "one_token":
             n_out, finish, stop_reason = 1, "stop", EOS_ID
         elif fault == "stop_string":
@@ -554,9 +628,21 @@ class Handler(BaseHTTPRequestHandler):
         st.count("vllm:prefix_cache_hits_total", cached, engine)
         if cfg.speculative:
             st.speculate(engine, n_out)
-        st.steps(engine, [n_prompt - cached] + [1] * max(n_out - 1, 0))
+        prefill, chunk = n_prompt - cached, max(cfg.max_num_batched_tokens, 1)
+        st.steps(engine, [min(chunk, prefill - i) for i in range(0, prefill, chunk)]
+                 + [1] * max(n_out - 1, 0))
         st.completed_one()
         doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
+        if chat:
+            doc = chat_doc(doc, body)
+        elif body.get("logprobs"):
+            doc["choices"][0]["logprobs"] = completion_logprobs(n_out)
+        if "json" in kinds:
+            chosen = doc["choices"][0]
+            if chat:
+                chosen["message"]["content"] = JSON_ANSWER
+            else:
+                chosen["text"] = JSON_ANSWER
         if streaming:
             return self.send_stream(doc, bool((body.get("stream_options") or {})
                                               .get("include_usage")))
@@ -614,18 +700,27 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
 
+        chat = doc.get("object") == "chat.completion"
+        chunk = dict(doc, object="chat.completion.chunk") if chat else doc
         try:
             for i in range(n_out):
                 last = i == n_out - 1
                 text = TEXT_MARKER if i == 0 else " lorem"
-                event(dict(doc, usage=None, choices=[{
-                    "index": 0, "text": text, "logprobs": None,
-                    "finish_reason": choice["finish_reason"] if last else None,
-                    "stop_reason": choice["stop_reason"] if last else None}]))
+                piece = {"index": 0, "logprobs": None,
+                         "finish_reason": choice["finish_reason"] if last else None,
+                         "stop_reason": choice["stop_reason"] if last else None}
+                if chat:
+                    piece["delta"] = {"role": "assistant", "content": text} if i == 0 \
+                        else {"content": text}
+                    if choice.get("logprobs"):
+                        piece["logprobs"] = {"content": choice["logprobs"]["content"][i:i + 1]}
+                else:
+                    piece["text"] = text
+                event(dict(chunk, usage=None, choices=[piece]))
                 if not last and pause:
                     self.state.stop.wait(pause)
             if include_usage:
-                event(dict(doc, choices=[]))
+                event(dict(chunk, choices=[]))
             event(b"[DONE]")
             self.wfile.write(b"0\r\n\r\n")
         except OSError:
@@ -799,6 +894,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                        help="the prefill chunk: a longer prompt is prefilled in steps of "
+                             "this many tokens (vllm:iteration_tokens_total shows them)")
     parser.add_argument("--api-key", default=os.environ.get("FAKE_VLLM_API_KEY"),
                         help="require this key under /v1 (default: $FAKE_VLLM_API_KEY)")
     parser.add_argument("--latency-s", type=float, default=0.05,
@@ -815,6 +913,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--per-request-metrics", action="store_true")
     parser.add_argument("--health-delay-s", type=float, default=0.0,
                         help="/health answers 503 for this long after start")
+    parser.add_argument("--lack-paths", default="", metavar="LIST",
+                        help=f"request kinds answered 400 (of {', '.join(PATH_KINDS)}): a "
+                             f"server without a grammar back-end or a chat template")
+    parser.add_argument("--cold-paths", default="", metavar="LIST",
+                        help="request kinds whose first request per engine waits --cold-s")
     parser.add_argument("--cold-s", type=float, default=0.0,
                         help="extra time for the first request of each batch depth and the "
                              "first long prompt (what a warm-up pays)")
@@ -851,6 +954,9 @@ def run_demo(server: FakeServer) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = FakeConfig(model=args.model, max_model_len=args.max_model_len,
+                        max_num_batched_tokens=args.max_num_batched_tokens,
+                        lack_paths=tuple(p for p in args.lack_paths.split(",") if p),
+                        cold_paths=tuple(p for p in args.cold_paths.split(",") if p),
                         api_key=args.api_key, latency_s=args.latency_s, fault=args.fault,
                         copy=args.copy,
                         fault_match=args.fault_match, metrics_mode=args.metrics_mode,
