@@ -1,0 +1,146 @@
+"""Request kinds beyond the ten greedy completions (--paths), and a B1 that really chunks."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from support import HelperCase, read_records
+import paths  # noqa: E402  (support puts offload/launch on sys.path)
+from fake_vllm import TEXT_MARKER
+from test_start import StartCase
+
+
+class TestPaths(HelperCase):
+    def test_every_path_passes_and_is_recorded(self):
+        server = self.start_fake(prompt_tokens_details=True, latency_s=0.01)
+        result = self.run_helper(server, "--paths", "all",
+                                 "--chat-template-kwargs", '{"enable_thinking": false}')
+        self.assertEqual(result.code, 0, result.stdout)
+        requests = result.requests
+        self.assertEqual(len(requests), 10 + 7 * (1 + 4))
+        self.assertEqual(result.summary["requests_total"], 45)
+        self.assertEqual(set(result.summary["paths"].values()), {"ok"})
+        run_id = result.kind("run")[0]["run_id"]
+        for record in requests:
+            if "path" not in record:
+                continue
+            self.assertEqual(record["request_id"],
+                             f"warmup-{run_id}-{record['path']}-{record['depth']}-"
+                             f"{record['index']}")
+            self.assertEqual(record["wave"], f"{record['path']}-{record['depth']}")
+        logprobs = [r for r in requests if r.get("path", "").startswith("logprobs")]
+        self.assertTrue(all(r["logprobs_count"] == 32 for r in logprobs))
+        structured = [r for r in requests if r.get("path", "").startswith("json")]
+        self.assertTrue(all(r["finish_reason"] == "stop" and r["completion_tokens"] < 32
+                            for r in structured))
+        sent = [r["body"] for r in server.state.requests if isinstance(r["body"], dict)
+                and "chat" in str(r["body"].get("request_id", ""))]
+        self.assertTrue(sent and all(b["chat_template_kwargs"] == {"enable_thinking": False}
+                                     for b in sent))
+        waves = [w for w in result.kind("wave") if "path" in w]
+        self.assertEqual(len(waves), 14)
+        self.assertLess(result.summary["elapsed_s"], 90)
+        self.assert_clean(server, result)
+        self.assertNotIn(TEXT_MARKER, result.records_text, "logprobs are counted, never kept")
+
+    def test_without_paths_the_ten_requests_are_unchanged(self):
+        server = self.start_fake()
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(len(result.requests), 10)
+        for record in result.requests + result.kind("wave"):
+            self.assertNotIn("path", record)
+        self.assertNotIn("paths", result.summary)
+        self.assertEqual({e["body"].get("stream") for e in server.state.completions()}, {False})
+
+    def test_a_path_the_server_lacks_fails_by_name(self):
+        server = self.start_fake(lack_paths=("json",))
+        result = self.run_helper(server, "--paths", "json,logprobs")
+        self.assertEqual(result.code, 1, result.stdout)
+        paths_result = result.summary["paths"]
+        self.assertEqual(paths_result["logprobs"], "ok")
+        self.assertRegex(paths_result["json"], r"^failed: json rejected: HTTP 400: The "
+                                               r"structured output backend")
+        problems = " ".join(result.summary["problems"])
+        self.assertIn("json-schema rejected", problems)
+        self.assertRegex(problems, r"\d+ requests \(json-1#0")
+        self.assert_clean(server, result)
+
+    def test_a_bad_path_is_a_usage_error_naming_its_source(self):
+        for argv, env, source in ((["--paths", "nope"], {}, "--paths"),
+                                  ([], {"WARMUP_PATHS": "nope"}, "WARMUP_PATHS")):
+            with self.subTest(source):
+                result = self.run_helper("http://127.0.0.1:9", "--dry-run", *argv, env=env)
+                self.assertEqual(result.code, 2)
+                self.assertIn(f"{source}: unknown path 'nope'", result.stderr)
+
+    def test_the_probe_finds_a_cold_path_and_the_warm_up_removes_it(self):
+        cold = self.start_fake(cold_s=0.5, cold_paths=("logprobs",), latency_s=0.02)
+        probe = self.run_argv(["probe", "--base-url", cold.url, "--records", self.records_path,
+                               "--rounds", "2", "--paths", "logprobs"], main=__import__(
+                                   "qualify").main)
+        self.assertEqual(probe.code, 0, probe.stdout)
+        items = {e["item"]: e for e in probe.kind("probe_summary")[0]["items"]}
+        self.assertGreater(items["logprobs"]["total_first_s"], 0.45, "cold: 0.5 s more")
+        warmed = self.start_fake(cold_s=0.5, cold_paths=("logprobs",), latency_s=0.02)
+        os.remove(self.records_path)
+        self.assertEqual(self.run_helper(warmed, "--paths", "logprobs").code, 0)
+        os.remove(self.records_path)
+        after = self.run_argv(["probe", "--base-url", warmed.url, "--records",
+                               self.records_path, "--rounds", "2", "--paths", "logprobs"],
+                              main=__import__("qualify").main)
+        items = {e["item"]: e for e in after.kind("probe_summary")[0]["items"]}
+        self.assertLess(items["logprobs"]["total_first_s"], 0.4, "warmed: no cold cost left")
+
+    def test_structured_output_is_held_to_its_own_rule(self):
+        kind = paths.KINDS["json-schema"]
+        ok = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
+              "completion_tokens": 9, "finish_reason": "stop", "stop_reason": None}
+        self.assertEqual(paths.judge_kind(ok, kind, 32, str), [])
+        empty = dict(ok, completion_tokens=0)
+        self.assertIn("expected 1 to 32", paths.judge_kind(empty, kind, 32, str)[0])
+        plain = paths.KINDS["sampled"]
+        self.assertIn("completion_tokens 9, expected 32", paths.judge_kind(ok, plain, 32, str))
+        lp = paths.KINDS["logprobs"]
+        full = dict(ok, completion_tokens=32, finish_reason="length", logprobs_count=None)
+        self.assertEqual(paths.judge_kind(full, lp, 32, str),
+                         ["no log-probabilities in the answer"])
+
+
+class TestChunk(HelperCase):
+    def test_b1_is_longer_than_the_prefill_chunk(self):
+        server = self.start_fake(max_model_len=8192)
+        result = self.run_helper(server, "--chunk-tokens", "6000")
+        self.assertEqual(result.code, 0, result.stdout)
+        b1 = result.requests[0]
+        self.assertGreater(b1["prompt_tokens"], 6000)
+        self.assertLessEqual(b1["prompt_tokens"] + 32, 8192)
+        plan = result.kind("run")[0]["plan"]
+        self.assertEqual((plan["chunk_tokens"], plan["b1_min_prompt_tokens"]), (6000, 6001))
+
+    def test_a_context_that_cannot_hold_it_fails_before_anything_is_sent(self):
+        server = self.start_fake(max_model_len=6020)
+        result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "6000"})
+        self.assertEqual(result.code, 1)
+        self.assertIn("context too small", result.stdout)
+        self.assertIn("B1 needs more than 6000", result.stdout)
+        self.assertEqual(server.state.completions(), [])
+
+
+class TestStartPassesTheChunk(StartCase):
+    def test_start_sh_reads_the_chunk_from_the_server_command(self):
+        result = self.start(server=self.fake("--max-model-len", "8192",
+                                             "--max-num-batched-tokens=6000"))
+        self.assertEqual(result.code, 0, result.stderr)
+        records, _ = read_records(self.records())
+        b1 = [r for r in records if r["record"] == "request"][0]
+        self.assertGreater(b1["prompt_tokens"], 6000)
+        run = [r for r in records if r["record"] == "run"][0]
+        self.assertEqual(run["plan"]["chunk_tokens"], 6000)
+        self.assertTrue(re.search(r"max-num-batched-tokens=6000", self.start_log()))
+        self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6001)
+
+
+del StartCase            # imported to build on, not to run twice
