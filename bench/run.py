@@ -501,6 +501,37 @@ def overhead_row(over: dict, start: dict, runs: int) -> str:
                "≤ 1.02 plus the interpreter's start", ratio_net <= 1.02)
 
 
+def bench_evidence(shapes: Shapes, runs: int, tmp: str) -> dict:
+    """Median wall time of a full warm-up with per-wave evidence (the default: gauges read
+    every 20 ms during a wave, counters after it) and without (--gauge-interval-ms 0), in
+    turns, at the same fixed latency: what the extra reads cost."""
+    walls: dict[str, list[float]] = {"with": [], "without": []}
+    for i in range(runs):
+        for name, extra in (("with", ()), ("without", ("--gauge-interval-ms", "0"))):
+            server = FakeServer(FakeConfig(latency_s=LATENCY_S)).start()
+            try:
+                done = wrapper_run(shapes, server.url, os.path.join(tmp, f"v{name}{i}.jsonl"),
+                                   *extra)
+                reads = sum(1 for e in server.state.requests if e["path"] == "/metrics")
+            finally:
+                server.stop()
+            if done.code != 0:
+                raise BenchError(f"a warm-up failed in the evidence bench (exit {done.code}): "
+                                 f"{done.error}")
+            walls[name].append(done.wall)
+            walls.setdefault(f"reads {name}", []).append(reads)
+    return {k: statistics.median(v) for k, v in walls.items()}
+
+
+def evidence_row(result: dict, runs: int) -> str:
+    ratio = result["with"] / result["without"]
+    return row(f"per-wave evidence: full warm-up with vs without it (`--gauge-interval-ms 0`), "
+               f"median of {runs} each",
+               f"{result['with']:.3f} s vs {result['without']:.3f} s; /metrics reads "
+               f"{result['reads with']:.0f} vs {result['reads without']:.0f}",
+               f"{ratio:.3f}", "≤ 1.03", ratio <= 1.03)
+
+
 def bench_engines(shapes: Shapes, runs: int, tmp: str) -> dict:
     """Median wall time of a full warm-up of 1 engine and of ENGINES engines (same fixed
     latency), in turns; every request counted on the engine it was sent to. Also the CPU
@@ -851,6 +882,9 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
         over = bench_overhead(shapes, n, tmp)
         base = start["wrapped -I -S pass"]
         rows.append(overhead_row(over, start, n))
+
+        progress(f"per-wave evidence: {n} warm-ups each with and without it")
+        rows.append(evidence_row(bench_evidence(shapes, n, tmp), n))
 
         engine_runs = 3
         progress(f"engines: {engine_runs} warm-ups each of 1 and {ENGINES} engines")

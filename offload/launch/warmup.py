@@ -158,8 +158,8 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
     return {
         "waves": [{"wave": wave_name(d), "depth": d,
                    "prompt": "long" if i == 0 else "short"} for i, d in enumerate(plan.waves)],
-        "requests_total": plan.requests_total,
-        "completion_tokens_max": plan.requests_total * plan.tokens,
+        "requests_total": plan.requests_per_engine,
+        "completion_tokens_max": plan.requests_per_engine * plan.tokens,
         "tokens": plan.tokens,
         "priority": plan.priority,
         "b1_target_tokens": plan.b1_target,
@@ -172,8 +172,6 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
         "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
                    "stream": k.stream, "held_to": "1 to N tokens, length or stop"
                    if k.structured else "N tokens, length"} for k in kinds_of(plan.paths)],
-        "requests_per_engine_with_paths": plan.requests_per_engine,
-        "completion_tokens_max_with_paths": plan.requests_per_engine * plan.tokens,
         "wave_evidence": bool(plan.gauge_interval_ms),
         "gauge_interval_ms": plan.gauge_interval_ms or None,
     }

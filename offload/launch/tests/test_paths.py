@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 
-from support import HelperCase, read_records
+from support import QUALIFY, HelperCase, read_records
 import paths  # noqa: E402  (support puts offload/launch on sys.path)
 from fake_vllm import TEXT_MARKER
 from test_start import StartCase
@@ -44,6 +46,18 @@ class TestPaths(HelperCase):
         self.assertLess(result.summary["elapsed_s"], 90)
         self.assert_clean(server, result)
         self.assertNotIn(TEXT_MARKER, result.records_text, "logprobs are counted, never kept")
+
+    def test_the_report_finds_the_evidence_of_every_path_on_every_engine(self):
+        server = self.start_fake(engines=2)
+        result = self.run_helper(server, "--paths", "logprobs,json")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.summary["requests_total"], 2 * (10 + 4 * 5))
+        plan = result.kind("run")[0]["plan"]
+        self.assertEqual((plan["requests_per_engine"], plan["requests_total"]), (30, 60))
+        shown = subprocess.run([sys.executable, QUALIFY, "report", self.records_path,
+                                "--fields", "verdict,evidence"], capture_output=True,
+                               text=True, timeout=30)
+        self.assertEqual((shown.returncode, shown.stdout), (0, "pass complete\n"))
 
     def test_without_paths_the_ten_requests_are_unchanged(self):
         server = self.start_fake()
