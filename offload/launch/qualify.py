@@ -38,7 +38,7 @@ try:
     from readback import as_dict, load_records
     from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
     from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
-                           finite_number, open_regular, parse_prometheus)
+                           finite_number, open_regular, parse_prometheus, write_atomically)
     from vllm_client import base_url_from, parse_base_url
     from vllm_metrics import process_start, served_models
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
@@ -222,19 +222,9 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
     doc, why = ready_document(reports[0], records, gate_report, gate_records)
     if doc is None:
         return EXIT_FAIL, f"not written: {why}"
-    folder = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=1)
-            handle.write("\n")
-        os.replace(temporary, path)
-    except OSError as exc:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        return EXIT_USAGE, f"cannot write {path}: {exc.strerror or exc}"
+    why = write_atomically(path, json.dumps(doc, indent=1) + "\n")
+    if why is not None:
+        return EXIT_USAGE, f"cannot write {path}: {why}"
     return EXIT_PASS, f"wrote {path}"
 
 

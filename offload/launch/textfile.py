@@ -13,9 +13,8 @@ success's time when this run did not pass.
 from __future__ import annotations
 
 import math
-import os
 
-from transport import open_regular, parse_prometheus
+from transport import open_regular, parse_prometheus, write_atomically
 
 VERDICTS = ("pass", "fail", "refused", "killed")
 MAX_TEXTFILE_BYTES = 1 << 20
@@ -89,17 +88,5 @@ def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
 
 def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
     """Write the textfile; None when written, else why not (one line)."""
-    content = render(merged(prefix, fresh, previous_samples(path)))
-    folder = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(content)
-        os.replace(temporary, path)
-    except OSError as exc:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        return f"cannot write the textfile {path}: {exc.strerror or exc}"
-    return None
+    why = write_atomically(path, render(merged(prefix, fresh, previous_samples(path))))
+    return None if why is None else f"cannot write the textfile {path}: {why}"

@@ -846,4 +846,20 @@ def read_json_file(path: str) -> tuple[object, str | None]:
     return decode_json(data)
 
 
-
+def write_atomically(path: str, text: str) -> str | None:
+    """Write a whole file at once: a temporary file in the same folder, then a rename, so
+    a reader sees the old file or the new one, never half of it. None when written, else
+    why not (the temporary file is removed)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except OSError as exc:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        return f"{exc.strerror or exc}"
+    return None
