@@ -499,7 +499,7 @@ def judge_response(fields: dict, *, tokens: int, is_b1: bool,
             problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
         elif prompt < b1_minimum:
             problems.append(f"B1 prompt_tokens {prompt}, expected more than "
-                            f"{b1_minimum - 1} (the prefill chunk)")
+                            f"{b1_minimum - 1}")
         if cached:
             problems.append(f"B1 cached_tokens {cached}, expected 0: a cached prefix matched, "
                             f"so the long prefill did not run in full")
