@@ -259,7 +259,8 @@ def format_run(run: dict) -> list[str]:
         lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}")
     if run["probe_summary"]:
         lines += ["", "probe (first round against the median of later rounds):"]
-        lines += [probe_line(as_dict(i)) for i in as_list(as_dict(run["probe_summary"]).get("items"))]
+        items = as_list(as_dict(run["probe_summary"]).get("items"))
+        lines += [probe_line(as_dict(i)) for i in items]
     if run["gate"]:
         lines += ["", "gate (exact copies; counts and distances only):"]
         lines += [gate.gate_line(as_dict(r)) for r in run["gate"]]

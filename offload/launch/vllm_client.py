@@ -597,7 +597,8 @@ def _error_message(doc: dict) -> tuple[str | None, str | None]:
                 short_str(param, 64))
     if error is None:
         return None, None
-    return scrub(str(error) if not isinstance(error, str) else error, ERROR_TEXT_LIMIT) or None, None
+    text = error if isinstance(error, str) else str(error)
+    return scrub(text, ERROR_TEXT_LIMIT) or None, None
 
 
 

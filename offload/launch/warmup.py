@@ -41,7 +41,7 @@ try:
                           EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, EXIT_USAGE, PROBLEM_LIMIT,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
-    from paths import KINDS, PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
+    from paths import PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
     from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
                          make_short_prompt)
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url

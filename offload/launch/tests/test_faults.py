@@ -141,7 +141,8 @@ class TestFaults(HelperCase):
         url = f"http://127.0.0.1:{free_port()}"
         result = self.run_helper(url)
         self.assert_fails_with(result, 1, f"cannot connect to {url}: Connection refused")
-        self.assertLess(result.elapsed, 10, "a refused connection fails at once, not at the deadline")
+        self.assertLess(result.elapsed, 10, "a refused connection fails at once, not at the "
+                                            "deadline")
 
     def test_metrics_404_or_garbage(self):
         for mode in ("404", "garbage"):
