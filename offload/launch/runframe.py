@@ -135,13 +135,16 @@ class Run:
     run_written: bool = False
     final_record: dict | None = None      # what --json prints
 
-    def write(self, record: dict) -> None:
-        """Append one record, sanitized here (the records sink) whatever its origin."""
+    def write(self, record: dict) -> dict:
+        """Append one record, sanitized here (the records sink) whatever its origin;
+        returns the record as written."""
+        record = sanitize(record)
         try:
-            append_record(self.sink, sanitize(record))
+            append_record(self.sink, record)
         except (OSError, ValueError) as exc:
             raise RecordsError(f"cannot write records to {self.settings.records_path}: "
                                f"{getattr(exc, 'strerror', None) or exc}")
+        return record
 
     def write_run_record(self) -> None:
         """The run record, once: what ran, against what (never prompt text or the key)."""
@@ -252,13 +255,11 @@ def summarize(run: Run, forced: tuple[str, int, list[str]] | None = None,
         "problems": [sanitize_text(p, PROBLEM_LIMIT) for p in problems],
         "records": run.settings.records_path,
     }
-    summary = sanitize(summary)
-    run.write(summary)
+    summary = run.write(summary)
     run.final_record = summary
     follow = program.after_summary(run, summary)
     if follow is not None:
-        run.write(follow)
-        run.final_record = sanitize(follow)
+        run.final_record = run.write(follow)
     return summary
 
 
