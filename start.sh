@@ -555,9 +555,13 @@ write_ready_file() {
   if [[ -n "${1:-}" ]]; then
     gate_args=(--gate-records "$1")
   fi
-  python3 -I -S "${QUALIFY}" ready --write --ready-file "${ready_file}" \
-    --records "${warmup_records}" "${gate_args[@]}" >/dev/null ||
+  if python3 -I -S "${QUALIFY}" ready --write --ready-file "${ready_file}" \
+    --records "${warmup_records}" "${gate_args[@]}" >/dev/null; then
+    log "ready file ${ready_file} written: it names the server it vouches for;" \
+      "\`qualify.py ready --ready-file ${ready_file}\` says while it stays true"
+  else
     log "WARN: the ready file ${ready_file} was not written (see above)"
+  fi
 }
 
 # Identifiers and worst CER as the OK line shows them.
@@ -634,6 +638,9 @@ main() {
     warm_up_and_report
   fi
   trap - TERM INT
+  if [[ -n "${textfile}" && "${warmup}" == "1" ]]; then
+    log "results published for monitoring in ${textfile}"
+  fi
   log "exit 0: server process group ${server_pid} keeps running"
 }
 

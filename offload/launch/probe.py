@@ -246,7 +246,7 @@ def probe_line(entry: dict) -> str:
         return "-" if v is None else f"{v * 1000:.0f} ms"
     where = show(entry.get("item")) + ("" if entry.get("engine") is None
                                        else f" e{show(entry.get('engine'))}")
-    line = (f"  {where:<7} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
+    line = (f"  {where:<16} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
             f"{ms(entry.get('ttft_later_median_s'))} (x{show(entry.get('ttft_ratio'))}); total "
             f"first {ms(entry.get('total_first_s'))} vs later "
             f"{ms(entry.get('total_later_median_s'))} (x{show(entry.get('total_ratio'))})")

@@ -47,6 +47,20 @@ except ImportError as exc:           # a module of the folder is missing: one li
     sys.exit(2)
 
 PROG = "qualify.py"
+USAGE = """\
+usage: qualify.py COMMAND [options]   (qualify.py COMMAND --help for each)
+
+The coordinator's tools after a start:
+  report FILE   what a records file shows, each run judged from its records: a pass
+                needs every planned request record, ok, on every engine
+  probe         streamed (and --paths) requests timed to the first token, first round
+                against later rounds, per engine: which paths a warm-up left cold
+  gate          can the model copy text exactly? six identifiers and two passages,
+                alone and batched; clean means no typo
+  health        one bounded GET /health (exit 0 for 200, 1 another answer, 3 none)
+  ready         is the ready file still true of the running server? (a readiness probe)
+
+The contract: CONTRACT.md beside this file."""
 
 
 # ---------------------------------------------------------------------------
@@ -291,10 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         if argv[:1] in (["-h"], ["--help"]):
-            emit(__doc__)
+            emit(USAGE)
             return EXIT_PASS
-        emit(f"usage: {PROG} {{{','.join(COMMANDS)}}} ...  (see {PROG} COMMAND --help)",
-             sys.stderr)
+        unknown = f"unknown command {clean_text(argv[0], 40)!r}; " if argv else ""
+        emit(f"usage: {PROG} {{{','.join(COMMANDS)}}} ...  ({unknown}see {PROG} COMMAND "
+             f"--help)", sys.stderr)
         return EXIT_USAGE
     try:
         return COMMANDS[argv[0]](argv[1:])

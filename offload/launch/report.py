@@ -30,7 +30,7 @@ PROG = "qualify.py report"
 PICKED = {
     "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
                 "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
-                "stop_reason", "latency_s", "ok"),
+                "stop_reason", "latency_s", "ok", "path", "depth", "logprobs_count"),
     "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "ok", "running_max",
              "waiting_max", "gauge_samples", "spec_decode", "tokens_per_step",
              "counters_went_down"),
@@ -40,7 +40,8 @@ PICKED = {
               "cached_tokens", "ok"),
     "gate": ("shape", "probe", "kind", "engine", "index", "http_status", "finish_reason",
              "completion_tokens", "reasoning_tokens", "exact", "edit_distance",
-             "reference_chars", "answer_chars", "cer", "removed", "ok"),
+             "reference_chars", "answer_chars", "cer", "word_errors", "reference_words",
+             "preamble_chars", "removed", "ok"),
 }
 
 
@@ -321,7 +322,7 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument("--fields", metavar="LIST", type=fields_type,
                         help="for scripts: print only these fields of the last run, space "
                              "separated, on one line, in the order given; each a single word "
-                             f"(- when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
+                             f"(- or n/a when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
     args = parser.parse_args(argv)
     try:
         records, issues = load_records(args.records)

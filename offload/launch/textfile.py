@@ -31,7 +31,8 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
         (f"{prefix}_last_run_duration_seconds", {}, float(summary.get("elapsed_s") or 0.0),
          "How long the last run took."),
         (f"{prefix}_last_run_exit_code", {}, float(summary.get("exit_code", 1)),
-         "The last run's exit status (0 pass, 1 fail, 2 usage, 3 refused, 124/143 killed)."),
+         "The last run's exit status (0 pass, 1 fail, 2 usage, 3 refused; 124/137 the "
+         "wrapper's hard bound, 129/130/143 a signal)."),
     ]
     samples += [(f"{prefix}_last_run_verdict", {"verdict": v},
                  1.0 if summary.get("verdict") == v else 0.0,

@@ -411,12 +411,14 @@ class WarmUp(ServerProgram):
         """What the run is about to do: server, model, engines, waves, B1's size, deadline."""
         engines = routed(self.server.engines)
         shown = "" if engines is None else f", engines {format_engines(engines)}"
+        count = len(kinds_of(self.plan.paths))
+        kinds = f" and {count} request kinds of --paths" if count else ""
         counted = sorted(self.b1_counts(), key=lambda c: (c is None, c or 0)) or [None]
         b1_size = "estimated" if None in counted else \
             "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
         return (f"warm-up {run.settings.run_id}: {self.connection.target.display} model "
                 f"{clean_text(self.server.model or '', 80)}{shown}, waves "
-                f"{','.join(wave_name(d) for d in self.plan.waves)} ({self.planned()} "
+                f"{','.join(wave_name(d) for d in self.plan.waves)}{kinds} ({self.planned()} "
                 f"requests), B1 prompt {b1_size} tokens, deadline "
                 f"{run.settings.deadline_s:g} s")
 
@@ -558,6 +560,9 @@ def evidence_text(seen: dict, depth: int) -> str:
 # ---------------------------------------------------------------------------
 
 EPILOG = ENVIRONMENT_HELP + """\
+  WARMUP_PATHS        default for --paths
+  WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
+                      command's --max-num-batched-tokens)
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95)
   WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
 
@@ -609,10 +614,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8 "
                              "(default: 1,2,3,4)")
     parser.add_argument("--b1-tokens", metavar="N", type=whole(MIN_B1_PROMPT_TOKENS,
-                                                               MAX_B1_TOKENS), default=5000,
-                        help="target size of B1's long prompt in tokens, more than 4096 and at "
-                             "most 1048576, capped by the context; counted with the server's "
-                             "/tokenize when it has one (default: %(default)s)")
+                                                               MAX_B1_TOKENS), default=None,
+                        help="target size of B1's long prompt in tokens, more than 4096 (and "
+                             "more than --chunk-tokens) and at most 1048576, capped by the "
+                             "context; counted with the server's /tokenize when it has one "
+                             "(default: 5000, or past --chunk-tokens when that is larger)")
     parser.add_argument("--paths", metavar="LIST", default=None,
                         help="after the waves, warm other request kinds, each at depth 1 and "
                              "at the deepest wave's, on every engine: "
@@ -656,9 +662,14 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
     args = parse_or_explain(parser, argv)
     settings = run_settings(args, prog, "warmup")
     try:
+        chunk = chunk_tokens_from(args.chunk_tokens)
+        if args.b1_tokens is not None and args.b1_tokens <= chunk:
+            raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
+                             f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
+                             f"longer; leave --b1-tokens out to size it past the chunk")
         plan = Plan(waves=args.waves, tokens=args.tokens, priority=args.priority,
-                    b1_tokens=args.b1_tokens, gauge_interval_ms=args.gauge_interval_ms,
-                    chunk_tokens=chunk_tokens_from(args.chunk_tokens),
+                    b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
+                    chunk_tokens=chunk,
                     paths=paths_from(args.paths), template_kwargs=args.chat_template_kwargs)
         connection = connection_from(args)
         evidence = EvidenceOptions(
@@ -717,7 +728,8 @@ def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: 
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
     for kind_ in kinds_of(plan.paths):
-        held = "1 to N tokens (its grammar may end it)" if kind_.structured else "N tokens"
+        held = (f"1 to {plan.tokens} tokens (its grammar may end it)" if kind_.structured
+                else f"{plan.tokens} tokens")
         lines.append(f"  {kind_.name:<13} depths {','.join(map(str, plan.path_depths))}: "
                      f"{'streamed ' if kind_.stream else ''}{kind_.endpoint}, held to {held}")
     lines.append(f"  budget: {plan.requests_per_engine} requests, at most "

@@ -514,6 +514,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_bytes(200, ("\n".join(lines) + "\n").encode(),
                         "text/plain; version=0.0.4; charset=utf-8")
 
+    def count_out(self, engine: int) -> None:
+        """A request has finished on its engine: out of the gauges (late with
+        late_gauge_s)."""
+        st, cfg = self.state, self.state.config
+        with st.lock:
+            st.running[engine] -= 1
+            st.served[engine] += 1
+            if cfg.late_gauge_s:
+                st.lingering.append((engine, time.monotonic() + cfg.late_gauge_s))
+
     @staticmethod
     def iteration_histogram(st, cfg) -> list[str]:
         """vllm:iteration_tokens_total, per engine: tokens per engine step."""
@@ -603,11 +613,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.close_connection = True
                 return
         finally:
-            with st.lock:
-                st.running[engine] -= 1
-                st.served[engine] += 1
-                if cfg.late_gauge_s:
-                    st.lingering.append((engine, time.monotonic() + cfg.late_gauge_s))
+            if not streaming or fault == "hang":    # a stream runs until its last event
+                self.count_out(engine)
         n_out = max_tokens if body.get("ignore_eos") else max(min_tokens, 1)
         finish, stop_reason = ("length", None) if n_out >= max_tokens else ("stop", EOS_ID)
         if "json" in kinds:                  # the grammar ends the object early
@@ -644,8 +651,11 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 chosen["text"] = JSON_ANSWER
         if streaming:
-            return self.send_stream(doc, bool((body.get("stream_options") or {})
-                                              .get("include_usage")))
+            try:
+                return self.send_stream(doc, bool((body.get("stream_options") or {})
+                                                  .get("include_usage")))
+            finally:
+                self.count_out(engine)
         if fault == "no_usage":
             del doc["usage"]
         if fault == "no_choices":

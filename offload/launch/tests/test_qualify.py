@@ -492,7 +492,7 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(set(summary), {"single", "burst3", "burst4"})
         self.assertGreater(summary["single"]["ttft_first_s"], 0.18)
         self.assertGreater(summary["single"]["ttft_ratio"], 2)
-        self.assertIn("single  TTFT first", cold.stdout)
+        self.assertRegex(cold.stdout, r"single +TTFT first")
         self.assert_clean(server, cold)
         # A fresh server warmed up first: the probe's first round is no longer cold.
         warmed = self.start_fake(cold_s=0.5, latency_s=0.02)
