@@ -389,6 +389,10 @@ check_ready_file() {
   [[ -d "${folder}" ]] ||
     die_usage "--ready-file '${ready_file}': folder '${folder}' does not exist; create it first"
   [[ ! -d "${ready_file}" ]] || die_usage "--ready-file '${ready_file}' is a folder"
+  # Only a regular file is ever removed or replaced: never a device, FIFO or link.
+  if [[ -L "${ready_file}" || -e "${ready_file}" && ! -f "${ready_file}" ]]; then
+    die_usage "--ready-file '${ready_file}' is not a regular file (a device, FIFO or link)"
+  fi
   probe="$(mktemp "${ready_file}.XXXXXX" 2>/dev/null)" ||
     die_usage "--ready-file '${ready_file}': cannot write in folder '${folder}'"
   rm -f -- "${probe}"
@@ -421,6 +425,9 @@ check_settings() {
   fi
   if [[ -n "${textfile}" && ! -d "$(dirname -- "${textfile}")" ]]; then
     die_usage "--textfile '${textfile}': its folder does not exist; create it first"
+  fi
+  if [[ -n "${textfile}" && ( -L "${textfile}" || -e "${textfile}" && ! -f "${textfile}" ) ]]; then
+    die_usage "--textfile '${textfile}' is not a regular file (a device, FIFO or link)"
   fi
   display_url="$(url_without_credentials "${base_url%/}" 2>&1)" ||
     die_usage "${display_url}"

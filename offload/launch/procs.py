@@ -13,9 +13,11 @@ often does not reap), so `kill -0` alone would see a dead server as running. Wit
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 PROC = "/proc"
+DIGITS = re.compile(r"[0-9]{1,10}")      # str.isdigit() would take "²"
 
 
 def proc_stat(pid: int, proc: str = PROC) -> tuple[str, int] | None:
@@ -26,7 +28,7 @@ def proc_stat(pid: int, proc: str = PROC) -> tuple[str, int] | None:
     except OSError:
         return None
     fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
-    if len(fields) < 3 or not fields[2].lstrip("-").isdigit():
+    if len(fields) < 3 or not DIGITS.fullmatch(fields[2].lstrip("-")):
         return None
     return fields[0], int(fields[2])
 
@@ -57,7 +59,7 @@ def group_alive(pgid: int, proc: str = PROC) -> bool:
     if not os.path.isdir(proc):
         return True                              # without /proc, trust kill -0
     for name in os.listdir(proc):
-        if name.isdigit():
+        if DIGITS.fullmatch(name):
             stat = proc_stat(int(name), proc)
             if stat is not None and stat[1] == pgid and stat[0] != "Z":
                 return True
@@ -66,7 +68,7 @@ def group_alive(pgid: int, proc: str = PROC) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or argv[0] not in ("alive", "group") or not argv[1].isdigit() \
+    if len(argv) != 2 or argv[0] not in ("alive", "group") or not DIGITS.fullmatch(argv[1]) \
             or not 0 < int(argv[1]) < 1 << 22:
         print("usage: procs.py alive PID | procs.py group PGID", file=sys.stderr)
         return 2

@@ -196,7 +196,11 @@ def check_identity(doc: dict, samples: list) -> str | None:
 
 
 def iso_time(seconds_since_epoch: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds_since_epoch))
+    """A Unix time as UTC; one a calendar cannot hold is named as a number."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds_since_epoch))
+    except (OverflowError, OSError, ValueError):
+        return f"{seconds_since_epoch:g} (not a calendar time)"
 
 
 def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:

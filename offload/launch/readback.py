@@ -21,6 +21,7 @@ READ_CHUNK_BYTES = 1 << 20
 ISSUES_NAMED = 20                     # bad lines named one by one; the rest counted
 SHOW_LIMIT = 80                       # one value in a table or a line
 JSON_TEXT_LIMIT = 1000                # one string in report --json
+READ_STOPPED = "stopped reading"      # how a note says the file was not read to its end
 
 
 def read_lines(handle, max_line: int = MAX_RECORD_LINE_BYTES,
@@ -68,7 +69,7 @@ def load_records(path: str) -> tuple[list[dict], list[str]]:
     with open_regular(path) as handle:
         for number, line, ended in read_lines(handle):
             if number is None:
-                notes.append(f"stopped reading after {MAX_REPORT_BYTES >> 20} MiB: the rest "
+                notes.append(f"{READ_STOPPED} after {MAX_REPORT_BYTES >> 20} MiB: the rest "
                              f"of the file is not shown")
                 break
             last_ended = ended
@@ -85,8 +86,8 @@ def load_records(path: str) -> tuple[list[dict], list[str]]:
             elif not isinstance(record, dict) or not isinstance(record.get("record"), str):
                 note_bad(f"line {number} is JSON but not a record (skipped)")
             elif budget[0] <= 0 or len(records) >= MAX_RECORDS:
-                notes.append(f"stopped at line {number}: the records so far hold as many "
-                             f"values as report keeps; the rest of the file is not shown")
+                notes.append(f"{READ_STOPPED} at line {number}: the records so far hold as "
+                             f"many values as report keeps; the rest of the file is not shown")
                 break
             else:
                 records.append(prune(record, budget))

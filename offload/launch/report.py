@@ -19,8 +19,8 @@ import sys
 
 import gate
 from probe import probe_line
-from readback import (as_dict, as_list, exit_status, known, load_records, show, split_runs,
-                      tidy)
+from readback import (READ_STOPPED, as_dict, as_list, exit_status, known, load_records, show,
+                      split_runs, tidy)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from transport import clean_text, finite_number
 from vllm_client import request_label
@@ -48,19 +48,36 @@ PICKED = {
 JUDGED_KIND = {"warmup": "request", "probe": "probe", "gate": "gate"}   # mode -> record
 
 
-def evidence_problems(run: dict | None, summary: dict | None, judged: list[dict]
+def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict]
                       ) -> list[str]:
-    """What the records lack to show the run they claim: a run record, a summary, as many
-    judged records as the plan announced (each ok) on every engine, and a summary whose
-    counts agree with them. [] when the evidence is complete. Pure: records in, reasons out."""
+    """What the records lack to show the run they claim: a run record, exactly one
+    summary, as many judged records as the plan announced (at least one), each of this
+    run, each once and ok, on every engine, and a summary whose counts agree with them.
+    [] when the evidence is complete. Pure: records in, reasons out; fails closed on any
+    value of the wrong type."""
     problems = []
     if run is None:
         problems.append("no run record")
-    if summary is None:
+    if not summaries:
         problems.append("no summary record")
+    elif len(summaries) > 1:
+        problems.append(f"{len(summaries)} summary records (a run has exactly one)")
+    summary = summaries[-1] if summaries else None
+    run_id = as_dict(run).get("run_id")
+    if isinstance(run_id, str):
+        foreign = [r for r in judged if r.get("run_id") != run_id]
+        if foreign:
+            problems.append(f"{len(foreign)} request record(s) of no run or another run")
+        judged = [r for r in judged if r.get("run_id") == run_id]
+    elif run is not None:
+        problems.append("the run record has no run id")
+    identities = [identity(r) for r in judged]
+    if len(set(identities)) != len(identities):
+        problems.append(f"{len(identities) - len(set(identities))} request record(s) repeat "
+                        f"another's id")
     plan = as_dict(as_dict(run).get("plan"))
     planned = plan.get("requests_total")
-    if run is not None and not is_count(planned):
+    if run is not None and not (is_count(planned) and planned > 0):
         problems.append("the run record announces no number of requests")
     if is_count(planned) and len(judged) != planned:
         problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
@@ -68,23 +85,46 @@ def evidence_problems(run: dict | None, summary: dict | None, judged: list[dict]
     if failed:
         problems.append(f"{len(failed)} request record(s) not ok: "
                         f"{', '.join(request_label(r) for r in failed[:5])}")
-    engines = as_dict(run).get("engines")
-    per_engine = plan.get("requests_per_engine")
-    if isinstance(engines, list) and engines and is_count(per_engine):
-        for engine in engines:
-            mine = sum(1 for r in judged if r.get("engine") == engine)
-            if mine != per_engine:
-                problems.append(f"engine {show(engine)}: {mine} of its {per_engine} request "
-                                f"records")
+    problems += engine_problems(as_dict(run).get("engines"), plan.get("requests_per_engine"),
+                                judged)
     if summary is not None:
         ok = sum(1 for r in judged if r.get("ok") is True)
-        said = summary.get("requests_ok")
-        if is_count(said) and said != ok:
-            problems.append(f"the summary says {said} requests ok; the records show {ok}")
-        total = summary.get("requests_total")
-        if is_count(total) and is_count(planned) and total != planned:
-            problems.append(f"the summary counts {total} planned requests; the run record "
-                            f"{planned}")
+        for key, want, differs in (
+                ("requests_ok", ok, "the summary says {} requests ok; the records show {}"),
+                ("requests_total", planned,
+                 "the summary counts {} planned requests; the run record {}")):
+            said = summary.get(key)
+            if key in summary and not is_count(said):
+                problems.append(f"the summary's {key} is not a count")
+            elif is_count(said) and is_count(want) and said != want:
+                problems.append(differs.format(said, want))
+    return problems
+
+
+def identity(record: dict) -> str:
+    """What tells one request record from another: its id, else where it stood."""
+    rid = record.get("request_id")
+    if isinstance(rid, str):
+        return rid
+    return repr([record.get(k) for k in ("wave", "item", "round", "shape", "probe",
+                                         "engine", "index")])
+
+
+def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
+    """Each engine the run record names must hold its share of the judged records (engine
+    indexes compared as integers, never as booleans)."""
+    if engines is None:
+        return []
+    if not isinstance(engines, list) or not engines \
+            or not all(is_count(e) for e in engines):
+        return ["the run record's engines are not a list of engine indexes"]
+    if not is_count(per_engine):
+        return ["the run record announces no number of requests per engine"]
+    problems = []
+    for engine in engines:
+        mine = sum(1 for r in judged if is_count(r.get("engine")) and r.get("engine") == engine)
+        if mine != per_engine:
+            problems.append(f"engine {engine}: {mine} of its {per_engine} request records")
     return problems
 
 
@@ -121,7 +161,8 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
     mode = as_dict(run).get("mode")
-    judged = by_kind.get(JUDGED_KIND.get(mode, "request"), []) if run is not None else \
+    kind = JUDGED_KIND.get(mode, "request") if isinstance(mode, str) else "request"
+    judged = by_kind.get(kind, []) if run is not None else \
         [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
     if summary:
         problems = as_list(summary.get("problems"))
@@ -129,7 +170,7 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         problems = [f"{request_label(r)}: {p}"
                     for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
                     if r.get("ok") is not True for p in as_list(r.get("problems"))]
-    evidence = evidence_problems(run, summary, judged)
+    evidence = evidence_problems(run, by_kind.get("summary", []), judged)
     verdict, exit_code = run_verdict(summary, evidence)
 
     def pick(kind: str) -> list[dict]:
@@ -155,6 +196,11 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
     A file with no run record holds no run, whatever else it holds: exit 1."""
     groups = split_runs(records)
     runs = [build_run(group, last=(i == len(groups) - 1)) for i, group in enumerate(groups)]
+    if any(issue.startswith(READ_STOPPED) for issue in issues):
+        return {"runs": runs, "issues": tidy(issues), "verdict": "incomplete",
+                "exit_code": EXIT_FAIL, "evidence": "incomplete",
+                "ends": f"{clean_text(path, 200)} was not read to its end (too large to "
+                        f"read whole): its last run is not known"}
     if not any(run["run"] is not None for run in runs):
         return {"runs": runs, "issues": tidy(issues), "verdict": "none",
                 "exit_code": EXIT_FAIL, "evidence": "incomplete",

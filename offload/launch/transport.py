@@ -61,23 +61,24 @@ class Redactions:
         self.runs: set = set()
 
     def secret(self, text: str | None) -> None:
-        """Register an exact string to replace by [redacted] wherever it appears; a nonce
-        or tag (_HEX_TAG's shape) is kept among the tags."""
-        if not text:
-            return
-        if _HEX_TAG.fullmatch(text):
-            self.tags.add(text)
-        elif text not in self.secrets:
+        """Register a secret (a key, credentials): replaced by [redacted] wherever it, or a
+        run of its first SECRET_PREFIX characters or more, appears."""
+        if text and text not in self.secrets:
             with self.lock:
                 # Longest first: a secret inside another is replaced as part of it.
                 self.secrets = tuple(sorted(set(self.secrets) | {text}, key=len, reverse=True))
+
+    def tag(self, text: str | None) -> None:
+        """Register a nonce or a prompt's tag: replaced where it stands as a whole token."""
+        if text and _HEX_TAG.fullmatch(text):
+            self.tags.add(text)
 
     def prompt(self, text: str, tag: bool = True) -> None:
         """Register a prompt we send: its first word (nonce or tag) as a secret, its words
         and every run of PROMPT_RUN words, so an echo of it is found in any output."""
         words = [w.lower() for w in _WORD.findall(text)]
         if tag and words:
-            self.secret(text.split(None, 1)[0])
+            self.tag(text.split(None, 1)[0])
         n = self.PROMPT_RUN
         with self.lock:
             self.words.update(words)
@@ -97,12 +98,30 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200b-\u200f\u202a-\u202
 _HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")
 
 
+SECRET_PREFIX = 8                    # this much of a secret in a row is the secret
+_INVISIBLE = re.compile(r"[\u200b-\u200f\u2060-\u2064\ufeff\u00ad]")
+
+
 def redact_secrets(text: str) -> str:
     """Every registered secret, nonce and tag replaced, before anything cuts or quotes the
-    text (a cut could keep half a key; repr() would double its backslashes)."""
+    text (a cut could keep half a key; repr() would double its backslashes). Invisible
+    characters are dropped first (they could split a key); a secret of SECRET_PREFIX
+    characters or more is found from its first SECRET_PREFIX on, however much of it
+    follows; a shorter one only where it stands as a whole word."""
+    if REDACTIONS.secrets:
+        text = _INVISIBLE.sub("", text)
     for secret in REDACTIONS.secrets:
-        if secret in text:
-            text = text.replace(secret, "[redacted]")
+        if len(secret) < SECRET_PREFIX:
+            text = re.sub(rf"(?<![\w-]){re.escape(secret)}(?![\w-])", "[redacted]", text)
+            continue
+        low = secret.lower()               # a hex key may come back in capitals
+        at = text.lower().find(low[:SECRET_PREFIX])
+        while at >= 0:
+            end = at + SECRET_PREFIX
+            while end < len(text) and end - at < len(low) and text[end].lower() == low[end - at]:
+                end += 1
+            text = text[:at] + "[redacted]" + text[end:]
+            at = text.lower().find(low[:SECRET_PREFIX], at + len("[redacted]"))
     if REDACTIONS.tags:
         text = _HEX_TAG.sub(lambda m: "[redacted]" if m.group() in REDACTIONS.tags
                             else m.group(), text)
@@ -847,14 +866,30 @@ def read_json_file(path: str) -> tuple[object, str | None]:
 
 
 def write_atomically(path: str, text: str) -> str | None:
-    """Write a whole file at once: a temporary file in the same folder, then a rename, so
-    a reader sees the old file or the new one, never half of it. None when written, else
-    why not (the temporary file is removed)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    """Write a whole file at once: a new temporary file in the same folder (created
+    exclusively, never through a link), then a rename, so a reader sees the old file or
+    the new one, never half of it. Only a regular file (or nothing) is replaced: a device,
+    a FIFO, a link or a folder at the path is refused. None when written, else why not."""
+    import stat
+    import tempfile
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        return f"{exc.strerror or exc}"
+    if mode is not None and not stat.S_ISREG(mode):
+        return "not a regular file (a device, FIFO, link or folder is never replaced)"
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
+                                         dir=folder)
+    except OSError as exc:
+        return f"{exc.strerror or exc}"
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
+        os.chmod(temporary, 0o644)
         os.replace(temporary, path)
     except OSError as exc:
         try:

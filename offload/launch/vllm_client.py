@@ -243,7 +243,7 @@ class ServerProgram(Program):
         prompts = {}
         for engine in self.server.engines:
             nonce = "warmup-" + os.urandom(12).hex()
-            REDACTIONS.secret(nonce)
+            REDACTIONS.tag(nonce)
             prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p), nonce,
                                                budget, minimum)
             tighter = long_prompt_budget(target_tokens, tokens, self.server.max_model_len,

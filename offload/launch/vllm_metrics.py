@@ -324,7 +324,8 @@ class GaugeSampler:
             engine = None
             if self.engines is not None:
                 label = labels.get("engine")
-                if label is None or not label.isdigit() or int(label) not in self.engines:
+                if not isinstance(label, str) or not re.fullmatch(r"[0-9]{1,4}", label) \
+                        or int(label) not in self.engines:
                     continue
                 engine = int(label)
             seen = self.seen.setdefault(engine, {"running_max": 0.0, "waiting_max": 0.0,

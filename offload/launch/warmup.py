@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -700,7 +701,7 @@ def chunk_tokens_from(flag: int | None) -> int:
     text = os.environ.get("WARMUP_CHUNK_TOKENS")
     if not text:
         return 4096
-    if not text.strip().isdigit() or not 0 < int(text) < MAX_B1_TOKENS:
+    if not re.fullmatch(r"[0-9]{1,7}", text.strip()) or not 0 < int(text) < MAX_B1_TOKENS:
         raise UsageError(f"WARMUP_CHUNK_TOKENS must be a whole number of tokens from 1 to "
                          f"{MAX_B1_TOKENS - 1}, got {text!r}")
     return int(text)

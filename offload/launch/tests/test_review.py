@@ -76,7 +76,8 @@ class TestReviewFindings(HelperCase):
     def test_report_reads_a_record_holding_a_lone_surrogate(self):
         with open(self.records_path, "w", encoding="utf-8") as handle:
             handle.write('{"record":"run","run_id":"a","model":"m\\ud800",'
-                         '"plan":{"requests_total":0}}\n'
+                         '"plan":{"requests_total":1}}\n'
+                         '{"record":"request","run_id":"a","request_id":"x\\udc00","ok":true}\n'
                          '{"record":"summary","run_id":"a","verdict":"pass","exit_code":0,'
                          '"problems":[]}\n')
         proc = subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
