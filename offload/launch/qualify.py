@@ -129,6 +129,7 @@ def health_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------
 
 READY_KIND = "offload-ready/1"
+IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_")
 MAX_READY_BYTES = 64 << 10
 
 
@@ -161,17 +162,22 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
 
 def read_ready_file(path: str) -> tuple[dict | None, str | None]:
     """The ready file as a document, or (None, why it is not one)."""
+    where = clean_text(path, 200)
     try:
         with open_regular(path) as handle:
             data = handle.read(MAX_READY_BYTES + 1)
     except FileNotFoundError:
-        return None, f"{path} is missing: no warm-up has passed since the last start"
+        return None, f"{where} is missing: no warm-up has passed since the last start"
     except OSError as exc:
-        return None, f"{path} cannot be read ({exc.strerror or type(exc).__name__})"
+        return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
     doc, why = decode_json(data) if len(data) <= MAX_READY_BYTES else (None, "too large")
     if not isinstance(doc, dict) or doc.get("kind") != READY_KIND \
             or not isinstance(doc.get("model"), str) or not isinstance(doc.get("base_url"), str):
-        return None, f"{path} is not a ready file ({why or 'not what start.sh writes'})"
+        return None, f"{where} is not a ready file ({why or 'not what start.sh writes'})"
+    try:
+        parse_base_url(doc["base_url"], "its base_url")
+    except UsageError as exc:
+        return None, f"{where} is not a ready file ({exc})"
     return doc, None
 
 
@@ -217,13 +223,19 @@ def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
         return EXIT_FAIL, f"not ready: /metrics did not answer ({exc.problem})"
     if response.status != 200:
         return EXIT_FAIL, f"not ready: /metrics answered HTTP {response.status}"
-    why = check_identity(doc, parse_prometheus(response.body.decode("utf-8", "replace"))
-                         .samples)
+    lines = [line for line in response.body.decode("utf-8", "replace").split("\n")
+             if line.startswith(IDENTITY_LINES)]      # parse only what identifies it
+    why = check_identity(doc, parse_prometheus("\n".join(lines)).samples)
     if why:
         return EXIT_FAIL, f"not ready: {why}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "
-                       f"warmed by run {clean_text(str(doc.get('run_id')), 40)} at "
-                       f"{clean_text(str(doc.get('warmed_at')), 40)}")
+                       f"warmed by run {shown(doc.get('run_id'))} at "
+                       f"{shown(doc.get('warmed_at'))}")
+
+
+def shown(value) -> str:
+    """A ready file's string as one clean word, or 'unknown'."""
+    return clean_text(value, 40) if isinstance(value, str) and value else "unknown"
 
 
 def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int, str]:
@@ -240,10 +252,13 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
     doc, why = ready_document(reports[0], records, gate_report, gate_records)
     if doc is None:
         return EXIT_FAIL, f"not written: {why}"
+    if finite_number(doc.get("process_start_time_seconds")) is None:
+        return EXIT_FAIL, ("not written: the warm-up saw no process_start_time_seconds on "
+                           "/metrics, so the ready file could never be checked")
     why = write_atomically(path, json.dumps(doc, indent=1) + "\n")
     if why is not None:
-        return EXIT_USAGE, f"cannot write {path}: {why}"
-    return EXIT_PASS, f"wrote {path}"
+        return EXIT_USAGE, f"cannot write {clean_text(path, 200)}: {why}"
+    return EXIT_PASS, f"wrote {clean_text(path, 200)}"
 
 
 def ready_main(argv: list[str]) -> int:

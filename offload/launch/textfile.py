@@ -51,8 +51,9 @@ def render(samples: list[tuple]) -> str:
         if name not in seen:
             seen.add(name)
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-        shown = repr(float(value)) if math.isfinite(value) else "NaN"
+        inner = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(labels.items()))
+        shown = repr(float(value)) if math.isfinite(value) else \
+            "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
         lines.append(f"{name}{{{inner}}} {shown}" if labels else f"{name} {shown}")
     return "\n".join(lines) + "\n"
 
@@ -62,18 +63,36 @@ def previous_samples(path: str) -> list[tuple]:
     readable; only offload_ samples are kept."""
     try:
         with open_regular(path) as handle:
-            data = handle.read(MAX_TEXTFILE_BYTES)
+            data = handle.read(MAX_TEXTFILE_BYTES + 1)
     except OSError:
         return []
+    if len(data) > MAX_TEXTFILE_BYTES:
+        return []                         # not ours, or damaged: nothing is carried over
     text = data.decode("utf-8", "replace")
     helps = {}
     for line in text.split("\n"):
         parts = line.split(" ", 3)
         if len(parts) == 4 and parts[:2] == ["#", "HELP"]:
             helps[parts[2]] = parts[3]
-    return [(name, labels, value, helps.get(name, "Kept from the previous file."))
-            for name, labels, value in parse_prometheus(text).samples
-            if name.startswith("offload_")]
+    kept, seen = [], set()
+    for name, labels, value in parse_prometheus(text).samples:
+        key = (name, tuple(sorted(labels.items())))
+        if name.startswith("offload_") and key not in seen:
+            seen.add(key)
+            kept.append((name, labels, value, clean_help(helps.get(name))))
+    return kept
+
+
+def escape(value: str) -> str:
+    """A label value as the text format writes it: backslash, quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def clean_help(text: str | None) -> str:
+    """A HELP text carried over: printable, no escapes, or a plain stand-in."""
+    if not text or not all(" " <= ch <= "~" for ch in text) or "\\" in text:
+        return "Kept from the previous file."
+    return text
 
 
 def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
@@ -82,9 +101,8 @@ def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
     success = f"{prefix}_last_success_timestamp_seconds"
     kept = [s for s in before if not s[0].startswith(prefix + "_")]
     if not any(s[0] == success for s in fresh):
-        kept += [s for s in before if s[0] == success]
-    ordered = sorted(kept + fresh, key=lambda s: s[0])     # a family's samples together
-    return ordered
+        kept += [s for s in before if s[0] == success][:1]
+    return sorted(kept + fresh, key=lambda s: s[0])     # a family's samples together
 
 
 def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:

@@ -208,11 +208,11 @@ def exact_str(value, limit: int) -> str | None:
     'length\\n' can never be judged as 'length'."""
     if value is None:
         return None
-    if isinstance(value, str) and value == clean_text(value, limit):
+    if not isinstance(value, str):
+        return f"<{type(value).__name__}>"   # a container may hold text: never quoted
+    if value == clean_text(value, limit):
         return value
-    if isinstance(value, str):
-        value = redact_secrets(value)
-    return clean_text(repr(value), limit)
+    return clean_text(repr(redact_secrets(value)), limit)
 
 
 def short_str(value, limit: int) -> str | None:

@@ -97,6 +97,7 @@ class ServerProgram(Program):
         self.tally = Tally()
         self.counters_before: dict | None = None   # counters of the last guard read
         self.observed: dict | None = None          # what the last batch's sampler saw
+        self.batch_ended_at: float | None = None   # when the last batch's requests ended
         REDACTIONS.secret(connection.api_key)
         REDACTIONS.secret(connection.target.credentials)
 
@@ -293,6 +294,7 @@ class ServerProgram(Program):
         if sampler:
             sampler.start()
         finished = release_batch(self.connection.target, run.clock, slots, still_running)
+        self.batch_ended_at = run.clock.elapsed()     # before the sampler's last read ends
         self.observed = sampler.stop() if sampler else None
         run.current = None
         return finished
@@ -580,7 +582,8 @@ def _numbers_only(value) -> dict | None:
         return None
     kept = {}
     for key, item in list(value.items())[:32]:
-        key = clean_text(str(key), 64)
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z0-9_]{1,64}", key):
+            continue                      # a field name, or nothing: never a server's text
         if isinstance(item, list):
             kept[key] = [finite_number(x) for x in item[:64]]
         else:

@@ -45,11 +45,11 @@ def engines_in(samples: list) -> tuple[int, ...]:
 
 def process_start(samples: list) -> float | None:
     """The API server process's start (process_start_time_seconds, Unix time): the same
-    value means the same server process; None when /metrics does not say."""
-    for name, _, value in samples:
-        if name == "process_start_time_seconds":
-            return finite_number(value)
-    return None
+    value means the same server process; None when /metrics does not say, or says it
+    more than one way (fail closed)."""
+    found = {finite_number(value) for name, _, value in samples
+             if name == "process_start_time_seconds"}
+    return found.pop() if len(found) == 1 else None
 
 
 def served_models(samples: list) -> set[str]:

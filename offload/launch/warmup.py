@@ -62,6 +62,7 @@ MAX_WAVE_DEPTH = 64
 MIN_B1_PROMPT_TOKENS = MIN_LONG_PROMPT_TOKENS     # B1 must prefill more than 4096 tokens
 MAX_B1_TOKENS = MAX_LONG_PROMPT_TOKENS
 SHORT_PROMPT_WORDS = 24
+MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
 
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
@@ -245,7 +246,7 @@ class WarmUp(ServerProgram):
             mine = [r for r in self.tally.requests if r["engine"] == engine]
             ok = sum(1 for r in mine if r["ok"])
             labels = {} if engine is None else {"engine": str(engine)}
-            for result, value in (("ok", ok), ("failed", self.plan.requests_total - ok)):
+            for result, value in (("ok", ok), ("failed", self.plan.requests_per_engine - ok)):
                 samples.append(("offload_warmup_requests", dict(labels, result=result),
                                 float(value), "Requests of the last run, ok or failed (not "
                                               "run counts as failed), per engine."))
@@ -287,7 +288,7 @@ class WarmUp(ServerProgram):
                                       observe_ms=self.plan.gauge_interval_ms)
         if finished is None:
             return False
-        duration = run.clock.elapsed() - started
+        duration = self.batch_ended_at - started
         wave_requests = [self.request_record(run, depth, slot, first, kind_)
                          for slot in finished]
         for record in wave_requests:
@@ -445,13 +446,17 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
         return {}
     deltas = engine_deltas(evidence["deltas"], engine)
     seen = (observed or {}).get(engine) or {}
+    shown = dict(sorted(deltas.items())[:MAX_WAVE_SERIES])
     return {
-        "counters": deltas,
+        "counters": shown,
+        "counters_cut": len(deltas) - len(shown) or None,   # series left out of the record
         "counters_went_down": list(engine_deltas(dict.fromkeys(evidence["went_down"]),
                                                  engine)),
         "counters_why": evidence["why"],
         "running_max": seen.get("running_max"), "waiting_max": seen.get("waiting_max"),
         "gauge_samples": seen.get("gauge_samples", 0),
+        "gauge_reads": seen.get("gauge_reads"),
+        "gauge_reads_failed": seen.get("gauge_reads_failed"),
         "spec_decode": spec_figures(deltas),
         "tokens_per_step": tokens_per_step(deltas),
     }
