@@ -192,12 +192,18 @@ def sanitize_text(text: str, limit: int = SINK_TEXT_LIMIT) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
 def sanitize(value, depth: int = 0):
-    """The sink rule for a record: every string in it (keys too) through sanitize_text."""
+    """The sink rule for a record: every string in it through sanitize_text; keys too,
+    except a plain field name (ours), which a short secret must never rename."""
     if isinstance(value, str):
         return sanitize_text(value)
     if isinstance(value, dict):
-        return {sanitize_text(str(k), 200): sanitize(v, depth + 1) for k, v in value.items()}
+        return {k if isinstance(k, str) and _FIELD_NAME.fullmatch(k)
+                else sanitize_text(str(k), 200): sanitize(v, depth + 1)
+                for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [sanitize(v, depth + 1) for v in value]
     return value

@@ -29,6 +29,7 @@ if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
 
 import qualify  # noqa: E402
+import transport  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
 
@@ -97,6 +98,9 @@ class HelperCase(unittest.TestCase):
         for name in ("VLLM_API_KEY", "WARMUP_MODEL", "WARMUP_BASE_URL", "WARMUP_RECORDS_DIR",
                      "WARMUP_HARD_S", "WARMUP_TEXTFILE", "WARMUP_ENGINES"):
             os.environ.pop(name, None)
+        # What an earlier test's run registered (its prompts, keys) must not colour this
+        # one's output: in production one process is one run.
+        transport.REDACTIONS.reset()
         # The scripts under test (start.sh, the wrapper) run `python3`: let that be the
         # interpreter running the tests, not a version manager's shim in front of it.
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
