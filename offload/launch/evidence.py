@@ -49,8 +49,6 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     return shown
 
 
-
-
 def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
     """Counter deltas against the records; a mismatch is a warning, never a failure."""
     warnings = []
@@ -69,7 +67,6 @@ def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
         warnings.append(f"request success delta {succeeded:g} differs from the {answered} "
                         f"requests answered 200 (foreign traffic or a counting difference)")
     return warnings
-
 
 
 def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
@@ -99,7 +96,6 @@ def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
     return shares, problems, warnings
 
 
-
 def flatten_numbers(doc, prefix: str = "", depth: int = 0) -> dict[str, float]:
     """A status document's numeric fields as dotted keys (booleans are not numbers)."""
     found = {}
@@ -110,7 +106,6 @@ def flatten_numbers(doc, prefix: str = "", depth: int = 0) -> dict[str, float]:
     elif isinstance(doc, (int, float)) and not isinstance(doc, bool) and math.isfinite(doc):
         found[prefix[:-1]] = doc
     return found
-
 
 
 def status_delta(before: dict | None, after: dict | None, why_missing: str | None = None) -> dict:
@@ -131,7 +126,6 @@ def status_delta(before: dict | None, after: dict | None, why_missing: str | Non
                 "why": f"no identity field ({', '.join(STATUS_IDENTITY)}) to show both snapshots "
                        f"come from the same process"}
     return {"state": "valid", "why": None, "delta": delta}
-
 
 
 @dataclass(frozen=True)
@@ -258,6 +252,5 @@ def counters_line(highlights: dict | None) -> str:
         totals[name] = None if value is None or previous is None else previous + value
     return "counters over the warm-up: " + ", ".join(
         f"{k} {'n/a' if v is None else f'+{v:g}'}" for k, v in totals.items())
-
 
 

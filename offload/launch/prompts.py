@@ -42,13 +42,11 @@ def make_long_prompt(nonce: str, n_words: int) -> str:
     return nonce + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(n_words))
 
 
-
 def make_short_prompt(seed: str, depth: int, index: int) -> str:
     """A distinct prompt of a few tens of tokens; its first word differs per request."""
     rng = random.Random(f"{seed}/{depth}/{index}")
     tag = f"{rng.getrandbits(48):012x}"
     return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
-
 
 
 def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: int) -> dict:
@@ -66,7 +64,6 @@ def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: in
     }
 
 
-
 def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None,
                        minimum: int = MIN_LONG_PROMPT_TOKENS) -> int:
     """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""
@@ -78,7 +75,6 @@ def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | Non
                     f"{max(room, 0)} prompt tokens beside {tokens} completion tokens, but B1 "
                     f"needs more than {minimum - 1}; no completion was sent")
     return min(target_tokens, room)
-
 
 
 SIZING_ROUNDS = 6

@@ -267,10 +267,8 @@ def killed_where(run: Run) -> str:
     return f" during {run.current}" if run.current else ""
 
 
-
 def killed_problem(run: Run, signum: int) -> str:
     return f"terminated by {signal.Signals(signum).name}{killed_where(run)}"
-
 
 
 def hard_bound_reached() -> bool:
@@ -283,11 +281,9 @@ def hard_bound_reached() -> bool:
         return False
 
 
-
 def default_records_path(run_id: str, kind: str = "warmup") -> str:
     directory = os.environ.get("WARMUP_RECORDS_DIR") or "warmup-records"
     return os.path.join(directory, f"{kind}-{run_id}.jsonl")
-
 
 
 def open_records(path: str):
@@ -318,12 +314,10 @@ def open_records(path: str):
     return stream
 
 
-
 def _last_byte(path: str) -> bytes:
     with open(path, "rb") as handle:
         handle.seek(-1, os.SEEK_END)
         return handle.read(1)
-
 
 
 def append_record(stream, record: dict) -> None:
@@ -335,7 +329,6 @@ def append_record(stream, record: dict) -> None:
         line = json.dumps(record, allow_nan=False) + "\n"
     stream.write(line)
     stream.flush()
-
 
 
 class Printer:
@@ -374,7 +367,6 @@ class Printer:
         return not self.thread.is_alive()
 
 
-
 def sanitize_lines(text: str) -> str:
     """The terminal sink's rule: each line of ours through transport.sanitize_text."""
     return "\n".join(sanitize_text(line) for line in text.split("\n"))
@@ -388,7 +380,6 @@ def printable(text: str, stream) -> str:
         return text
     except (UnicodeEncodeError, LookupError):
         return text.encode(encoding, "replace").decode(encoding, "replace")
-
 
 
 def emit(text: str, stream=None) -> bool:
@@ -405,7 +396,6 @@ def emit(text: str, stream=None) -> bool:
         return False
 
 
-
 def _silence(stream) -> None:
     """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
     try:
@@ -414,7 +404,6 @@ def _silence(stream) -> None:
         os.close(devnull)
     except (OSError, ValueError, AttributeError):
         pass
-
 
 
 def verdict_line(summary: dict, records_path: str) -> str:
@@ -430,8 +419,6 @@ def verdict_line(summary: dict, records_path: str) -> str:
     notes = "".join(f"\nnote: {n}" for n in summary.get("notes", []))
     notes += "".join(f"\nwarning: {w}" for w in summary.get("warnings", []))
     return head + "".join(f"\n  - {p}" for p in reasons) + notes + f"\nrecords: {records_path}"
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -453,7 +440,6 @@ def seconds(high: float = MAX_SECONDS):
     return parse
 
 
-
 def whole(low: int, high: int):
     """An argparse type: a whole number in [low, high]."""
     def parse(text: str) -> int:
@@ -469,7 +455,6 @@ def whole(low: int, high: int):
     return parse
 
 
-
 def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parse_args; with --json a usage error also prints a JSON object on stdout."""
     try:
@@ -478,7 +463,6 @@ def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argpar
         if exc.code not in (0, None) and "--json" in argv:
             emit_usage_json("usage error (see stderr)")
         raise
-
 
 
 def usage_error(parser: argparse.ArgumentParser, as_json: bool, message: str):
@@ -537,7 +521,6 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
 
 
-
 # ---------------------------------------------------------------------------
 # Signals: every terminating signal the program can catch ends in one 'killed' summary.
 # ---------------------------------------------------------------------------
@@ -561,7 +544,6 @@ def _raise_terminated(signum, frame):
     raise Terminated(signum)
 
 
-
 def install_signal_handlers() -> dict:
     previous = {}
     _terminating.clear()
@@ -571,7 +553,6 @@ def install_signal_handlers() -> dict:
             if signum is not None:
                 previous[signum] = signal.signal(signum, _raise_terminated)
     return previous
-
 
 
 def restore_signal_handlers(previous: dict) -> None:
@@ -585,12 +566,10 @@ def restore_signal_handlers(previous: dict) -> None:
         signal.signal(signum, handler)
 
 
-
 def script_exit(code: int) -> None:
     """Leave the process with `code`; a stdout nobody reads cannot hold the exit."""
     if _stuck_output.is_set():
         os._exit(code)               # flushing would wait on the reader forever
     sys.exit(code)
-
 
 

@@ -288,7 +288,6 @@ class Target:
         return f"{host}:{self.port}"
 
 
-
 _URL_CHARS = re.compile(r"[!-~]+")       # printable ASCII, no space
 
 def parse_url(text: str, option: str = "--base-url") -> Target:
@@ -312,7 +311,6 @@ def parse_url(text: str, option: str = "--base-url") -> Target:
     creds = parts.netloc.rpartition("@")[0] or None
     return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
                   parts.path.rstrip("/"), creds)
-
 
 
 @dataclass(frozen=True)
@@ -342,7 +340,6 @@ class Clock:
         return f"no complete response by the deadline ({self.deadline_s:g} s)"
 
 
-
 class TransportError(Exception):
     """Connect, send or read failed; `problem` is short and safe to record."""
 
@@ -352,14 +349,12 @@ class TransportError(Exception):
         self.problem = problem
 
 
-
 @dataclass
 class Response:
     status: int
     headers: dict
     body: bytes
     watched_at: float | None = None     # when `watch` first matched the raw body (streams)
-
 
 
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
@@ -395,7 +390,6 @@ def encode_request(target: Target, method: str, path: str, body: dict | None,
     return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + data
 
 
-
 def connect(target: Target, clock: Clock) -> socket.socket:
     try:
         sock = socket.create_connection((target.host, target.port), timeout=clock.timeout())
@@ -412,7 +406,6 @@ def connect(target: Target, clock: Clock) -> socket.socket:
     return sock
 
 
-
 def send_all(sock: socket.socket, data: bytes, clock: Clock) -> None:
     view = memoryview(data)
     try:
@@ -425,12 +418,10 @@ def send_all(sock: socket.socket, data: bytes, clock: Clock) -> None:
         raise TransportError("closed", f"connection closed while sending: {exc.strerror or exc}")
 
 
-
 def _timeout_problem(clock: Clock, doing: str) -> str:
     if clock.remaining() <= 0:
         return clock.deadline_problem()
     return f"no progress for {clock.cap_s:g} s (socket cap) while {doing}"
-
 
 
 def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BYTES,
@@ -479,7 +470,6 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
         buf += chunk
 
 
-
 _STATUS_LINE = re.compile(r"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [\x20-\x7e\t\x80-\xff]*)?")
 
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
@@ -509,15 +499,12 @@ def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
     return int(match.group(1)), headers
 
 
-
 def _chunked(headers: dict) -> bool:
     return "chunked" in headers.get("transfer-encoding", "")
 
 
-
 def _reads_to_close(headers: dict) -> bool:
     return "content-length" not in headers and not _chunked(headers)
-
 
 
 def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> bytes | None:
@@ -533,7 +520,6 @@ def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> byt
         length = int(headers["content-length"])
         return bytes(buf[:length]) if len(buf) >= length else None
     return None
-
 
 
 _CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
@@ -559,7 +545,6 @@ def decode_chunked(data: bytes) -> bytes | None:
         pos = end + 2 + size + 2
 
 
-
 def fetch(target: Target, clock: Clock, method: str, path: str, body: dict | None = None,
           bearer: str | None = None, headers: dict | None = None) -> Response:
     """One request on its own connection, bounded by the clock."""
@@ -569,7 +554,6 @@ def fetch(target: Target, clock: Clock, method: str, path: str, body: dict | Non
         return read_response(sock, clock)
     finally:
         sock.close()
-
 
 
 def decode_json(data: bytes) -> tuple[object, str | None]:
@@ -584,7 +568,6 @@ def decode_json(data: bytes) -> tuple[object, str | None]:
         return json.loads(data), None
     except (ValueError, RecursionError):
         return None, "invalid JSON"
-
 
 
 def _nesting_depth(data) -> int:
@@ -616,8 +599,6 @@ def _nesting_depth(data) -> int:
     return deepest
 
 
-
-
 # ---------------------------------------------------------------------------
 # Prometheus text format 0.0.4, parsed exactly: a line that cannot be read is named.
 # ---------------------------------------------------------------------------
@@ -642,7 +623,6 @@ class Exposition:
     declared: dict                    # metric name -> its type, from its # TYPE line
 
 
-
 def parse_prometheus(text: str) -> Exposition:
     """Prometheus text format 0.0.4, line by line (split on LF only, as the format says)."""
     samples, bad, declared = [], [], {}
@@ -665,7 +645,6 @@ def parse_prometheus(text: str) -> Exposition:
     return Exposition(samples, bad, declared)
 
 
-
 def _parse_sample(line: str) -> tuple[str, dict, float]:
     match = _METRIC_NAME.match(line)
     if not match:
@@ -686,7 +665,6 @@ def _parse_sample(line: str) -> tuple[str, dict, float]:
     if len(rest) == 2 and not _TIMESTAMP.fullmatch(rest[1]):
         raise ValueError(f"timestamp {rest[1][:20]!r} is not an integer")
     return name, labels, float(rest[0])
-
 
 
 def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
@@ -724,12 +702,10 @@ def _parse_labels(line: str, pos: int) -> tuple[dict, int]:
             raise ValueError("bad label list")
 
 
-
 def series_key(name: str, labels: dict) -> str:
     """name{k="v",...} with sorted labels; label values come from the server, so cleaned."""
     inner = ",".join(f'{k}="{clean_text(v, 200)}"' for k, v in sorted(labels.items()))
     return f"{name}{{{inner}}}" if labels else name
-
 
 
 def series_name(key: str) -> str:
@@ -737,11 +713,8 @@ def series_name(key: str) -> str:
     return key.split("{")[0]
 
 
-
 def format_sample(name: str, labels: dict, value: float) -> str:
     return f"{series_key(name, labels)} = {value!r}"
-
-
 
 
 # ---------------------------------------------------------------------------
@@ -858,7 +831,6 @@ def open_regular(path: str):
     except BaseException:
         os.close(fd)
         raise
-
 
 
 def read_json_file(path: str) -> tuple[object, str | None]:

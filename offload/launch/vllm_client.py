@@ -437,7 +437,6 @@ def release_skew_ms(slots: list[Slot]) -> float | None:
     return round((max(sent) - min(sent)) * 1000, 3) if sent else None
 
 
-
 def slot_timing(slot: Slot) -> dict:
     """A finished slot's HTTP status, transport error and times: shared by every record."""
     latency = (slot.done_at - slot.sent_at) \
@@ -449,7 +448,6 @@ def slot_timing(slot: Slot) -> dict:
         "latency_s": None if latency is None else round(latency, 4),
         "sent_at_s": None if slot.sent_at is None else round(slot.sent_at, 4),
     }
-
 
 
 def extract_fields(status: int, body: bytes) -> dict:
@@ -489,7 +487,6 @@ def extract_fields(status: int, body: bytes) -> dict:
                              for k in REQUEST_METRIC_FIELDS}
         fields["speculative_decoding"] = _numbers_only(metrics.get("speculative_decoding"))
     return fields
-
 
 
 def logprobs_count(logprobs) -> int | None:
@@ -575,7 +572,6 @@ def read_usage(usage) -> tuple[dict, list[str]]:
     return counts, problems
 
 
-
 def _numbers_only(value) -> dict | None:
     """Per-request speculative metrics: numeric fields (and short numeric lists) only."""
     if not isinstance(value, dict):
@@ -591,7 +587,6 @@ def _numbers_only(value) -> dict | None:
     return kept
 
 
-
 def _error_message(doc: dict) -> tuple[str | None, str | None]:
     error = doc.get("error", doc.get("detail", doc.get("message")))
     if isinstance(error, dict):
@@ -604,7 +599,6 @@ def _error_message(doc: dict) -> tuple[str | None, str | None]:
     return scrub(text, ERROR_TEXT_LIMIT) or None, None
 
 
-
 def clean_stop_reason(value) -> int | str | None:
     """stop_reason as the server gave it (a token id or a stop string, cut to 64 characters)."""
     if value is None or (isinstance(value, int) and not isinstance(value, bool)
@@ -613,7 +607,6 @@ def clean_stop_reason(value) -> int | str | None:
     if isinstance(value, str):
         return clean_text(value, STOP_REASON_LIMIT)
     return f"<{type(value).__name__}>"
-
 
 
 def diagnose_http_error(status: int, message: str | None, param: str | None,
@@ -642,7 +635,6 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
     return f"HTTP {status}{said}"
 
 
-
 def request_label(record: dict) -> str:
     """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe),
     'alone id_repo#0' (gate)."""
@@ -652,7 +644,6 @@ def request_label(record: dict) -> str:
         where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
     engine = record.get("engine")
     return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
-
 
 
 def said_once(failed: list[dict]) -> list[str]:

@@ -29,7 +29,6 @@ from transport import (Clock, Exposition, Target, TransportError, clean_text, fe
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
-
 _NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
 
 def engines_in(samples: list) -> tuple[int, ...]:
@@ -40,7 +39,6 @@ def engines_in(samples: list) -> tuple[int, ...]:
         if name.startswith("vllm:") and engine is not None and re.fullmatch(r"[0-9]{1,4}", engine):
             found.add(int(engine))
     return tuple(sorted(found))
-
 
 
 def process_start(samples: list) -> float | None:
@@ -101,7 +99,6 @@ def guard_problems(exposition: Exposition, engines: tuple | None = None
     return problems, fresh
 
 
-
 def engine_never_ran(samples: list, engine: int | None) -> bool:
     """True when the engine's (or, with None, the server's) request counters are all 0."""
     for name, labels, value in samples:
@@ -109,7 +106,6 @@ def engine_never_ran(samples: list, engine: int | None) -> bool:
             if value != 0:
                 return False
     return True
-
 
 
 @dataclass
@@ -122,13 +118,9 @@ class GuardRead:
     fresh: list = field(default_factory=list)     # engines judged idle by their counters
 
 
-
-
 def only_busy(problems: list[str]) -> bool:
     """True when every problem is a busy gauge (worth a settle), none a missing or bad line."""
     return all(p.endswith("the server is not idle") for p in problems)
-
-
 
 
 COUNTING_TYPES = ("counter", "histogram", "summary")
@@ -215,7 +207,6 @@ def went_down(before: dict | None, after: dict | None) -> list[str]:
     return sorted(k for k in set(before) & set(after) if after[k] < before[k])
 
 
-
 def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float | None]:
     """after - before for every series; None where a side lacks it or the counter went back."""
     before, after = before or {}, after or {}
@@ -227,10 +218,8 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
     return deltas
 
 
-
 def metrics_source(target: Target, path: str = "") -> str:
     return target.display + path
-
 
 
 def read_exposition(target: Target, clock, path: str) -> tuple[Exposition | None, str | None]:
@@ -249,7 +238,6 @@ def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | N
     """The samples of one Prometheus endpoint, or None and why."""
     exposition, why = read_exposition(target, clock, path)
     return (exposition.samples, None) if exposition else (None, why)
-
 
 
 def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | None]:

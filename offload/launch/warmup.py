@@ -598,7 +598,6 @@ def waves_type(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc))
 
 
-
 def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
