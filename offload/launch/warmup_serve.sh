@@ -14,6 +14,7 @@ readonly HERE
 readonly KILL_AFTER_S=5
 child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
+forwarded="" # the signal forwarded to timeout, if any
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
 # it imports (the folder is one unit). prog makes --help and usage errors name the
@@ -29,10 +30,12 @@ die() {
 # Forward a signal to the helper's timeout (which passes it on to the helper), or
 # remember it until timeout runs. Ctrl-C stays an INT (the helper exits 130), a hangup
 # a HUP (129): the helper writes its 'killed' summary either way.
-# Globals: child (pid of timeout, or empty), pending (the signal, when no child yet).
+# Globals: child (pid of timeout, or empty), pending (the signal, when no child yet),
+# forwarded (set: the signal sent to timeout).
 # Arguments: $1, the signal's name.
 forward_signal() {
   if [[ -n "${child}" ]]; then
+    forwarded="$1"
     kill -s "$1" "${child}" 2>/dev/null || true
   else
     pending="$1"
@@ -81,6 +84,12 @@ main() {
     wait "${child}" || status=$?
   done
   trap - TERM INT HUP
+  # timeout runs the helper in its own process group (its pid). A signal that reached
+  # timeout while it was still starting the helper can leave the helper behind it:
+  # pass the signal to whatever of that group is left.
+  if [[ -n "${forwarded}" ]]; then
+    kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
+  fi
   case "${status}" in
     124)
       echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2
