@@ -1,9 +1,9 @@
 """Records read back: a JSON Lines file read within bounds, and any value in it shown safely.
 
-Used by qualify.py (report) and gate.py (its lines). A records file may be cut short by a
-kill, hold several runs, damaged lines or hostile values: load_records() reads past bad
-lines and names them, never holding more than a bounded amount; show() turns any value
-into one clean line.
+Used by report.py, qualify.py (ready), probe.py and gate.py. A records file may be cut
+short by a kill, hold several runs, damaged lines or hostile values: load_records() reads
+past bad lines and names them, never holding more than a bounded amount; show() turns any
+value into one clean line.
 """
 
 from __future__ import annotations

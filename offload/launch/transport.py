@@ -276,7 +276,8 @@ class Target:
     host: str
     port: int
     path: str                 # base path without trailing slash, ASCII, already safe
-    credentials: str | None   # user:password from the URL: never printed, never sent
+    credentials: str | None   # user:password from the URL: never printed; sent only as
+                              # Basic auth by qualify's health and ready
 
     @property
     def display(self) -> str:

@@ -265,7 +265,7 @@ def gauge_samples(target: Target, clock) -> list | None:
 class GaugeSampler:
     """Reads the request gauges every `interval_s` while a batch runs, in its own thread
     and on its own connections (each read bounded to 1 s and by the deadline); never
-    delays the release, never outlives the batch (stop() ends it), and a failed read is
+    delays the release, ends within a read's bound after stop(), and a failed read is
     counted, not fatal. Per engine: the largest running and waiting values seen."""
 
     MAX_READS = 3000                      # a minute at 20 ms
