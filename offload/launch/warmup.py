@@ -37,9 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's 
 try:
     import runframe
     from evidence import Evidence, EvidenceOptions, engine_shares
-    # The exit codes are the warm-up's too (its --help and CONTRACT.md name them).
-    from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED,  # noqa: F401
-                          EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, EXIT_USAGE, PROBLEM_LIMIT,
+    from runframe import (EXIT_PASS, EXIT_USAGE, PROBLEM_LIMIT,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
     from paths import PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
