@@ -11,7 +11,7 @@ import os
 import time
 import unittest
 
-from support import HelperCase, warmup
+from support import HelperCase
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
 import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)

@@ -12,7 +12,7 @@ import threading
 import time
 import unittest
 
-from support import QUALIFY, HelperCase, qualify, warmup
+from support import QUALIFY, HelperCase, qualify
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import probe  # noqa: E402
 import report  # noqa: E402

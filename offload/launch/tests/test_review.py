@@ -18,7 +18,7 @@ import threading
 import time
 
 from hostile import HostileServer, completion_with, error_answer, json_answer
-from support import API_KEY, QUALIFY, WARMUP, WRAPPER, HelperCase, qualify, read_records
+from support import QUALIFY, WARMUP, WRAPPER, HelperCase, read_records
 import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 F_SETPIPE_SZ = 1031

@@ -15,7 +15,7 @@ import sys
 import time
 import unittest
 
-from support import FAKE, QUALIFY, START, WARMUP, WRAPPER, HelperCase, SilentServer, \
+from support import FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, \
     copy_product, free_port, product_files, read_records
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
@@ -278,7 +278,7 @@ time.sleep(0.8)
         result = self.start(server=["bash", "-c", "sleep 0.3 & exit 0"], timeout=30)
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
         pid = self.server_pid()
-        self.assertIn(f"server exited with status 0", result.stderr)
+        self.assertIn("server exited with status 0", result.stderr)
         self.assertIn(f"nothing of its process group {pid} is left", result.stderr)
         self.assertLess(result.elapsed, 10)
 
@@ -323,7 +323,7 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                 self.stop_server()
                 self.assertEqual(result.code, code, result.stdout + result.stderr)
                 if code == 0:
-                    self.assertIn(f"ready after", result.stdout)
+                    self.assertIn("ready after", result.stdout)
                 else:
                     self.assertIn(f"{self.url}/health did not answer 200", result.stderr)
                 for text in (result.stdout, result.stderr, self.start_log()):

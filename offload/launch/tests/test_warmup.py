@@ -10,7 +10,6 @@ import math
 import os
 import signal
 import subprocess
-import time
 import unittest
 from unittest import mock
 
