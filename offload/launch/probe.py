@@ -27,8 +27,7 @@ from runframe import (EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_option
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                          add_server_options, connection_from, extract_fields,
-                         extract_stream_fields, read_usage, slot_timing, stream_usage,
-                         template_kwargs_type)
+                         extract_stream_fields, slot_timing, template_kwargs_type)
 
 PROG = "qualify.py probe"
 
@@ -224,11 +223,19 @@ def kind_record(run: Run, probe: WarmthProbe, kind_: Kind, round_no: int, slot: 
     if slot.stream and response is not None and response.status == 200 \
             and response.watched_at is None:
         problems.append("no token text arrived")
-    first, sent = (response.watched_at if response is not None else None), slot.sent_at
+    return request_record(run, kind_.name, round_no, slot, timing, fields, problems)
+
+
+def request_record(run: Run, item: str, round_no: int, slot: Slot, timing: dict,
+                   fields: dict, problems: list) -> dict:
+    """The probe record of one request from its timing, its extracted fields (counts
+    only) and its problems: when its first token (streamed) and its end came."""
+    response, sent = slot.response, slot.sent_at
+    first = response.watched_at if response is not None else None
     return {
-        "record": "probe", "run_id": run.settings.run_id, "item": kind_.name,
-        "round": round_no, "index": slot.index, "engine": slot.engine,
-        "request_id": slot.request_id, "http_status": timing["http_status"],
+        "record": "probe", "run_id": run.settings.run_id, "item": item, "round": round_no,
+        "index": slot.index, "engine": slot.engine, "request_id": slot.request_id,
+        "http_status": timing["http_status"],
         "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
         "total_s": timing["latency_s"],
         "prompt_tokens": fields.get("prompt_tokens"),
@@ -260,44 +267,30 @@ def probe_line(entry: dict) -> str:
 def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
     """One request: when its first token (streamed) and its end came; counts only, no
     text. A --paths kind is judged as the warm-up judges it (paths.judge_kind)."""
-    timing, usage = slot_timing(slot), None
-    response, tokens = slot.response, probe.options.tokens
-    problems = []
     kind_ = KINDS.get(item)
     if kind_ is not None:
         return kind_record(run, probe, kind_, round_no, slot)
+    timing, response, tokens = slot_timing(slot), slot.response, probe.options.tokens
+    fields, problems = {}, []
     if response is None:
         problems.append(timing["transport_error"])
     elif response.status != 200:
         problems.append(probe.diagnose(extract_fields(response.status, response.body)))
     else:
-        usage, done = stream_usage(response.body)
-        if not done:
+        fields = extract_stream_fields(response.status, response.body)
+        if not fields["stream_done"]:
             problems.append("stream did not end with [DONE]")
-        if usage is None:
+        if not fields["usage"]:
             problems.append("stream carried no usage")
         if response.watched_at is None:
             problems.append("no token text arrived")
-    counts, bad_counts = read_usage(usage)
-    problems += bad_counts
-    if usage is not None and counts["completion_tokens"] != tokens \
-            and not any(p.startswith("usage completion_tokens") for p in bad_counts):
-        problems.append(f"completion_tokens {show(counts['completion_tokens'])}, expected "
-                        f"{tokens}")
-    sent = slot.sent_at
-    first = response.watched_at if response is not None else None
-    return {
-        "record": "probe", "run_id": run.settings.run_id, "item": item, "round": round_no,
-        "index": slot.index, "engine": slot.engine, "request_id": slot.request_id,
-        "http_status": timing["http_status"],
-        "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
-        "total_s": timing["latency_s"],
-        "prompt_tokens": counts["prompt_tokens"],
-        "cached_tokens": counts["cached_tokens"],
-        "completion_tokens": counts["completion_tokens"],
-        "ok": not problems,
-        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
-    }
+        bad_counts = fields["usage_problems"]
+        problems += bad_counts
+        if fields["usage"] and fields["completion_tokens"] != tokens \
+                and not any(p.startswith("usage completion_tokens") for p in bad_counts):
+            problems.append(f"completion_tokens {show(fields['completion_tokens'])}, "
+                            f"expected {tokens}")
+    return request_record(run, item, round_no, slot, timing, fields, problems)
 
 
 PROBE_EPILOG = ENVIRONMENT_HELP + """

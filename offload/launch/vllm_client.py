@@ -538,21 +538,6 @@ def extract_stream_fields(status: int, body: bytes) -> dict:
     return fields
 
 
-def stream_usage(body: bytes) -> tuple[dict | None, bool]:
-    """(the last usage object, whether the stream ended with [DONE]) of an SSE body; the
-    events' text is never kept."""
-    usage, done = None, False
-    for line in body.split(b"\n"):
-        line = line.strip()
-        if line == b"data: [DONE]":
-            done = True
-        elif line.startswith(b"data: {") and b'"usage"' in line:
-            doc, _ = decode_json(line[6:])
-            if isinstance(doc, dict) and isinstance(doc.get("usage"), dict):
-                usage = doc["usage"]
-    return usage, done
-
-
 USAGE_COUNTS = (("prompt_tokens", ("prompt_tokens",)),
                 ("completion_tokens", ("completion_tokens",)),
                 ("cached_tokens", ("prompt_tokens_details", "cached_tokens")),

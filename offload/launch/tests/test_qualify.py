@@ -218,7 +218,9 @@ class TestReportPieces(unittest.TestCase):
     def test_stream_usage(self):
         body = (b'data: {"choices":[{"text":"x"}],"usage":null}\n\n'
                 b'data: {"choices":[],"usage":{"completion_tokens":32}}\n\ndata: [DONE]\n\n')
-        self.assertEqual(vllm_client.stream_usage(body), ({"completion_tokens": 32}, True))
+        fields = vllm_client.extract_stream_fields(200, body)
+        self.assertEqual((fields["usage"], fields["completion_tokens"], fields["stream_done"]),
+                         (True, 32, True))
 
 
 class TestReportReading(unittest.TestCase):
