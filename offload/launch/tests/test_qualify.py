@@ -142,28 +142,17 @@ class TestReportPieces(unittest.TestCase):
         self.assertEqual(response.body, first)
 
     def test_probe_record_names_the_key_variable(self):
-        slot = vllm_client.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
-                                response=transport.Response(401, {}, b'{"error":"Unauthorized"}'),
-                                stream=True)
-        settings = runframe.RunSettings(prog="probe", run_id="r", records_path="unused",
-                                        deadline_s=90, socket_cap_s=60)
-        connection = vllm_client.Connection(
-            target=vllm_client.parse_base_url("http://h:1"), api_key=None,
-            api_key_env="OPS_KEY", model="m", engines=None)
-        program = probe.WarmthProbe(connection, probe.ProbeOptions(), settings)
-        run = runframe.Run(settings, program, transport.Clock.start(90, 60), None, print)
-        record = probe.probe_record(run, program, "single", 1, slot)
+        record = self.probe_record_of(
+            transport.Response(401, {}, b'{"error":"Unauthorized"}'))
         self.assertFalse(record["ok"])
         self.assertIn("unauthorized: OPS_KEY is not set; set OPS_KEY (or --api-key-env)",
                       record["problems"][0])
         self.assertIsNone(record["ttft_s"])
 
-    def probe_record_of(self, body: bytes, watched_at=0.15) -> dict:
-        """probe_record of one streamed 200 answer with this body."""
+    def probe_record_of(self, response: transport.Response) -> dict:
+        """probe_record of one streamed request of item single that got this response."""
         slot = vllm_client.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
-                                response=transport.Response(200, {}, body,
-                                                            watched_at=watched_at),
-                                stream=True)
+                                response=response, stream=True)
         settings = runframe.RunSettings(prog="probe", run_id="r", records_path="unused",
                                         deadline_s=90, socket_cap_s=60)
         connection = vllm_client.Connection(
@@ -174,23 +163,25 @@ class TestReportPieces(unittest.TestCase):
         return probe.probe_record(run, program, "single", 1, slot)
 
     def test_probe_record_judges_the_stream(self):
+        def streamed(body, watched_at=0.15):
+            return self.probe_record_of(transport.Response(200, {}, body, watched_at))
         tokens = probe.ProbeOptions().tokens
         text = b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
         usage = (b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d,'
                  b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n')
         done = b"data: [DONE]\n\n"
-        good = self.probe_record_of(text + usage % tokens + done)
+        good = streamed(text + usage % tokens + done)
         self.assertTrue(good["ok"], good["problems"])
         self.assertEqual((good["prompt_tokens"], good["cached_tokens"],
                           good["completion_tokens"], good["ttft_s"]), (7, 0, tokens, 0.05))
-        cut = self.probe_record_of(text, watched_at=None)
+        cut = streamed(text, watched_at=None)
         self.assertEqual(cut["problems"], ["stream did not end with [DONE]",
                                            "stream carried no usage", "no token text arrived"])
         self.assertIsNone(cut["completion_tokens"])
-        short = self.probe_record_of(text + usage % (tokens - 1) + done)
+        short = streamed(text + usage % (tokens - 1) + done)
         self.assertEqual(short["problems"],
                          [f"completion_tokens {tokens - 1}, expected {tokens}"])
-        odd = self.probe_record_of(text + usage.replace(b"%d", b'"many"') + done)
+        odd = streamed(text + usage.replace(b"%d", b'"many"') + done)
         self.assertEqual(len(odd["problems"]), 1, odd["problems"])
         self.assertTrue(odd["problems"][0].startswith("usage completion_tokens is not a count"))
 
