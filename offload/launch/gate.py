@@ -24,9 +24,11 @@ from readback import as_dict, as_list, exit_status, show
 from runframe import (EXIT_FAIL, EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
                       emit, parse_or_explain, run_session, run_settings, usage_error, whole)
 from transport import REDACTIONS, UsageError, clean_text, decode_json, finite_number
+from kinds import COPY_SEED as GATE_SEED
+from kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
-                         connection_from, diagnose_http_error, extract_fields, slot_timing,
-                         template_kwargs_type)
+                         answer_record, connection_from, diagnose_http_error, read_slot,
+                         slot_timing, template_kwargs_type)
 
 PROG = "qualify.py gate"
 
@@ -126,10 +128,10 @@ PROBES = tuple(Probe(name, "identifier", text) for name, text in IDENTIFIERS) + 
 )
 SHAPES = ("alone", "batched")
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-COPY_OPEN, COPY_CLOSE = "<text>", "</text>"
+COPY_OPEN, COPY_CLOSE = "<text>", COPY_STOP
+COPY_KINDS = {"chat": KINDS["copy"], "completions": KINDS["copy-raw"]}
 INSTRUCTION = (f"Reply with exactly the text between {COPY_OPEN} and {COPY_CLOSE}, character "
                f"for character, and nothing else: no quotes, no tags, no comments.")
-GATE_SEED = 20240601
 GATE_MAX_TOKENS = 2048
 GATE_MAX_CER = 0.01
 INTRO_LINE_LIMIT = 120                # a longer first line is not "only an introduction"
@@ -147,17 +149,9 @@ def gate_prompt(reference: str, endpoint: str) -> str:
 
 def gate_body(model: str, probe: Probe, rid: str, endpoint: str, max_tokens: int,
               template_kwargs: dict | None) -> dict:
-    """One probe request: greedy, a fixed seed, not streamed; chat or raw completion."""
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "seed": GATE_SEED,
-            "stream": False, "request_id": rid}
-    if endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": gate_prompt(probe.reference, "chat")}]
-        if template_kwargs is not None:
-            body["chat_template_kwargs"] = template_kwargs
-    else:
-        body["prompt"] = gate_prompt(probe.reference, "completions")
-        body["stop"] = [COPY_CLOSE]
-    return body
+    """One probe request (kinds' copy kinds): greedy, a fixed seed, not streamed."""
+    return COPY_KINDS[endpoint].build(model, gate_prompt(probe.reference, endpoint), rid,
+                                      max_tokens, 0, template_kwargs)
 
 
 # -- scoring: pure functions ------------------------------------------------
@@ -299,9 +293,10 @@ def score_answer(probe: Probe, answer: str, max_cer: float, max_typos: int = 0) 
     exact = got == want
     word_errors = None if probe.kind == "identifier" else \
         levenshtein(got.split(" ") if got else [], want.split(" "))
-    ok = exact if probe.kind == "identifier" else \
-        word_errors <= max_typos and cer <= max_cer
-    return {"exact": exact if probe.kind == "identifier" else None, "edit_distance": distance,
+    exact = exact if probe.kind == "identifier" else None
+    ok = copy_problem({"kind": probe.kind, "exact": exact, "word_errors": word_errors,
+                       "cer": cer}, max_cer, max_typos) is None
+    return {"exact": exact, "edit_distance": distance,
             "reference_chars": len(want), "answer_chars": len(got), "cer": cer,
             "word_errors": word_errors,
             "reference_words": None if word_errors is None else len(want.split(" ")),
@@ -412,47 +407,30 @@ def exhausted_problem(reasoning_tokens: int | None, max_tokens: int) -> str:
 
 def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shape: str,
                 slot: Slot, options: GateOptions) -> dict:
-    """One probe's response scored: counts, distances and reasons; the answer is dropped."""
-    timing = slot_timing(slot)
-    response = slot.response
-    fields: dict = {}
-    score, problems = None, []
-    if response is None:
-        problems.append(timing["transport_error"])
-    else:
-        fields = extract_fields(response.status, response.body)
-        if response.status != 200:
-            problems.append(diagnose_gate_error(
-                response.status, scrub_probe_text(fields["error"]),
-                scrub_probe_text(fields["error_param"]), connection, options.endpoint))
+    """One probe's response: its HTTP and usage half judged by kinds.judge(), its answer
+    scored in memory; counts, distances and reasons are kept, the answer is dropped."""
+    timing, answer = slot_timing(slot), read_slot(slot)
+
+    def diagnose(fields: dict) -> str:
+        return diagnose_gate_error(fields["http_status"], scrub_probe_text(fields["error"]),
+                                   scrub_probe_text(fields["error_param"]), connection,
+                                   options.endpoint)
+    problems = judge(answer, COPY_KINDS[options.endpoint], options.max_tokens,
+                     diagnose=diagnose)
+    score = {}
+    if not problems:
+        text, reasoned, why = read_answer(slot.response.body, options.endpoint)
+        if why is not None:
+            problems.append(why)
         else:
-            answer, reasoned, why = read_answer(response.body, options.endpoint)
-            problems += fields["usage_problems"]
-            if why is not None:
-                problems.append(why)
-            else:
-                score = score_answer(probe, answer, options.max_cer, options.max_typos)
-                finish = fields["finish_reason"]
-                if score["empty"] and finish == "length" and \
-                        (reasoned or fields["reasoning_tokens"]):
-                    problems.append(exhausted_problem(fields["reasoning_tokens"],
-                                                      options.max_tokens))
-                else:
-                    problem = score_problem(probe, score, options.max_cer, options.max_typos)
-                    if problem and finish == "length":
-                        problem += (f"; the answer was cut at --max-tokens "
-                                    f"{options.max_tokens} (finish_reason length)")
-                    problems += [problem] if problem else []
-            del answer                    # the text goes no further than this function
-    score = score or {}
+            score = score_answer(probe, text, options.max_cer, options.max_typos)
+            problems += answer_problems(probe, score, answer, reasoned, options)
+        del text                          # the text goes no further than this function
     return {
         "record": "gate", "run_id": run.settings.run_id, "request_id": slot.request_id,
+        "request_kind": COPY_KINDS[options.endpoint].name,
         "probe": probe.name, "kind": probe.kind,
-        "shape": shape, "index": index, "engine": slot.engine,
-        "http_status": timing["http_status"],
-        "finish_reason": fields.get("finish_reason"),
-        "completion_tokens": fields.get("completion_tokens"),
-        "reasoning_tokens": fields.get("reasoning_tokens"),
+        "shape": shape, "index": index, "engine": slot.engine, **answer_record(answer),
         "exact": score.get("exact"), "edit_distance": score.get("edit_distance"),
         "reference_chars": score.get("reference_chars", len(probe.reference)),
         "answer_chars": score.get("answer_chars"), "cer": score.get("cer"),
@@ -463,6 +441,20 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
         "ok": not problems,
         "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
     }
+
+
+def answer_problems(probe: Probe, score: dict, answer: dict, reasoned: bool,
+                    options: GateOptions) -> list[str]:
+    """Why a scored answer failed: a reasoning model that ran out of tokens, or the score
+    in figures (and whether the answer was cut)."""
+    finish = answer["finish_reason"]
+    if score["empty"] and finish == "length" and (reasoned or answer["reasoning_tokens"]):
+        return [exhausted_problem(answer["reasoning_tokens"], options.max_tokens)]
+    problem = score_problem(probe, score, options.max_cer, options.max_typos)
+    if problem and finish == "length":
+        problem += (f"; the answer was cut at --max-tokens {options.max_tokens} "
+                    f"(finish_reason length)")
+    return [problem] if problem else []
 
 
 def gate_line(record: dict) -> str:
@@ -614,8 +606,7 @@ class Gate(ServerProgram):
         slots, which = [], {}
         for engine in self.server.engines:
             for index, probe in probes:
-                where = "" if engine is None else f"e{engine}-"
-                rid = f"gate-{run.settings.run_id}-{where}{shape}-{probe.name}"
+                rid = request_id("gate", run.settings.run_id, engine, shape, probe.name)
                 body = gate_body(self.server.model, probe, rid, options.endpoint,
                                  options.max_tokens, options.template_kwargs)
                 slots.append(self.make_slot(index, rid, engine, body,

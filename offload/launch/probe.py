@@ -18,16 +18,15 @@ import os
 import textwrap
 from dataclasses import dataclass
 
-from paths import KINDS, PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
-from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
-                     fresh_long_prompt, make_short_prompt)
+from kinds import B1_FLOOR, KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
+from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
 from readback import as_list, show
 from runframe import (EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
                       parse_or_explain, run_session, run_settings, usage_error, whole)
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                         add_server_options, connection_from, extract_fields,
-                         extract_stream_fields, slot_timing, template_kwargs_type)
+                         add_server_options, answer_record, connection_from, read_slot,
+                         slot_timing, template_kwargs_type)
 
 PROG = "qualify.py probe"
 
@@ -126,8 +125,7 @@ class WarmthProbe(ServerProgram):
                 slots = []
                 for engine in self.server.engines:
                     for index in range(depth):
-                        where = "" if engine is None else f"e{engine}-"
-                        rid = f"probe-{run_id}-{where}{item}-r{round_no}-{index}"
+                        rid = request_id("probe", run_id, engine, item, f"r{round_no}", index)
                         prompt = self.prompt_for(run_id, item, depth, round_no, index, engine)
                         slots.append(self.item_slot(item, prompt, rid, index, engine))
                 finished = self.guarded_batch(run, label, slots,
@@ -142,14 +140,9 @@ class WarmthProbe(ServerProgram):
     def item_slot(self, item: str, prompt: str, rid: str, index: int, engine: int | None
                   ) -> Slot:
         """One request of an item: a streamed completion, or a --paths kind as it is."""
-        options, model = self.options, self.server.model
-        kind_ = KINDS.get(item)
-        if kind_ is None:
-            body = dict(completion_body(model, prompt, rid, options.tokens, options.priority),
-                        stream=True, stream_options={"include_usage": True})
-            return self.make_slot(index, rid, engine, body, stream=True)
-        body = kind_.build(model, prompt, rid, options.tokens, options.priority,
-                           options.template_kwargs)
+        kind_ = item_kind(item)
+        body = kind_.build(self.server.model, prompt, rid, self.options.tokens,
+                           self.options.priority, self.options.template_kwargs)
         return self.make_slot(index, rid, engine, body, stream=kind_.stream,
                               path=kind_.endpoint)
 
@@ -210,39 +203,26 @@ def probe_summary(records: list[dict]) -> list[dict]:
     return items
 
 
-def kind_record(run: Run, probe: WarmthProbe, kind_: Kind, round_no: int, slot: Slot) -> dict:
-    """A probe record for a request kind of --paths (streamed or not)."""
-    timing, response = slot_timing(slot), slot.response
-    if response is None:
-        fields = {"http_status": None, "transport_error": timing["transport_error"]}
-    elif slot.stream:
-        fields = extract_stream_fields(response.status, response.body)
-    else:
-        fields = extract_fields(response.status, response.body)
-    problems = judge_kind(fields, kind_, probe.options.tokens, probe.diagnose)
-    if slot.stream and response is not None and response.status == 200 \
-            and response.watched_at is None:
-        problems.append("no token text arrived")
-    return request_record(run, kind_.name, round_no, slot, timing, fields, problems)
+def item_kind(item: str):
+    """An item's request kind: a --paths kind by its name; single, bursts and long are
+    streamed completions."""
+    return KINDS.get(item) or KINDS["stream"]
 
 
-def request_record(run: Run, item: str, round_no: int, slot: Slot, timing: dict,
-                   fields: dict, problems: list) -> dict:
-    """The probe record of one request from its timing, its extracted fields (counts
-    only) and its problems: when its first token (streamed) and its end came."""
-    response, sent = slot.response, slot.sent_at
-    first = response.watched_at if response is not None else None
+def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
+    """One request: when its first token (streamed) and its end came, counts only, no
+    text; judged by kinds.judge() against its kind."""
+    timing, answer, kind_ = slot_timing(slot), read_slot(slot), item_kind(item)
+    problems = judge(answer, kind_, probe.options.tokens, diagnose=probe.diagnose)
+    first, sent = (slot.response.watched_at if slot.response is not None else None,
+                   slot.sent_at)
     return {
         "record": "probe", "run_id": run.settings.run_id, "item": item, "round": round_no,
         "index": slot.index, "engine": slot.engine, "request_id": slot.request_id,
-        "http_status": timing["http_status"],
+        "request_kind": kind_.name,
         "ttft_s": round(first - sent, 4) if first is not None and sent is not None else None,
-        "total_s": timing["latency_s"],
-        "prompt_tokens": fields.get("prompt_tokens"),
-        "cached_tokens": fields.get("cached_tokens"),
-        "completion_tokens": fields.get("completion_tokens"),
-        "ok": not problems,
-        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+        "total_s": timing["latency_s"], **answer_record(answer),
+        "ok": not problems, "problems": problems,
     }
 
 
@@ -262,35 +242,6 @@ def probe_line(entry: dict) -> str:
         line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
                  f"left out")
     return line
-
-
-def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
-    """One request: when its first token (streamed) and its end came; counts only, no
-    text. A --paths kind is judged as the warm-up judges it (paths.judge_kind)."""
-    kind_ = KINDS.get(item)
-    if kind_ is not None:
-        return kind_record(run, probe, kind_, round_no, slot)
-    timing, response, tokens = slot_timing(slot), slot.response, probe.options.tokens
-    fields, problems = {}, []
-    if response is None:
-        problems.append(timing["transport_error"])
-    elif response.status != 200:
-        problems.append(probe.diagnose(extract_fields(response.status, response.body)))
-    else:
-        fields = extract_stream_fields(response.status, response.body)
-        if not fields["stream_done"]:
-            problems.append("stream did not end with [DONE]")
-        if not fields["usage"]:
-            problems.append("stream carried no usage")
-        if response.watched_at is None:
-            problems.append("no token text arrived")
-        bad_counts = fields["usage_problems"]
-        problems += bad_counts
-        if fields["usage"] and fields["completion_tokens"] != tokens \
-                and not any(p.startswith("usage completion_tokens") for p in bad_counts):
-            problems.append(f"completion_tokens {show(fields['completion_tokens'])}, "
-                            f"expected {tokens}")
-    return request_record(run, item, round_no, slot, timing, fields, problems)
 
 
 PROBE_EPILOG = ENVIRONMENT_HELP + """
@@ -343,9 +294,9 @@ def probe_main(argv: list[str]) -> int:
     warm-up."""
     parser = build_probe_parser()
     args = parse_or_explain(parser, argv)
-    if args.long_tokens and args.long_tokens < MIN_LONG_PROMPT_TOKENS:
+    if args.long_tokens and args.long_tokens < B1_FLOOR:
         usage_error(parser, args.json,
-                    f"--long-tokens must be more than {MIN_LONG_PROMPT_TOKENS - 1}")
+                    f"--long-tokens must be more than {B1_FLOOR - 1}")
     settings = run_settings(args, PROG, "probe")
     try:
         try:

@@ -49,21 +49,6 @@ def make_short_prompt(seed: str, depth: int, index: int) -> str:
     return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
 
 
-def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: int) -> dict:
-    """The exact sampling fields of one warm-up request: greedy, min = max, EOS ignored."""
-    return {
-        "model": model,
-        "prompt": prompt,
-        "max_tokens": tokens,
-        "min_tokens": tokens,
-        "ignore_eos": True,
-        "temperature": 0,
-        "priority": priority,
-        "stream": False,
-        "request_id": rid,
-    }
-
-
 def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None,
                        minimum: int = MIN_LONG_PROMPT_TOKENS) -> int:
     """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""

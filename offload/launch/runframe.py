@@ -411,8 +411,11 @@ def verdict_line(summary: dict, records_path: str) -> str:
     at most), notes and warnings, where the records are."""
     counts = (f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
               if "requests_total" in summary else "finished in ")
-    head = (f"{summary['verdict'].upper()} (exit {summary['exit_code']}): {counts}"
-            f"{summary['elapsed_s']:.2f} s")
+    verdict = summary["verdict"].upper()
+    if summary.get("plan_differences"):       # only the contract's plan passes as PASS
+        verdict = (f"{summary['verdict']}, custom plan: "
+                   f"{'; '.join(summary['plan_differences'])}")
+    head = f"{verdict} (exit {summary['exit_code']}): {counts}{summary['elapsed_s']:.2f} s"
     reasons = summary["problems"][:5]
     if len(summary["problems"]) > 5:
         reasons.append(f"and {len(summary['problems']) - 5} more in the records")

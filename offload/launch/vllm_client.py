@@ -450,6 +450,33 @@ def slot_timing(slot: Slot) -> dict:
     }
 
 
+def read_slot(slot: Slot) -> dict:
+    """What one client got, as the judge reads it: the answer's fields (a stream's too,
+    and whether token text arrived), or its transport error."""
+    response = slot.response
+    if response is None:
+        return {"http_status": None, "transport_error": slot_timing(slot)["transport_error"]}
+    if not slot.stream:
+        return extract_fields(response.status, response.body)
+    answer = extract_stream_fields(response.status, response.body)
+    if response.status == 200:
+        answer["first_token"] = response.watched_at is not None
+    return answer
+
+
+def answer_record(answer: dict) -> dict:
+    """The fields every record of a request keeps of its answer, enough to judge it again:
+    counts, reasons and shape, never text."""
+    return {"http_status": answer.get("http_status"), "choices": answer.get("n_choices"),
+            "usage": bool(answer.get("usage")), "body_error": answer.get("body_error"),
+            **{name: answer.get(name) for name, _ in USAGE_COUNTS},
+            "finish_reason": answer.get("finish_reason"),
+            "stop_reason": answer.get("stop_reason"),
+            "stream_done": answer.get("stream_done"), "first_token": answer.get("first_token"),
+            "logprobs_count": answer.get("logprobs_count"),
+            "error": answer.get("error") or answer.get("transport_error")}
+
+
 def extract_fields(status: int, body: bytes) -> dict:
     """The one reader of response bodies: the counts and reasons, sanitized; never text or ids."""
     fields = {"http_status": status, "body_error": None, "error": None, "error_param": None,

@@ -40,14 +40,14 @@ try:
     from runframe import (EXIT_PASS, EXIT_USAGE, PROBLEM_LIMIT,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
-    from paths import PATH_NAMES, Kind, judge_kind, kinds_of, parse_paths
-    from prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, completion_body,
-                         make_short_prompt)
+    from kinds import (B1_FLOOR, KINDS, PATH_NAMES, Kind, contract_differences, judge,
+                       kinds_of, long_floor, parse_paths, request_id)
+    from prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                             add_server_options, connection_from, diagnose_http_error,
-                             extract_fields, extract_stream_fields, format_engines,
-                             release_skew_ms, routed, slot_timing, template_kwargs_type)
+                             add_server_options, answer_record, connection_from,
+                             format_engines, read_slot, release_skew_ms, routed, slot_timing,
+                             template_kwargs_type)
     from vllm_metrics import (counter_deltas, engine_deltas, spec_figures, tokens_per_step,
                               went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
@@ -57,7 +57,7 @@ except ImportError as exc:           # a module of the folder is missing: one li
 
 DEFAULT_WAVES = (1, 2, 3, 4)
 MAX_WAVE_DEPTH = 64
-MIN_B1_PROMPT_TOKENS = MIN_LONG_PROMPT_TOKENS     # B1 must prefill more than 4096 tokens
+GREEDY = KINDS["greedy"]              # the contract's request: every wave sends it
 MAX_B1_TOKENS = MAX_LONG_PROMPT_TOKENS
 SHORT_PROMPT_WORDS = 24
 MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
@@ -104,8 +104,8 @@ class Plan:
 
     @property
     def b1_minimum(self) -> int:
-        """The fewest prompt tokens B1 may have: one more than a prefill chunk."""
-        return self.chunk_tokens + 1
+        """The fewest prompt tokens B1 may have: above 4096 and above the prefill chunk."""
+        return long_floor(self.chunk_tokens)
 
     @property
     def b1_target(self) -> int:
@@ -139,18 +139,9 @@ def parse_waves(text: str) -> tuple[int, ...]:
     return depths
 
 
-def request_id(run_id: str, depth: int, index: int, engine: int | None = None,
-               kind_: Kind | None = None) -> str:
-    """warmup-<run>-B2-1; with several engines warmup-<run>-e1-B2-1; a request kind of
-    --paths: warmup-<run>-e1-logprobs-4-1."""
-    where = "" if engine is None else f"e{engine}-"
-    what = wave_name(depth) if kind_ is None else f"{kind_.name}-{depth}"
-    return f"warmup-{run_id}-{where}{what}-{index}"
-
-
-def path_wave_name(kind_: Kind, depth: int) -> str:
-    """A --paths wave: the kind and its depth, as in its request ids (logprobs-chat-4)."""
-    return f"{kind_.name}-{depth}"
+def kind_wave_name(kind_: Kind, depth: int) -> str:
+    """A wave's name as records and ids carry it: B2, or a --paths kind's logprobs-chat-4."""
+    return wave_name(depth) if kind_.path is None else f"{kind_.name}-{depth}"
 
 
 def plan_description(plan: Plan, settings: RunSettings) -> dict:
@@ -160,6 +151,7 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
                    "prompt": "long" if i == 0 else "short"} for i, d in enumerate(plan.waves)],
         "requests_total": plan.requests_per_engine,
         "completion_tokens_max": plan.requests_per_engine * plan.tokens,
+        "request_kind": GREEDY.name,
         "tokens": plan.tokens,
         "priority": plan.priority,
         "b1_target_tokens": plan.b1_target,
@@ -171,7 +163,8 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
         "max_body_bytes": MAX_BODY_BYTES,
         "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
                    "stream": k.stream, "held_to": "1 to N tokens, length or stop"
-                   if k.structured else "N tokens, length"} for k in kinds_of(plan.paths)],
+                   if k.holds.tokens == "upto" else "N tokens, length"}
+                  for k in kinds_of(plan.paths)],
         "wave_evidence": bool(plan.gauge_interval_ms),
         "gauge_interval_ms": plan.gauge_interval_ms or None,
     }
@@ -219,7 +212,9 @@ class WarmUp(ServerProgram):
         smallest = None if not counts or None in counts else min(counts)
         by_engine = {str(e): c for e, (_, c) in self.b1_prompts.items()
                      if e is not None and c is not None}
-        return dict(plan_description(self.plan, self.settings),
+        plan = plan_description(self.plan, self.settings)
+        differences = contract_differences(plan)
+        return dict(plan, contract=not differences, differences=differences,
                     b1_prompt_tokens_counted=smallest,
                     b1_prompt_tokens_by_engine=by_engine or None,
                     b1_sizing="tokenize" if smallest is not None else "estimate")
@@ -231,8 +226,11 @@ class WarmUp(ServerProgram):
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
+        differences = contract_differences(plan_description(self.plan, self.settings))
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
-                      spec_decode=spec)
+                      spec_decode=spec, plan="custom" if differences else "contract",
+                      plan_differences=differences,
+                      cache_check=cache_check(self.tally.requests))
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields
@@ -261,7 +259,7 @@ class WarmUp(ServerProgram):
                 self.tally.problems.append(f"deadline passed before {wave_name(depth)}: "
                                            f"waves {rest} not run")
                 return False
-            if not self.warm_wave(run, depth, first=(position == 0)):
+            if not self.warm_wave(run, depth, position == 0, GREEDY):
                 return False
         return True
 
@@ -270,16 +268,16 @@ class WarmUp(ServerProgram):
         wave's depth, on every engine, behind the same guard; stops like the waves."""
         for kind_ in kinds_of(self.plan.paths):
             for depth in self.plan.path_depths:
-                name = path_wave_name(kind_, depth)
+                name = kind_wave_name(kind_, depth)
                 if run.clock.remaining() <= 0:
                     self.tally.problems.append(f"deadline passed before {name}")
                     return
-                if not self.warm_wave(run, depth, first=False, kind_=kind_):
+                if not self.warm_wave(run, depth, False, kind_):
                     return
 
-    def warm_wave(self, run: Run, depth: int, first: bool, kind_: Kind | None = None) -> bool:
-        """One wave on every engine at once; False when the guard refused it."""
-        name = wave_name(depth) if kind_ is None else path_wave_name(kind_, depth)
+    def warm_wave(self, run: Run, depth: int, first: bool, kind_: Kind) -> bool:
+        """One wave of a kind on every engine at once; False when the guard refused it."""
+        name = kind_wave_name(kind_, depth)
         slots = self.wave_slots(run, depth, first, kind_)
         started = run.clock.elapsed()
         finished = self.guarded_batch(run, name, slots, first=first,
@@ -299,7 +297,7 @@ class WarmUp(ServerProgram):
             problems = judge_wave(mine, depth, engine, name)
             seen = wave_figures(evidence, engine, self.observed)
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
-                       **({} if kind_ is None else {"path": kind_.name}),
+                       **({} if kind_.path is None else {"path": kind_.name}),
                        "depth": depth, "engine": engine,
                        "release_skew_ms": skew,
                        "batch_release_skew_ms": release_skew_ms(finished),
@@ -314,24 +312,18 @@ class WarmUp(ServerProgram):
                                     "--enable-prompt-tokens-details to check)")
         return True
 
-    def wave_slots(self, run: Run, depth: int, first: bool, kind_: Kind | None = None
-                   ) -> list[Slot]:
+    def wave_slots(self, run: Run, depth: int, first: bool, kind_: Kind) -> list[Slot]:
         """The wave's requests on every engine, encoded before any client connects."""
         run_id, plan = run.settings.run_id, self.plan
         slots = []
         for engine in self.server.engines:
             for index in range(depth):
-                rid = request_id(run_id, depth, index, engine, kind_)
-                seed = f"{run_id}/{engine}" + ("" if kind_ is None else f"/{kind_.name}")
+                rid = request_id("warmup", run_id, engine, kind_wave_name(kind_, depth), index)
+                seed = f"{run_id}/{engine}" + ("" if kind_.path is None else f"/{kind_.name}")
                 prompt = self.b1_prompts[engine][0] if first else \
                     make_short_prompt(seed, depth, index)
-                if kind_ is None:
-                    body = completion_body(self.server.model, prompt, rid, plan.tokens,
-                                           plan.priority)
-                    slots.append(self.make_slot(index, rid, engine, body))
-                    continue
-                body = kind_.build(self.server.model, prompt, rid, plan.tokens,
-                                   plan.priority, plan.template_kwargs)
+                body = kind_.build(self.server.model, prompt, rid, plan.tokens, plan.priority,
+                                   plan.template_kwargs)
                 slots.append(self.make_slot(index, rid, engine, body, stream=kind_.stream,
                                             path=kind_.endpoint))
         return slots
@@ -350,44 +342,23 @@ class WarmUp(ServerProgram):
                 "went_down": went_down(before, after), "why": None}
 
     def request_record(self, run: Run, depth: int, slot: Slot, first: bool,
-                       kind_: Kind | None = None) -> dict:
-        """A request record from what one client got: counts, reasons, verdict."""
-        timing = slot_timing(slot)
-        if slot.response is None:
-            fields = {"http_status": None, "transport_error": timing["transport_error"]}
-        elif slot.stream:
-            fields = extract_stream_fields(slot.response.status, slot.response.body)
-        else:
-            fields = extract_fields(slot.response.status, slot.response.body)
-        if kind_ is None:
-            problems = judge_response(fields, tokens=self.plan.tokens, is_b1=first,
-                                      api_key_env=self.connection.api_key_env,
-                                      key_set=bool(self.connection.api_key),
-                                      b1_minimum=self.plan.b1_minimum)
-        else:
-            problems = [clean_text(p, PROBLEM_LIMIT) for p in
-                        judge_kind(fields, kind_, self.plan.tokens, self.diagnose)]
-        path = {} if kind_ is None else {"path": kind_.name, "depth": depth,
-                                         "logprobs_count": fields.get("logprobs_count")}
+                       kind_: Kind) -> dict:
+        """A request record from what one client got: counts, reasons, verdict (judge())."""
+        timing, answer = slot_timing(slot), read_slot(slot)
+        problems = judge(answer, kind_, self.plan.tokens,
+                         long_floor=self.plan.b1_minimum if first else None,
+                         diagnose=self.diagnose)
+        path = {} if kind_.path is None else {"path": kind_.name}
         return {
             "record": "request", "run_id": run.settings.run_id,
-            "request_id": slot.request_id,
-            "wave": wave_name(depth) if kind_ is None else path_wave_name(kind_, depth),
-            **path, "index": slot.index, "engine": slot.engine,
-            "http_status": timing["http_status"],
-            "prompt_tokens": fields.get("prompt_tokens"),
-            "cached_tokens": fields.get("cached_tokens"),
-            "completion_tokens": fields.get("completion_tokens"),
-            "reasoning_tokens": fields.get("reasoning_tokens"),
-            "finish_reason": fields.get("finish_reason"),
-            "stop_reason": fields.get("stop_reason"),
-            "latency_s": timing["latency_s"],
-            "sent_at_s": timing["sent_at_s"],
-            "ok": not problems,
-            "problems": problems,
-            "error": fields.get("error") or fields.get("transport_error"),
-            "metrics": fields.get("metrics"),
-            "speculative_decoding": fields.get("speculative_decoding"),
+            "request_id": slot.request_id, "request_kind": kind_.name,
+            "wave": wave_name(depth) if kind_.path is None else kind_wave_name(kind_, depth),
+            **path, "depth": depth, "index": slot.index, "engine": slot.engine,
+            **answer_record(answer),
+            "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
+            "ok": not problems, "problems": problems,
+            "metrics": answer.get("metrics"),
+            "speculative_decoding": answer.get("speculative_decoding"),
         }
 
     def check_engine_shares(self, deltas: dict, record: dict) -> None:
@@ -421,6 +392,16 @@ class WarmUp(ServerProgram):
                 f"{','.join(wave_name(d) for d in self.plan.waves)}{kinds} ({self.planned()} "
                 f"requests), B1 prompt {b1_size} tokens, deadline "
                 f"{run.settings.deadline_s:g} s")
+
+
+def cache_check(requests: list[dict]) -> str:
+    """B1's cache check as a code (pure): 'made' (every B1 reported cached tokens, none
+    cached), 'hit' (a B1 was served from the prefix cache), 'not_made' (not reported, or
+    no B1 answered)."""
+    b1 = [r for r in requests if r["wave"] == "B1" and r["http_status"] == 200]
+    if any(r["cached_tokens"] for r in b1):
+        return "hit"
+    return "made" if b1 and all(r["cached_tokens"] is not None for r in b1) else "not_made"
 
 
 def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
@@ -463,54 +444,6 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
 # ---------------------------------------------------------------------------
 # The judge: what makes a warm-up response, and a wave, pass (pure functions).
 # ---------------------------------------------------------------------------
-
-def judge_response(fields: dict, *, tokens: int, is_b1: bool,
-                   api_key_env: str = "VLLM_API_KEY", key_set: bool = False,
-                   b1_minimum: int = MIN_B1_PROMPT_TOKENS) -> list[str]:
-    """What makes one warm-up response pass; [] means it passed."""
-    if fields.get("transport_error"):
-        return [fields["transport_error"]]
-    status = fields["http_status"]
-    if status != 200:
-        return [diagnose_http_error(status, fields["error"], fields["error_param"],
-                                    api_key_env, key_set)]
-    if fields["body_error"]:
-        return [fields["body_error"]]
-    problems = []
-    if fields["n_choices"] is None:
-        problems.append("response has no choices")
-    elif fields["n_choices"] != 1:
-        problems.append(f"response has {fields['n_choices']} choices, expected 1")
-    if not fields["usage"]:
-        problems.append("response has no usage object")
-        return problems
-    problems += fields.get("usage_problems", [])
-    completion, finish, stop = (fields["completion_tokens"], fields["finish_reason"],
-                                fields["stop_reason"])
-    if completion == 1:                   # names its finish and stop reasons: said once
-        return [clean_text(f"one-token response: completion_tokens 1 (finish_reason "
-                           f"{finish!r}, stop_reason {stop!r})", PROBLEM_LIMIT)] + \
-            [clean_text(p, PROBLEM_LIMIT) for p in problems]
-    elif completion is None:
-        problems.append("usage.completion_tokens missing")
-    elif completion != tokens:
-        problems.append(f"completion_tokens {completion}, expected {tokens}")
-    if finish != "length":
-        problems.append(f"finish_reason {finish!r}, expected 'length'")
-    if stop is not None:
-        problems.append(f"stop_reason {stop!r}, expected null")
-    if is_b1:
-        prompt, cached = fields["prompt_tokens"], fields["cached_tokens"]
-        if prompt is None:
-            problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
-        elif prompt < b1_minimum:
-            problems.append(f"B1 prompt_tokens {prompt}, expected more than "
-                            f"{b1_minimum - 1}")
-        if cached:
-            problems.append(f"B1 cached_tokens {cached}, expected 0: a cached prefix matched, "
-                            f"so the long prefill did not run in full")
-    return [clean_text(p, PROBLEM_LIMIT) for p in problems]
-
 
 def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
                name: str | None = None) -> list[str]:
@@ -616,7 +549,7 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="client concurrency of each wave, in order: distinct depths of 1 "
                              "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8 "
                              "(default: 1,2,3,4)")
-    parser.add_argument("--b1-tokens", metavar="N", type=whole(MIN_B1_PROMPT_TOKENS,
+    parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR,
                                                                MAX_B1_TOKENS), default=None,
                         help="target size of B1's long prompt in tokens, more than 4096 (and "
                              "more than --chunk-tokens) and at most 1048576, capped by the "
@@ -726,13 +659,14 @@ def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: 
     lines = [f"plan for {target.display} (dry run: nothing sent)"]
     for i, depth in enumerate(plan.waves):
         prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than "
-                  f"{plan.b1_minimum - 1}, the prefill chunk), run-unique nonce first") \
+                  f"{plan.b1_minimum - 1}: above 4096 and the prefill chunk "
+                  f"{plan.chunk_tokens}), run-unique nonce first") \
             if i == 0 else \
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
     for kind_ in kinds_of(plan.paths):
-        held = (f"1 to {plan.tokens} tokens (its grammar may end it)" if kind_.structured
-                else f"{plan.tokens} tokens")
+        held = (f"1 to {plan.tokens} tokens (its grammar may end it)"
+                if kind_.holds.tokens == "upto" else f"{plan.tokens} tokens")
         lines.append(f"  {kind_.name:<13} depths {','.join(map(str, plan.path_depths))}: "
                      f"{'streamed ' if kind_.stream else ''}{kind_.endpoint}, held to {held}")
     lines.append(f"  budget: {plan.requests_per_engine} requests, at most "

@@ -20,6 +20,7 @@ import time
 import unittest
 
 from support import FAKE, LAUNCH, REPO, HelperCase, warmup
+import kinds  # noqa: E402  (support puts offload/launch on sys.path)
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 
@@ -100,7 +101,7 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
         fields = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
                   "prompt_tokens": 10, "cached_tokens": None, "completion_tokens": 1,
                   "finish_reason": "length", "stop_reason": None}
-        problems = warmup.judge_response(fields, tokens=32, is_b1=False)
+        problems = kinds.judge(fields, kinds.KINDS["greedy"], 32)
         self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
                                     "'length', stop_reason None)"])
         self.assertNotIn("EOS", " ".join(problems))

@@ -19,7 +19,7 @@ LAYERS = {
     "runframe": 1,
     "prompts": 2,
     "vllm_metrics": 2.5,
-    "paths": 3.5,
+    "kinds": 2.2,
     "vllm_client": 3,
     "evidence": 4, "readback": 4,
     "warmup": 5, "qualify": 5, "gate": 5, "procs": 5, "report": 5, "probe": 5,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from support import QUALIFY, HelperCase, read_records
-import paths  # noqa: E402  (support puts offload/launch on sys.path)
+import kinds as paths  # noqa: E402  (support puts offload/launch on sys.path)
 from fake_vllm import TEXT_MARKER
 from test_start import StartCase
 
@@ -112,14 +112,14 @@ class TestPaths(HelperCase):
         kind = paths.KINDS["json-schema"]
         ok = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
               "completion_tokens": 9, "finish_reason": "stop", "stop_reason": None}
-        self.assertEqual(paths.judge_kind(ok, kind, 32, str), [])
+        self.assertEqual(paths.judge(ok, kind, 32), [])
         empty = dict(ok, completion_tokens=0)
-        self.assertIn("expected 1 to 32", paths.judge_kind(empty, kind, 32, str)[0])
+        self.assertIn("expected 1 to 32", paths.judge(empty, kind, 32)[0])
         plain = paths.KINDS["sampled"]
-        self.assertIn("completion_tokens 9, expected 32", paths.judge_kind(ok, plain, 32, str))
+        self.assertIn("completion_tokens 9, expected 32", paths.judge(ok, plain, 32))
         lp = paths.KINDS["logprobs"]
         full = dict(ok, completion_tokens=32, finish_reason="length", logprobs_count=None)
-        self.assertEqual(paths.judge_kind(full, lp, 32, str),
+        self.assertEqual(paths.judge(full, lp, 32),
                          ["no log-probabilities in the answer"])
 
 

@@ -166,7 +166,9 @@ class TestReportPieces(unittest.TestCase):
         def streamed(body, watched_at=0.15):
             return self.probe_record_of(transport.Response(200, {}, body, watched_at))
         tokens = probe.ProbeOptions().tokens
-        text = b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
+        text = (b'data: {"choices":[{"index":0,"text":"x","finish_reason":null}]}\n\n'
+                b'data: {"choices":[{"index":0,"text":"y","finish_reason":"length",'
+                b'"stop_reason":null}]}\n\n')
         usage = (b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":%d,'
                  b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n')
         done = b"data: [DONE]\n\n"
@@ -174,9 +176,11 @@ class TestReportPieces(unittest.TestCase):
         self.assertTrue(good["ok"], good["problems"])
         self.assertEqual((good["prompt_tokens"], good["cached_tokens"],
                           good["completion_tokens"], good["ttft_s"]), (7, 0, tokens, 0.05))
-        cut = streamed(text, watched_at=None)
-        self.assertEqual(cut["problems"], ["stream did not end with [DONE]",
-                                           "stream carried no usage", "no token text arrived"])
+        cut = streamed(text[:text.index(b"\n") + 1], watched_at=None)
+        self.assertEqual(cut["problems"], ["stream carried no usage",
+                                           "finish_reason None, expected 'length'",
+                                           "stream did not end with [DONE]",
+                                           "no token text arrived"])
         self.assertIsNone(cut["completion_tokens"])
         short = streamed(text + usage % (tokens - 1) + done)
         self.assertEqual(short["problems"],

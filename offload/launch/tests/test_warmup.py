@@ -16,7 +16,8 @@ from unittest import mock
 from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import prompts  # noqa: E402  (support puts offload/launch on sys.path)
+import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+import prompts  # noqa: E402
 import vllm_client  # noqa: E402
 from fake_vllm import tokenize
 
@@ -44,7 +45,7 @@ class TestPlan(unittest.TestCase):
         self.assertIn("argument --waves: must start with 1", said)
 
     def test_completion_body_has_exactly_the_sampling_fields(self):
-        body = prompts.completion_body("m", "p", "warmup-r-B1-0", tokens=32, priority=20)
+        body = kinds.completion_body("m", "p", "warmup-r-B1-0", tokens=32, priority=20)
         self.assertEqual(body, {"model": "m", "prompt": "p", "max_tokens": 32, "min_tokens": 32,
                                 "ignore_eos": True, "temperature": 0, "priority": 20,
                                 "stream": False, "request_id": "warmup-r-B1-0"})
@@ -127,7 +128,13 @@ class TestGuard(unittest.TestCase):
 
 class TestJudge(unittest.TestCase):
     def judge(self, is_b1=False, **changes):
-        return warmup.judge_response(fields(**changes), tokens=32, is_b1=is_b1)
+        return kinds.judge(fields(**changes), kinds.KINDS["greedy"], 32,
+                           long_floor=4097 if is_b1 else None, diagnose=self.diagnose)
+
+    @staticmethod
+    def diagnose(answer, api_key_env="VLLM_API_KEY", key_set=False):
+        return vllm_client.diagnose_http_error(answer["http_status"], answer.get("error"),
+                                               answer.get("error_param"), api_key_env, key_set)
 
     def test_good_response_passes(self):
         self.assertEqual(self.judge(is_b1=True), [])
@@ -160,8 +167,8 @@ class TestJudge(unittest.TestCase):
         said = self.judge(http_status=401, error="Unauthorized")[0]
         self.assertIn("unauthorized: VLLM_API_KEY is not set; set VLLM_API_KEY (or "
                       "--api-key-env)", said)
-        said = warmup.judge_response(fields(http_status=401, error="Unauthorized"), tokens=32,
-                                     is_b1=False, api_key_env="OPS_KEY", key_set=True)[0]
+        said = kinds.judge(fields(http_status=401, error="Unauthorized"), kinds.KINDS["greedy"],
+                           32, diagnose=lambda a: self.diagnose(a, "OPS_KEY", True))[0]
         self.assertIn("the server rejected the API key in OPS_KEY", said)
         self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
 
