@@ -501,18 +501,22 @@ wait_ready() {
 }
 
 # Read what start.sh needs from a records file, judged by qualify.py report (a pass
-# needs complete evidence). Globals: run_verdict ("pass", "fail", "refused", "killed",
-# "incomplete" or "none"), cache_check ("made" or "not-made") are set.
+# needs complete evidence and the contract's plan). Globals: run_verdict ("pass",
+# "custom", "fail", "refused", "killed", "incomplete" or "none"), cache_check ("made",
+# "not_made", "hit" or "-"), differences (how a custom plan differs) are set.
 # Arguments: the records file.
 read_run() {
   run_verdict="none"
-  cache_check="made"
-  read -r run_verdict cache_check < <(python3 -I -S "${QUALIFY}" report "$1" \
-    --fields verdict,cache_check 2>/dev/null) || true
+  cache_check="-"
+  differences="-"
+  read -r run_verdict cache_check differences < <(python3 -I -S "${QUALIFY}" report "$1" \
+    --fields verdict,cache_check,differences 2>/dev/null) || true
   run_verdict="${run_verdict:-none}"
+  differences="${differences//_/ }"
 }
 
-# Globals: warmup_records, warmup_status, run_verdict, cache_check, compiles (set).
+# Globals: warmup_records, warmup_status, run_verdict, cache_check, differences, compiles
+# (set).
 run_warmup() {
   local offset started=${SECONDS}
   warmup_records="${log_dir}/warmup-$(date -u +%Y%m%dT%H%M%SZ).jsonl"
@@ -586,8 +590,13 @@ warm_up_and_report() {
   local notes records
   run_warmup
   notes="${compiles} compile lines during warm-up"
-  if [[ "${cache_check}" == "not-made" ]]; then
+  if [[ "${cache_check}" == "not_made" ]]; then
     notes+="; B1 cache check not made: the server does not report cached tokens"
+  fi
+  if ((warmup_status == 0)) && [[ "${run_verdict}" == "custom" ]]; then
+    log "WARN: warm-up passed a custom plan, not the contract's (${differences//;/; });" \
+      "no ready file; records: ${warmup_records} — inspect before releasing HOLD (${notes})"
+    return 0
   fi
   if ((warmup_status != 0)) || [[ "${run_verdict}" != "pass" ]]; then
     server_alive || die_server_gone "during the warm-up"

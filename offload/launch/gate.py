@@ -20,10 +20,11 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass
 
-from readback import as_dict, as_list, exit_status, show
+from readback import exit_status
+from records import as_list, gate_line, gate_summary_line
 from runframe import (EXIT_FAIL, EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
                       emit, parse_or_explain, run_session, run_settings, usage_error, whole)
-from transport import REDACTIONS, UsageError, clean_text, decode_json, finite_number
+from transport import REDACTIONS, UsageError, clean_text, decode_json
 from kinds import COPY_SEED as GATE_SEED
 from kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
@@ -455,47 +456,6 @@ def answer_problems(probe: Probe, score: dict, answer: dict, reasoned: bool,
         problem += (f"; the answer was cut at --max-tokens {options.max_tokens} "
                     f"(finish_reason length)")
     return [problem] if problem else []
-
-
-def gate_line(record: dict) -> str:
-    """One probe and shape in a line, figures only; any value from a file through show()."""
-    where = f"{show(record.get('shape')):<7} {show(record.get('probe')):<13}"
-    if record.get("engine") is not None:
-        where = f"e{show(record.get('engine'))} " + where
-    if record.get("kind") == "identifier":
-        figure = "exact" if record.get("exact") is True else (
-            f"MISS (distance {show(record.get('edit_distance'))})")
-    else:
-        cer = finite_number(record.get("cer"))
-        figure = (f"{show(record.get('word_errors'))} typos, CER {cer:.4f}"
-                  if cer is not None else "CER -")
-    tokens = f"{show(record.get('completion_tokens'))} tokens"
-    if record.get("reasoning_tokens") is not None:
-        tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
-    removed = as_list(record.get("removed"))
-    if record.get("preamble_chars"):
-        removed = removed + [f"a preamble of {show(record.get('preamble_chars'))} characters"]
-    line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
-            f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
-            f"{'ok' if record.get('ok') is True else 'FAILED'}")
-    if record.get("ok") is not True:
-        line += "".join(f"\n      {show(p, 300)}" for p in as_list(record.get("problems")))
-    return line
-
-
-def gate_summary_line(summary: dict) -> str:
-    exact = as_dict(summary.get("identifiers_exact"))
-    worst = finite_number(summary.get("worst_cer"))
-    line = (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
-            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage: "
-            f"{show(summary.get('worst_typos'))} typos (allowed "
-            f"{show(summary.get('max_typos'))}), CER {'-' if worst is None else f'{worst:.4f}'}")
-    preambles = as_list(summary.get("preambles"))
-    if preambles:
-        line += (f"\n  preamble before the answer in {len(preambles)} probe(s) "
-                 f"({', '.join(show(p) for p in preambles[:4])}"
-                 f"{', ...' if len(preambles) > 4 else ''}): the copy alone was scored")
-    return line
 
 
 # -- the run ---------------------------------------------------------------

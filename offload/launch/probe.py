@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from kinds import B1_FLOOR, KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
-from readback import as_list, show
-from runframe import (EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
+from records import probe_line
+from runframe import (EXIT_PASS, Run, RunSettings, add_run_options, emit,
                       parse_or_explain, run_session, run_settings, usage_error, whole)
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -224,24 +224,6 @@ def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: S
         "total_s": timing["latency_s"], **answer_record(answer),
         "ok": not problems, "problems": problems,
     }
-
-
-def probe_line(entry: dict) -> str:
-    """One item (on one engine) in a line; any value from a file goes through show()."""
-    def ms(v):
-        v = finite_number(v)
-        return "-" if v is None else f"{v * 1000:.0f} ms"
-    where = show(entry.get("item")) + ("" if entry.get("engine") is None
-                                       else f" e{show(entry.get('engine'))}")
-    line = (f"  {where:<16} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
-            f"{ms(entry.get('ttft_later_median_s'))} (x{show(entry.get('ttft_ratio'))}); total "
-            f"first {ms(entry.get('total_first_s'))} vs later "
-            f"{ms(entry.get('total_later_median_s'))} (x{show(entry.get('total_ratio'))})")
-    cached = as_list(entry.get("cached_rounds"))
-    if cached:
-        line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
-                 f"left out")
-    return line
 
 
 PROBE_EPILOG = ENVIRONMENT_HELP + """

@@ -35,7 +35,8 @@ try:
     import probe
     import report
     import runframe
-    from readback import as_dict, load_records
+    from readback import load_records
+    from records import as_dict
     from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
     from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
                            finite_number, open_regular, parse_prometheus, write_atomically)

@@ -1,14 +1,13 @@
-"""Records read back: a JSON Lines file read within bounds, and any value in it shown safely.
+"""Records read back: a JSON Lines file read within bounds, split into runs.
 
-Used by report.py, qualify.py (ready), probe.py and gate.py. A records file may be cut
-short by a kill, hold several runs, damaged lines or hostile values: load_records() reads
-past bad lines and names them, never holding more than a bounded amount; show() turns any
-value into one clean line.
+Used by report.py, qualify.py (ready) and gate.py. A records file may be cut short by a
+kill, hold several runs, damaged lines or hostile values: load_records() reads past bad
+lines and names them, never holding more than a bounded amount; tidy() makes any value
+safe for report --json.
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 from runframe import EXIT_FAIL
@@ -19,7 +18,6 @@ MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this
 MAX_RECORDS = 20000                   # nor keeps more records than this
 READ_CHUNK_BYTES = 1 << 20
 ISSUES_NAMED = 20                     # bad lines named one by one; the rest counted
-SHOW_LIMIT = 80                       # one value in a table or a line
 JSON_TEXT_LIMIT = 1000                # one string in report --json
 READ_STOPPED = "stopped reading"      # how a note says the file was not read to its end
 
@@ -143,35 +141,6 @@ def split_runs(records: list[dict]) -> list[list[dict]]:
         target.append(record)
         current = target
     return runs
-
-
-def as_dict(value) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def as_list(value) -> list:
-    """A list field as a list: a lone string becomes one item, anything else nothing."""
-    if isinstance(value, list):
-        return value
-    return [value] if isinstance(value, str) else []
-
-
-def show(value, limit: int = SHOW_LIMIT) -> str:
-    """Any value from a records file as one clean line: None is '-', never 'None'."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, (int, float)):
-        return clean_text(repr(value), limit)
-    if not isinstance(value, str):
-        value = json.dumps(value, ensure_ascii=False)[:64 * limit]
-    return clean_text(value, limit) or "-"
-
-
-def known(value) -> str:
-    """A value the run may not have learned: 'unknown' rather than '-' or 'None'."""
-    return "unknown" if value is None else show(value)
 
 
 def tidy(value, depth: int = 0):

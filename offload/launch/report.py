@@ -17,13 +17,12 @@ import argparse
 import json
 import sys
 
-import gate
-from probe import probe_line
-from readback import (READ_STOPPED, as_dict, as_list, exit_status, known, load_records, show,
-                      split_runs, tidy)
+from kinds import KINDS, answer_of, contract_differences, copy_problem, judge
+from readback import READ_STOPPED, exit_status, load_records, split_runs, tidy
+from records import (FORMAT, JUDGED, as_dict, as_list, field_problems, gate_line,
+                     gate_summary_line, known, label, probe_line, show)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from transport import clean_text, finite_number
-from vllm_client import request_label
 
 PROG = "qualify.py report"
 
@@ -43,9 +42,6 @@ PICKED = {
              "reference_chars", "answer_chars", "cer", "word_errors", "reference_words",
              "preamble_chars", "removed", "ok"),
 }
-
-
-JUDGED_KIND = {"warmup": "request", "probe": "probe", "gate": "gate"}   # mode -> record
 
 
 def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict]
@@ -81,14 +77,15 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
         problems.append("the run record announces no number of requests")
     if is_count(planned) and len(judged) != planned:
         problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
-    failed = [r for r in judged if r.get("ok") is not True]
+    failed, disagree = rejudge(as_dict(run), judged)
     if failed:
-        problems.append(f"{len(failed)} request record(s) not ok: "
-                        f"{', '.join(request_label(r) for r in failed[:5])}")
+        problems.append(f"{len(failed)} request record(s) fail their kind's rules: "
+                        f"{', '.join(label(r) for r in failed[:5])}")
+    problems += disagree
     problems += engine_problems(as_dict(run).get("engines"), plan.get("requests_per_engine"),
                                 judged)
     if summary is not None:
-        ok = sum(1 for r in judged if r.get("ok") is True)
+        ok = len(judged) - len(failed)
         for key, want, differs in (
                 ("requests_ok", ok, "the summary says {} requests ok; the records show {}"),
                 ("requests_total", planned,
@@ -99,6 +96,47 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
             elif is_count(said) and is_count(want) and said != want:
                 problems.append(differs.format(said, want))
     return problems
+
+
+def rejudge(run: dict, judged: list[dict]) -> tuple[list[dict], list[str]]:
+    """Every judged record judged again from its recorded fields, by kinds.judge() with the
+    run record's plan (never by its own `ok`): (the records that fail, the evidence
+    problems: a record off its declaration, or whose `ok` says otherwise). Pure."""
+    plan, mode = as_dict(run.get("plan")), run.get("mode")
+    if run.get("format") != FORMAT:
+        return judged, [f"the run record is of format {show(run.get('format'))}, not "
+                        f"{FORMAT}: its requests cannot be judged again (run it again)"]
+    waves = [as_dict(w).get("wave") for w in as_list(plan.get("waves"))]
+    failed, problems = [], []
+    for record in judged:
+        rules = judge_record(record, mode, plan, waves[:1])
+        if rules:
+            failed.append(record)
+        if rules and record.get("ok") is True:
+            problems.append(f"{label(record)}: the record says ok, but {rules[0]}")
+        elif not rules and record.get("ok") is not True:
+            problems.append(f"{label(record)}: the record says not ok, but its fields pass")
+    return failed, problems
+
+
+def judge_record(record: dict, mode, plan: dict, first_wave: list) -> list[str]:
+    """Why one record's answer fails its kind's rules ([] when it passes)."""
+    shape = field_problems(record)
+    kind_ = KINDS.get(record.get("request_kind"))
+    if shape or kind_ is None:
+        return shape or ["a record without a known request kind"]
+    tokens = plan.get("max_tokens" if mode == "gate" else "tokens")
+    floor = plan.get("b1_min_prompt_tokens") if mode == "warmup" and kind_.path is None \
+        and record.get("wave") in first_wave else None
+    if not is_count(tokens) or floor is not None and not is_count(floor):
+        return ["the run record's plan holds no token count to judge it by"]
+    rules = judge(answer_of(record), kind_, tokens, long_floor=floor)
+    if mode == "gate" and not rules:
+        said = copy_problem(record, finite_number(plan.get("max_cer")) or 0.0,
+                            plan.get("max_typos") if isinstance(plan.get("max_typos"), int)
+                            else 0)
+        rules = [said] if said else []
+    return rules
 
 
 def identity(record: dict) -> str:
@@ -161,17 +199,24 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
     mode = as_dict(run).get("mode")
-    kind = JUDGED_KIND.get(mode, "request") if isinstance(mode, str) else "request"
+    kind = JUDGED.get(mode, "request") if isinstance(mode, str) else "request"
     judged = by_kind.get(kind, []) if run is not None else \
         [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
     if summary:
         problems = as_list(summary.get("problems"))
     else:                             # cut short: name what failed before the cut
-        problems = [f"{request_label(r)}: {p}"
+        problems = [f"{label(r)}: {p}"
                     for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
                     if r.get("ok") is not True for p in as_list(r.get("problems"))]
     evidence = evidence_problems(run, by_kind.get("summary", []), judged)
+    differences = contract_differences(as_dict(as_dict(run).get("plan"))) \
+        if mode == "warmup" else []
+    if differences and as_dict(summary).get("contract") is True:
+        evidence.append("the summary claims the contract's plan; the run record's plan "
+                        "differs: " + "; ".join(differences))
     verdict, exit_code = run_verdict(summary, evidence)
+    if verdict == "pass" and differences:
+        verdict = "custom"            # it passed its own plan, not the contract's
 
     def pick(kind: str) -> list[dict]:
         return [{k: r.get(k) for k in PICKED[kind]} for r in by_kind.get(kind, [])]
@@ -186,7 +231,7 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         "verdict": verdict, "exit_code": exit_code,
         "claimed": summary.get("verdict") if summary else None,
         "evidence": "incomplete" if evidence else "complete",
-        "evidence_problems": evidence,
+        "evidence_problems": evidence, "differences": differences,
         "ends": ends,
     })
 
@@ -310,9 +355,9 @@ def format_run(run: dict) -> list[str]:
         lines += [probe_line(as_dict(i)) for i in items]
     if run["gate"]:
         lines += ["", "gate (exact copies; counts and distances only):"]
-        lines += [gate.gate_line(as_dict(r)) for r in run["gate"]]
+        lines += [gate_line(as_dict(r)) for r in run["gate"]]
     if run["gate_summary"]:
-        lines.append(gate.gate_summary_line(as_dict(run["gate_summary"])))
+        lines.append(gate_summary_line(as_dict(run["gate_summary"])))
     if run["problems"]:
         lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run["problems"]]
     summary = as_dict(run["summary"])
@@ -323,6 +368,9 @@ def format_run(run: dict) -> list[str]:
                                              for p in run["evidence_problems"]]
     if not run["summary"]:
         lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
+    elif run["verdict"] == "custom":
+        lines.append(f"verdict: custom plan, not the contract's (exit {run['exit_code']}; "
+                     f"{show('; '.join(run['differences']), 200)}): it passed its own plan")
     elif run["verdict"] != run["claimed"]:
         lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
                      f"claims {show(run['claimed'])}, the evidence does not show it)")
@@ -390,8 +438,8 @@ def _last_run(report: dict) -> dict:
 
 
 def _cache_check(report: dict) -> str:
-    notes = as_list(as_dict(_last_run(report).get("summary")).get("notes"))
-    return "not-made" if any("cache check not made" in str(n) for n in notes) else "made"
+    code = as_dict(_last_run(report).get("summary")).get("cache_check")
+    return code if code in ("made", "not_made", "hit") else "-"
 
 
 def _gate_figure(report: dict, shape: str) -> str:
@@ -409,6 +457,7 @@ SCRIPT_FIELDS = {                     # what start.sh reads: one word each
     "exit_code": lambda report: str(report["exit_code"]),
     "evidence": lambda report: report["evidence"],
     "cache_check": _cache_check,
+    "differences": lambda report: ";".join(_last_run(report).get("differences") or []),
     "identifiers_alone": lambda report: _gate_figure(report, "alone"),
     "identifiers_batched": lambda report: _gate_figure(report, "batched"),
     "worst_cer": _worst_cer,

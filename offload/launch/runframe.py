@@ -28,6 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from records import FORMAT, field_problems
 from textfile import publish, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text,
                        start_quiet)
@@ -131,6 +132,7 @@ class Run:
     clock: Clock
     sink: object                          # the records file, opened for appending
     say: object                           # one human line -> the terminal (never blocks)
+    started_at: str = ""                  # UTC, to the millisecond: when the run began
     current: str | None = None            # the batch in flight, named if the run is killed
     run_written: bool = False
     final_record: dict | None = None      # what --json prints
@@ -139,6 +141,10 @@ class Run:
         """Append one record, sanitized here (the records sink) whatever its origin;
         returns the record as written."""
         record = sanitize(record)
+        shape = field_problems(record)
+        if shape:                            # a defect of ours: never a record off its kind
+            raise RecordsError(f"a record off its declaration in records.py (a defect): "
+                               f"{'; '.join(shape)}")
         try:
             append_record(self.sink, record)
         except (OSError, ValueError) as exc:
@@ -146,14 +152,20 @@ class Run:
                                f"{getattr(exc, 'strerror', None) or exc}")
         return record
 
+    def wall(self, at_s: float | None) -> str | None:
+        """A moment of the run's clock (seconds from its start) as UTC to the millisecond."""
+        if at_s is None:
+            return None
+        return utc_ms(time.time() - (self.clock.elapsed() - at_s))
+
     def write_run_record(self) -> None:
         """The run record, once: what ran, against what (never prompt text or the key)."""
         if self.run_written:
             return
         self.run_written = True
         self.write({"record": "run", "run_id": self.settings.run_id,
-                    "mode": self.program.mode,
-                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "mode": self.program.mode, "format": FORMAT,
+                    "started_at": self.started_at,
                     **self.program.run_fields(self), "pid": os.getpid()})
 
 
@@ -176,7 +188,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
         return EXIT_USAGE
     printer = Printer(sys.stderr if settings.json else sys.stdout)
     run = Run(settings, program, Clock.start(settings.deadline_s, settings.socket_cap_s),
-              sink, printer.say)
+              sink, printer.say, started_at=utc_ms(time.time()))
     previous, summary = {}, None
     try:
         previous = install_signal_handlers()
@@ -261,6 +273,13 @@ def summarize(run: Run, forced: tuple[str, int, list[str]] | None = None,
     if follow is not None:
         run.final_record = run.write(follow)
     return summary
+
+
+def utc_ms(seconds_since_epoch: float) -> str:
+    """A Unix time as UTC with milliseconds: 2026-12-01T23:57:43.512Z (joins worker logs)."""
+    whole_s = math.floor(seconds_since_epoch)
+    millis = min(int((seconds_since_epoch - whole_s) * 1000), 999)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole_s)) + f".{millis:03d}Z"
 
 
 def killed_where(run: Run) -> str:

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's 
 try:
     import runframe
     from evidence import Evidence, EvidenceOptions, engine_shares
-    from runframe import (EXIT_PASS, EXIT_USAGE, PROBLEM_LIMIT,
+    from runframe import (EXIT_PASS, EXIT_USAGE,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
     from kinds import (B1_FLOOR, KINDS, PATH_NAMES, Kind, contract_differences, judge,
@@ -228,7 +228,7 @@ class WarmUp(ServerProgram):
             for e in self.server.engines}
         differences = contract_differences(plan_description(self.plan, self.settings))
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
-                      spec_decode=spec, plan="custom" if differences else "contract",
+                      spec_decode=spec, contract=not differences,
                       plan_differences=differences,
                       cache_check=cache_check(self.tally.requests))
         if self.plan.paths:
@@ -293,7 +293,10 @@ class WarmUp(ServerProgram):
         evidence = self.wave_evidence(run, name)
         for engine in self.server.engines:
             mine = [r for r in wave_requests if r["engine"] == engine]
-            skew = release_skew_ms([s for s in finished if s.engine == engine])
+            slots = [s for s in finished if s.engine == engine]
+            skew = release_skew_ms(slots)
+            sent = [s.sent_at for s in slots if s.sent_at is not None]
+            done = [s.done_at for s in slots if s.done_at is not None]
             problems = judge_wave(mine, depth, engine, name)
             seen = wave_figures(evidence, engine, self.observed)
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
@@ -302,6 +305,8 @@ class WarmUp(ServerProgram):
                        "release_skew_ms": skew,
                        "batch_release_skew_ms": release_skew_ms(finished),
                        "duration_s": round(duration, 4), "started_at_s": round(started, 4),
+                       "released_at": run.wall(min(sent, default=None)),
+                       "last_answer_at": run.wall(max(done, default=None)),
                        "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
                        "problems": problems, **seen})
             run.say(wave_line(name, engine, mine, skew, duration, first, seen))

@@ -208,3 +208,55 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------
+# Records as the programs write them (records.py's declarations), for crafted files.
+# ---------------------------------------------------------------------------
+
+GOOD_ANSWER = {"http_status": 200, "choices": 1, "usage": True, "body_error": None,
+               "prompt_tokens": 5000, "cached_tokens": None, "completion_tokens": 32,
+               "reasoning_tokens": None, "finish_reason": "length", "stop_reason": None,
+               "stream_done": None, "first_token": None, "logprobs_count": None, "error": None}
+CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
+                 "request_kind": "greedy", "tokens": 32, "priority": 20,
+                 "b1_min_prompt_tokens": 4097}
+
+
+def run_record(run_id: str, requests: int, mode: str = "warmup", **plan) -> dict:
+    """A run record of format 2 announcing `requests` requests (the contract's plan)."""
+    base = dict(CONTRACT_PLAN) if mode == "warmup" else {"tokens": 32, "max_tokens": 2048,
+                                                         "max_cer": 0.01, "max_typos": 0}
+    return {"record": "run", "run_id": run_id, "mode": mode, "format": 2,
+            "started_at": "2026-12-01T00:00:00.000Z", "base_url": "http://127.0.0.1:8000",
+            "model": "m", "max_model_len": 32768, "engines": None,
+            "plan": dict(base, requests_total=requests, requests_per_engine=requests, **plan),
+            "versions": {}, "process_start_time_seconds": 1.0, "api_key_env": "VLLM_API_KEY",
+            "api_key_set": False, "pid": 1}
+
+
+def request_record(run_id: str, index: int, wave: str = "B1", **changes) -> dict:
+    """A greedy request record whose fields pass the contract's rules (unless changed)."""
+    return dict({"record": "request", "run_id": run_id,
+                 "request_id": f"warmup-{run_id}-{wave}-{index}", "request_kind": "greedy",
+                 "wave": wave, "depth": int(wave[1:]) if wave[1:].isdigit() else 1,
+                 "index": index, "engine": None, **GOOD_ANSWER, "latency_s": 0.1,
+                 "sent_at_s": 0.1, "ok": True, "problems": [], "metrics": None,
+                 "speculative_decoding": None}, **changes)
+
+
+def gate_record(run_id: str, index: int, **changes) -> dict:
+    """A gate record of an identifier copied exactly."""
+    return dict({"record": "gate", "run_id": run_id, "request_id": f"gate-{run_id}-{index}",
+                 "request_kind": "copy", "probe": "id_repo", "kind": "identifier",
+                 "shape": "alone", "index": index, "engine": None, **GOOD_ANSWER,
+                 "exact": True, "edit_distance": 0, "reference_chars": 10, "answer_chars": 10,
+                 "cer": 0.0, "word_errors": None, "reference_words": None,
+                 "preamble_chars": 0, "removed": [], "latency_s": 0.1, "sent_at_s": 0.1,
+                 "ok": True, "problems": []}, **changes)
+
+
+def summary_record(run_id: str, verdict: str, exit_code: int, **changes) -> dict:
+    return dict({"record": "summary", "run_id": run_id, "verdict": verdict,
+                 "exit_code": exit_code, "elapsed_s": 1.0, "deadline_s": 90.0, "problems": [],
+                 "records": "r.jsonl"}, **changes)

@@ -14,7 +14,8 @@ import unittest
 
 from hostile import (HostileServer, completion_with, http, json_answer, metrics_answer,
                      metrics_text)
-from support import QUALIFY, WARMUP, HelperCase, read_records
+from support import (QUALIFY, WARMUP, HelperCase, read_records, request_record, run_record,
+                     summary_record)
 import report  # noqa: E402  (support puts offload/launch on sys.path)
 import textfile  # noqa: E402
 import transport  # noqa: E402
@@ -91,19 +92,18 @@ class TestReportBelievesOnlyEvidence(HelperCase):
         return run(QUALIFY, "report", self.records_path, "--fields", "verdict").stdout.strip()
 
     def test_crafted_files_are_not_a_pass(self):
-        head = {"record": "run", "run_id": "r", "mode": "warmup",
-                "plan": {"requests_total": 2, "requests_per_engine": 2}}
-        ok = {"record": "request", "run_id": "r", "request_id": "a", "ok": True}
-        other = dict(ok, request_id="b")
-        passed = {"record": "summary", "run_id": "r", "verdict": "pass", "exit_code": 0}
+        head = run_record("r", 2)
+        ok = request_record("r", 0, request_id="a")
+        other = request_record("r", 1, "B2", request_id="b")
+        passed = summary_record("r", "pass", 0)
         cases = {
             "a duplicated request": (head, ok, ok, passed),
             "two summaries": (head, ok, other, dict(passed, verdict="fail", exit_code=1),
                               passed),
-            "no request planned": (dict(head, plan={"requests_total": 0}), passed),
-            "engines as booleans": (dict(head, engines=[0, 1], plan={
-                "requests_total": 2, "requests_per_engine": 1}), dict(ok, engine=False),
-                dict(other, engine=True), passed),
+            "no request planned": (run_record("r", 0), passed),
+            "engines as booleans": (dict(head, engines=[0, 1], plan=dict(
+                head["plan"], requests_total=2, requests_per_engine=1)),
+                dict(ok, engine=False), dict(other, engine=True), passed),
             "an empty engine list": (dict(head, engines=[]), ok, other, passed),
             "a count that is text": (head, ok, other, dict(passed, requests_ok="2")),
             "records of no run": (head, dict(ok, run_id=None), dict(other, run_id=None),

@@ -15,6 +15,7 @@ from support import LAUNCH, copy_product, product_files
 # another program's module, but qualify.py never warmup.py).
 LAYERS = {
     "transport": 0,
+    "records": 0.2,
     "textfile": 0.5,
     "runframe": 1,
     "prompts": 2,

@@ -12,7 +12,8 @@ import threading
 import time
 import unittest
 
-from support import QUALIFY, HelperCase, qualify
+from support import (QUALIFY, HelperCase, qualify, request_record, run_record,
+                     summary_record)
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import probe  # noqa: E402
 import report  # noqa: E402
@@ -236,13 +237,10 @@ class TestReportReading(unittest.TestCase):
                               capture_output=True, text=True, timeout=30, **kwargs)
 
     def test_reads_past_bad_lines_and_names_them(self):
-        self.write({"record": "run", "run_id": "a", "mode": "warmup",
-                    "plan": {"requests_total": 1}},
-                   '{"record": "request", "wave": "B1"', "[1, 2]",
-                   {"record": "request", "run_id": "a", "wave": "B1", "index": 0, "ok": True,
-                    "problems": []},
-                   {"record": "summary", "run_id": "a", "verdict": "pass", "exit_code": 0,
-                    "problems": [], "notes": ["B1 cache check not made"], "warnings": ["w1"]})
+        self.write(run_record("a", 1),
+                   '{"record": "request", "wave": "B1"', "[1, 2]", request_record("a", 0),
+                   summary_record("a", "pass", 0, notes=["B1 cache check not made"],
+                                  warnings=["w1"]))
         records, issues = readback.load_records(self.path)
         self.assertEqual([r["record"] for r in records], ["run", "request", "summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
@@ -255,12 +253,12 @@ class TestReportReading(unittest.TestCase):
 
     def test_each_run_separately_and_the_last_one_decides(self):
         def run(rid, verdict, code, n):
-            return [{"record": "run", "run_id": rid, "mode": "warmup",
-                     "plan": {"requests_total": n}}] + \
-                [{"record": "request", "run_id": rid, "wave": "B1", "index": i, "ok": code == 0,
-                  "problems": [] if code == 0 else ["HTTP 500"]} for i in range(n)] + \
-                [{"record": "summary", "run_id": rid, "verdict": verdict, "exit_code": code,
-                  "problems": [] if code == 0 else ["B1#0: HTTP 500"]}]
+            failed = {} if code == 0 else {"http_status": 500, "error": "boom", "ok": False,
+                                           "problems": ["HTTP 500"]}
+            return [run_record(rid, n)] + \
+                [request_record(rid, i, **failed) for i in range(n)] + \
+                [summary_record(rid, verdict, code,
+                                problems=[] if code == 0 else ["B1#0: HTTP 500"])]
         self.write(*run("first", "fail", 1, 10), *run("second", "pass", 0, 10))
         shown = self.report()
         self.assertEqual(shown.returncode, 0)

@@ -18,7 +18,8 @@ import threading
 import time
 
 from hostile import HostileServer, completion_with, error_answer, json_answer
-from support import QUALIFY, WARMUP, WRAPPER, HelperCase, read_records
+from support import (QUALIFY, WARMUP, WRAPPER, HelperCase, read_records, request_record,
+                     run_record, summary_record)
 import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 F_SETPIPE_SZ = 1031
@@ -74,12 +75,11 @@ class TestReviewFindings(HelperCase):
         self.assert_one_summary(proc, 0, path.decode("utf-8", "surrogateescape"))
 
     def test_report_reads_a_record_holding_a_lone_surrogate(self):
+        run = json.dumps(run_record("a", 1)).replace('"model": "m"', '"model": "m\\ud800"')
+        request = json.dumps(request_record("a", 0)).replace('"warmup-a-B1-0"', '"x\\udc00"')
         with open(self.records_path, "w", encoding="utf-8") as handle:
-            handle.write('{"record":"run","run_id":"a","model":"m\\ud800",'
-                         '"plan":{"requests_total":1}}\n'
-                         '{"record":"request","run_id":"a","request_id":"x\\udc00","ok":true}\n'
-                         '{"record":"summary","run_id":"a","verdict":"pass","exit_code":0,'
-                         '"problems":[]}\n')
+            handle.write("\n".join([run, request, json.dumps(summary_record("a", "pass", 0))])
+                         + "\n")
         proc = subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
                               capture_output=True, text=True, timeout=30)
         self.assertEqual(proc.returncode, 0, proc.stderr)

@@ -101,7 +101,10 @@ class TestSinks(unittest.TestCase):
         sink = io.StringIO()
         run = runframe.Run(runframe.RunSettings("p", "r", "unused", 9, 9), runframe.Program(),
                            transport.Clock.start(9, 9), sink, print)
-        run.write({"record": "x", dirty: [dirty, {"k": dirty}]})
+        run.write({"record": "status", "run_id": "r", "path": dirty, "state": dirty,
+                   "why": dirty, "delta": {dirty: [dirty, {"k": dirty}]}})
+        with self.assertRaises(runframe.RecordsError):     # off its declaration: never written
+            run.write({"record": "x", dirty: [dirty]})
         written = sink.getvalue()
         self.assertEqual(written.count("\n"), 1)
         for bad in ("\x1b", "\\u001b", "s3cr3t", "alpha beta", "\u202e", "\\u202e"):

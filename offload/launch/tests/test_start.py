@@ -16,7 +16,7 @@ import time
 import unittest
 
 from support import FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, \
-    copy_product, free_port, product_files, read_records
+    copy_product, free_port, gate_record, product_files, read_records, run_record
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
 
@@ -446,10 +446,10 @@ if plan.get("hang"):
 print("gate: a human line")
 summary = plan["summary"]
 planned = 0 if summary["verdict"] != "pass" else 16
-records = [{{"record": "run", "run_id": "stub", "mode": "gate",
-             "plan": {{"requests_total": planned}}}}]
-records += [{{"record": "gate", "run_id": "stub", "index": i, "ok": True}}
-            for i in range(planned)]
+run = json.loads({run!r})
+run["plan"].update(requests_total=planned, requests_per_engine=planned)
+records = [run] + [dict(json.loads({gate!r}), index=i, request_id=f"gate-stub-{{i}}")
+                   for i in range(planned)]
 records += [dict(summary, record="summary", run_id="stub", requests_ok=planned),
             dict(summary, record="gate_summary", run_id="stub")]
 with open(sys.argv[sys.argv.index("--records") + 1], "a") as out:
@@ -472,7 +472,9 @@ class TestStartGate(StartCase):
         shutil.copy(START, repo)
         copy_product(self.launch)
         with open(os.path.join(self.launch, "qualify.py"), "w") as handle:
-            handle.write(GATE_STUB.format(qualify=QUALIFY))
+            handle.write(GATE_STUB.format(qualify=QUALIFY,
+                                          run=json.dumps(run_record("stub", 0, "gate")),
+                                          gate=json.dumps(gate_record("stub", 0))))
         self.script = os.path.join(repo, "start.sh")
 
     def gate(self, *args: str, plan: dict, server_args=(), timeout=60):

@@ -1,0 +1,210 @@
+"""The one home of the records: each kind's fields, their types, which are required, and
+how a record is named in a line.
+
+Below the run frame (transport <- records <- runframe): plain data and pure functions.
+Run.write() holds every record to its declaration (a record that breaks it is a defect,
+found by the tests, never written); the report reads through field_problems() and
+label(), never through a program. CONTRACT.md's records table lists the same fields (a
+test holds the two together). A field written `name?` may be null, `~name` may be absent.
+
+Types: str, int (never a bool), num (int or float), bool, list, dict, any.
+"""
+
+from __future__ import annotations
+
+import json
+
+from transport import clean_text, finite_number
+
+SHOW_LIMIT = 80                       # one value in a table or a line
+
+FORMAT = 2                            # the run record's `format`: what this layout is
+
+_ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:int? "
+           "cached_tokens:int? completion_tokens:int? reasoning_tokens:int? "
+           "finish_reason:str? stop_reason:any stream_done:bool? first_token:bool? "
+           "logprobs_count:int? error:str?")
+
+DECLARED = {
+    "run": "run_id:str mode:str format:int started_at:str base_url:str "
+           "model:str? max_model_len:int? engines:list? plan:dict versions:dict "
+           "process_start_time_seconds:num? api_key_env:str api_key_set:bool pid:int",
+    "gauges": "run_id:str wave:str at_s:num ok:bool samples:list fresh_engines:list "
+              "settle_s:num? problems:list",
+    "request": "run_id:str request_id:str request_kind:str wave:str ~path:str depth:int "
+               "index:int engine:int? " + _ANSWER + " latency_s:num? sent_at_s:num? ok:bool "
+               "problems:list metrics:dict? speculative_decoding:dict?",
+    "wave": "run_id:str wave:str ~path:str depth:int engine:int? release_skew_ms:num? "
+            "batch_release_skew_ms:num? duration_s:num started_at_s:num "
+            "released_at:str? last_answer_at:str? ok:bool requests_ok:int problems:list "
+            "~counters:dict ~counters_cut:int? ~counters_went_down:list ~counters_why:str? "
+            "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
+            "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num? "
+            "~largest_step:dict?",
+    "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
+               "highlights:dict ~warnings:list ~engines:list",
+    "status": "run_id:str path:str state:str why:str? delta:dict?",
+    "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
+               "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "
+               "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
+               "~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
+               "~worst_typos:int? ~passages_ok:str ~preambles:list elapsed_s:num "
+               "deadline_s:num problems:list records:str",
+    "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
+             "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list",
+    "probe_summary": "run_id:str items:list meaning:str",
+    "gate": "run_id:str request_id:str request_kind:str probe:str kind:str shape:str "
+            "index:int engine:int? " + _ANSWER + " exact:bool? edit_distance:int? "
+            "reference_chars:int answer_chars:int? cer:num? word_errors:int? "
+            "reference_words:int? preamble_chars:int? removed:list latency_s:num? "
+            "sent_at_s:num? ok:bool problems:list",
+    "gate_summary": "run_id:str verdict:str exit_code:int identifiers_exact:dict "
+                    "worst_cer:num? passages_ok:str? worst_typos:int? max_typos:int "
+                    "preambles:list max_cer:num endpoint:str elapsed_s:num? problems:list "
+                    "records:str?",
+}
+
+
+def parse_fields(spec: str) -> dict[str, tuple[str, bool, bool]]:
+    """'~name:int?' -> {name: (type, required, nullable)}."""
+    fields = {}
+    for item in spec.split():
+        name, kind = item.split(":")
+        fields[name.lstrip("~")] = (kind.rstrip("?"), not name.startswith("~"),
+                                    kind.endswith("?"))
+    return fields
+
+
+RECORDS = {kind: parse_fields(spec) for kind, spec in DECLARED.items()}
+JUDGED = {"warmup": "request", "probe": "probe", "gate": "gate"}    # mode -> its records
+
+
+def has_type(value, kind: str) -> bool:
+    if kind == "any":
+        return True
+    if kind in ("int", "num") and isinstance(value, bool):
+        return False
+    return isinstance(value, {"str": str, "int": int, "num": (int, float), "bool": bool,
+                              "list": list, "dict": dict}[kind])
+
+
+def field_problems(record: dict) -> list[str]:
+    """How a record breaks its kind's declaration ([] when it holds): an unknown kind, a
+    required field missing, a field not declared, a value of the wrong type."""
+    kind = record.get("record")
+    fields = RECORDS.get(kind) if isinstance(kind, str) else None
+    if fields is None:
+        return [f"a record of unknown kind {str(kind)[:40]!r}"]
+    problems = [f"{kind} record without {name}" for name, (_, required, _) in fields.items()
+                if required and name not in record]
+    for name, value in record.items():
+        if name == "record":
+            continue
+        if name not in fields:
+            problems.append(f"{kind} record with an undeclared field {str(name)[:40]!r}")
+        elif not (value is None and fields[name][2]) and not has_type(value, fields[name][0]):
+            problems.append(f"{kind} record's {name} is not {fields[name][0]}")
+    return problems
+
+
+def label(record: dict) -> str:
+    """How a line names a request: B2#1 (e1 B2#1 with engines), 'single round 1#0'
+    (probe), 'alone id_repo#0' (gate)."""
+    if record.get("shape"):
+        where = f"{record.get('shape')} {record.get('probe')}"
+    else:
+        where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
+    engine = record.get("engine")
+    return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
+
+
+# ---------------------------------------------------------------------------
+# Any value of a record, shown safely; a probe's and a gate's records in a line.
+# ---------------------------------------------------------------------------
+
+def as_dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value) -> list:
+    """A list field as a list: a lone string becomes one item, anything else nothing."""
+    if isinstance(value, list):
+        return value
+    return [value] if isinstance(value, str) else []
+
+
+def show(value, limit: int = SHOW_LIMIT) -> str:
+    """Any value from a records file as one clean line: None is '-', never 'None'."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, float)):
+        return clean_text(repr(value), limit)
+    if not isinstance(value, str):
+        value = json.dumps(value, ensure_ascii=False)[:64 * limit]
+    return clean_text(value, limit) or "-"
+
+
+def known(value) -> str:
+    """A value the run may not have learned: 'unknown' rather than '-' or 'None'."""
+    return "unknown" if value is None else show(value)
+
+
+def probe_line(entry: dict) -> str:
+    """One item (on one engine) in a line; any value from a file goes through show()."""
+    def ms(v):
+        v = finite_number(v)
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+    where = show(entry.get("item")) + ("" if entry.get("engine") is None
+                                       else f" e{show(entry.get('engine'))}")
+    line = (f"  {where:<16} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
+            f"{ms(entry.get('ttft_later_median_s'))} (x{show(entry.get('ttft_ratio'))}); total "
+            f"first {ms(entry.get('total_first_s'))} vs later "
+            f"{ms(entry.get('total_later_median_s'))} (x{show(entry.get('total_ratio'))})")
+    cached = as_list(entry.get("cached_rounds"))
+    if cached:
+        line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
+                 f"left out")
+    return line
+
+
+def gate_line(record: dict) -> str:
+    """One probe and shape in a line, figures only; any value from a file through show()."""
+    where = f"{show(record.get('shape')):<7} {show(record.get('probe')):<13}"
+    if record.get("engine") is not None:
+        where = f"e{show(record.get('engine'))} " + where
+    if record.get("kind") == "identifier":
+        figure = "exact" if record.get("exact") is True else (
+            f"MISS (distance {show(record.get('edit_distance'))})")
+    else:
+        cer = finite_number(record.get("cer"))
+        figure = (f"{show(record.get('word_errors'))} typos, CER {cer:.4f}"
+                  if cer is not None else "CER -")
+    tokens = f"{show(record.get('completion_tokens'))} tokens"
+    if record.get("reasoning_tokens") is not None:
+        tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
+    removed = as_list(record.get("removed"))
+    if record.get("preamble_chars"):
+        removed = removed + [f"a preamble of {show(record.get('preamble_chars'))} characters"]
+    line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
+            f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
+            f"{'ok' if record.get('ok') is True else 'FAILED'}")
+    if record.get("ok") is not True:
+        line += "".join(f"\n      {show(p, 300)}" for p in as_list(record.get("problems")))
+    return line
+
+
+def gate_summary_line(summary: dict) -> str:
+    exact = as_dict(summary.get("identifiers_exact"))
+    worst = finite_number(summary.get("worst_cer"))
+    line = (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
+            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage: "
+            f"{show(summary.get('worst_typos'))} typos (allowed "
+            f"{show(summary.get('max_typos'))}), CER {'-' if worst is None else f'{worst:.4f}'}")
+    preambles = as_list(summary.get("preambles"))
+    if preambles:
+        line += (f"\n  preamble before the answer in {len(preambles)} probe(s) "
+                 f"({', '.join(show(p) for p in preambles[:4])}"
+                 f"{', ...' if len(preambles) > 4 else ''}): the copy alone was scored")
+    return line
