@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from records import FORMAT, field_problems
 from textfile import publish, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text,
-                       start_quiet)
+                       start_quiet, writable)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -110,6 +110,9 @@ class Program:
         """A record written right after the summary (printed instead of it with --json)."""
         return None
 
+    def close(self) -> None:
+        """Let go of what the run held (a lock), once its summary is written."""
+
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         """More samples for the textfile beside every run's own: (name, labels, value,
         help), names in the offload_<mode>_ namespace, labels from our own vocabulary."""
@@ -177,6 +180,13 @@ def run_session(settings: RunSettings, program: Program) -> int:
     exit code; an unexpected exception is a 'fail' with its reason in one line.
     """
     path = settings.records_path
+    why = settings.textfile and writable(settings.textfile)
+    if why:                               # found before anything is sent, as for records
+        emit(f"{settings.prog}: cannot publish to --textfile {settings.textfile}: {why}; "
+             f"choose a writable file in an existing folder", sys.stderr)
+        if settings.json:
+            emit_usage_json(f"cannot publish to --textfile: {why}")
+        return EXIT_USAGE
     try:
         sink = open_records(path)
     except OSError as exc:
@@ -201,6 +211,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
     finally:
         _terminating.set()           # from here on a signal changes nothing: ignore it
         restore_signal_handlers(previous)
+        program.close()
         try:
             sink.close()
         except OSError:
@@ -229,7 +240,8 @@ def conclude(run: Run) -> dict:
     except Fatal as exc:
         if exc.exit_code == EXIT_FAIL:
             return summarize(run, extra=[exc.problem])
-        return summarize(run, ("fail", exc.exit_code, [exc.problem]))   # configuration: 2
+        verdict = "refused" if exc.exit_code == EXIT_REFUSED else "fail"   # or usage: 2
+        return summarize(run, (verdict, exc.exit_code, [exc.problem]))
     except Terminated as exc:
         if exc.signum == signal.SIGTERM and hard_bound_reached():
             return summarize(run, ("killed", EXIT_HARD_BOUND, [

@@ -844,11 +844,9 @@ def read_json_file(path: str) -> tuple[object, str | None]:
     return decode_json(data)
 
 
-def write_atomically(path: str, text: str) -> str | None:
-    """Write a whole file at once: a new temporary file in the same folder (created
-    exclusively, never through a link), then a rename, so a reader sees the old file or
-    the new one, never half of it. Only a regular file (or nothing) is replaced: a device,
-    a FIFO, a link or a folder at the path is refused. None when written, else why not."""
+def _temporary_beside(path: str) -> tuple[int, str, str | None]:
+    """A new temporary file beside `path`, which must be a regular file or nothing:
+    (descriptor, its path, None), or (-1, '', why not)."""
     import stat
     import tempfile
     try:
@@ -856,15 +854,35 @@ def write_atomically(path: str, text: str) -> str | None:
     except FileNotFoundError:
         mode = None
     except OSError as exc:
-        return f"{exc.strerror or exc}"
+        return -1, "", f"{exc.strerror or exc}"
     if mode is not None and not stat.S_ISREG(mode):
-        return "not a regular file (a device, FIFO, link or folder is never replaced)"
-    folder = os.path.dirname(os.path.abspath(path))
+        return -1, "", "not a regular file (a device, FIFO, link or folder is never replaced)"
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
-                                         dir=folder)
+                                         dir=os.path.dirname(os.path.abspath(path)))
     except OSError as exc:
-        return f"{exc.strerror or exc}"
+        return -1, "", f"{exc.strerror or exc}"
+    return fd, temporary, None
+
+
+def writable(path: str) -> str | None:
+    """Why write_atomically(path) would fail, found by trying its first step; None when
+    it would not."""
+    fd, temporary, why = _temporary_beside(path)
+    if why is None:
+        os.close(fd)
+        os.unlink(temporary)
+    return why
+
+
+def write_atomically(path: str, text: str) -> str | None:
+    """Write a whole file at once: a new temporary file in the same folder (created
+    exclusively, never through a link), then a rename, so a reader sees the old file or
+    the new one, never half of it. Only a regular file (or nothing) is replaced: a device,
+    a FIFO, a link or a folder at the path is refused. None when written, else why not."""
+    fd, temporary, why = _temporary_beside(path)
+    if why:
+        return why
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -19,9 +19,12 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -81,6 +84,30 @@ class Tally:
     first_counters: dict | None = None               # counters of the first guard read
 
 
+def take_server_lock(target: Target) -> int:
+    """An exclusive lock on the server's address for this process's life (flock on a file
+    in the temporary folder): a second helper against the same server on this host is
+    refused at once, while the first runs on. Returns the lock's descriptor."""
+    name = hashlib.sha256(target.host_port.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"offload-launch-{name}.lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise Fatal(f"refused: cannot take the lock {path} for {target.display} "
+                    f"({exc.strerror or exc}); nothing was sent", EXIT_REFUSED)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        os.close(fd)
+        raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) is "
+                    f"sending to {target.display} from this host; one at a time, or neither "
+                    f"warm-up shows what it did; nothing was sent", EXIT_REFUSED)
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
 def routed(engines: tuple) -> tuple[int, ...] | None:
     """The engines as a run record names them: None for a single engine without routing."""
     return None if engines == NO_ROUTING else tuple(engines)
@@ -98,6 +125,7 @@ class ServerProgram(Program):
         self.counters_before: dict | None = None   # counters of the last guard read
         self.observed: dict | None = None          # what the last batch's sampler saw
         self.batch_ended_at: float | None = None   # when the last batch's requests ended
+        self.lock: int | None = None               # the server's lock, held for the run
         REDACTIONS.secret(connection.api_key)
         REDACTIONS.secret(connection.target.credentials)
 
@@ -148,10 +176,25 @@ class ServerProgram(Program):
                 "notes": tally.notes, "warnings": tally.warnings,
                 "settled_s": tally.settled_s}
 
+    def close(self) -> None:
+        if self.lock is not None:
+            os.close(self.lock)           # the lock goes with its descriptor
+            self.lock = None
+
     # -- talking to the server -------------------------------------------------
 
     def learn_server(self, run: Run) -> None:
-        """The model and its context (/v1/models), the version, the engines."""
+        """The server to ourselves (a lock per address on this host) and healthy; the
+        model and its context (/v1/models), the version, the engines."""
+        self.lock = take_server_lock(self.connection.target)
+        status, _ = self.lookup(run, "GET", "/health")
+        if status == 404:
+            raise Fatal(f"GET {self.connection.target.display}/health answered HTTP 404 (is "
+                        f"--base-url the server's address, with no extra path?)", EXIT_USAGE)
+        if status != 200:
+            raise Fatal(f"refused: {self.connection.target.display}/health answered HTTP "
+                        f"{status}, not 200: the server is not healthy; nothing was sent",
+                        EXIT_REFUSED)
         self.resolve_model(run)
         self.read_server_version(run)
         self.server.engines = self.choose_engines(run)

@@ -502,10 +502,13 @@ def evidence_text(seen: dict, depth: int) -> str:
 # ---------------------------------------------------------------------------
 
 EPILOG = ENVIRONMENT_HELP + """\
+  WARMUP_TOKENS       default for --tokens (not 32: a custom plan)
+  WARMUP_WAVES        default for --waves (not starting 1,2,3,4: a custom plan)
   WARMUP_PATHS        default for --paths
   WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
                       command's --max-num-batched-tokens)
-  WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95)
+  WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
+                      --deadline-s must be below it
   WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
 
 exit status:
@@ -527,11 +530,15 @@ runs six at once). Readiness is not warm-up success: read the
 records before releasing producers. The contract: CONTRACT.md beside this file.
 """
 
-def waves_type(text: str) -> tuple[int, ...]:
-    try:
-        return parse_waves(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc))
+def argument_type(parse):
+    """An argparse type over a parser that raises ValueError."""
+    def checked(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    checked.__name__ = parse.__name__
+    return checked
 
 
 def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
@@ -543,24 +550,26 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                     "operator to inspect. After a start: qualify.py report|probe|gate.")
     add_server_options(parser)
     add_run_options(parser)
-    parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=32,
+    parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=None,
                         help="completion tokens per request: max_tokens = min_tokens, 2 to "
-                             "4096 (default: %(default)s)")
+                             "4096; not 32 is a custom plan (default: $WARMUP_TOKENS, else 32)")
     parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
                         default=20,
                         help="request priority; with --scheduling-policy priority, real "
                              "traffic at 0 goes first (default: %(default)s)")
-    parser.add_argument("--waves", type=waves_type, default=DEFAULT_WAVES, metavar="1,2,3,4",
+    parser.add_argument("--waves", type=argument_type(parse_waves), default=None, metavar="1,2,3,4",
                         help="client concurrency of each wave, in order: distinct depths of 1 "
-                             "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8 "
-                             "(default: 1,2,3,4)")
+                             "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; "
+                             "not starting 1,2,3,4 is a custom plan (default: $WARMUP_WAVES, "
+                             "else 1,2,3,4)")
     parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR,
                                                                MAX_B1_TOKENS), default=None,
                         help="target size of B1's long prompt in tokens, more than 4096 (and "
                              "more than --chunk-tokens) and at most 1048576, capped by the "
                              "context; counted with the server's /tokenize when it has one "
                              "(default: 5000, or past --chunk-tokens when that is larger)")
-    parser.add_argument("--paths", metavar="LIST", default=None,
+    parser.add_argument("--paths", metavar="LIST", type=argument_type(parse_paths),
+                        default=None,
                         help="after the waves, warm other request kinds, each at depth 1 and "
                              "at the deepest wave's, on every engine: "
                              f"{', '.join(PATH_NAMES)}, all or none (default: $WARMUP_PATHS, "
@@ -603,15 +612,19 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
     args = parse_or_explain(parser, argv)
     settings = run_settings(args, prog, "warmup")
     try:
-        chunk = chunk_tokens_from(args.chunk_tokens)
+        check_deadline(settings.deadline_s)
+        chunk = flag_or_env(args.chunk_tokens, "WARMUP_CHUNK_TOKENS",
+                            whole(1, MAX_B1_TOKENS - 1), 4096)
         if args.b1_tokens is not None and args.b1_tokens <= chunk:
             raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                              f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                              f"longer; leave --b1-tokens out to size it past the chunk")
-        plan = Plan(waves=args.waves, tokens=args.tokens, priority=args.priority,
-                    b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
-                    chunk_tokens=chunk,
-                    paths=paths_from(args.paths), template_kwargs=args.chat_template_kwargs)
+        plan = Plan(waves=flag_or_env(args.waves, "WARMUP_WAVES", parse_waves, DEFAULT_WAVES),
+                    tokens=flag_or_env(args.tokens, "WARMUP_TOKENS", whole(2, 4096), 32),
+                    priority=args.priority, b1_tokens=args.b1_tokens or 5000,
+                    gauge_interval_ms=args.gauge_interval_ms, chunk_tokens=chunk,
+                    paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
+                    template_kwargs=args.chat_template_kwargs)
         connection = connection_from(args)
         evidence = EvidenceOptions(
             metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
@@ -624,27 +637,32 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
     return settings, WarmUp(connection, plan, settings, evidence)
 
 
-def paths_from(flag: str | None) -> tuple[str, ...]:
-    """--paths, else WARMUP_PATHS (each named when bad), else none."""
-    source, text = ("--paths", flag) if flag is not None else \
-        ("WARMUP_PATHS", os.environ.get("WARMUP_PATHS") or "none")
-    try:
-        return parse_paths(text)
-    except ValueError as exc:
-        raise UsageError(f"{source}: {exc}")
-
-
-def chunk_tokens_from(flag: int | None) -> int:
-    """--chunk-tokens, else WARMUP_CHUNK_TOKENS (named when bad), else 4096."""
+def flag_or_env(flag, name: str, parse, default):
+    """An option's value: the flag's, else the environment variable's (parsed, and named
+    when bad), else the default."""
     if flag is not None:
         return flag
-    text = os.environ.get("WARMUP_CHUNK_TOKENS")
+    text = os.environ.get(name)
     if not text:
-        return 4096
-    if not re.fullmatch(r"[0-9]{1,7}", text.strip()) or not 0 < int(text) < MAX_B1_TOKENS:
-        raise UsageError(f"WARMUP_CHUNK_TOKENS must be a whole number of tokens from 1 to "
-                         f"{MAX_B1_TOKENS - 1}, got {text!r}")
-    return int(text)
+        return default
+    try:
+        return parse(text)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise UsageError(f"{name}: {exc}")
+
+
+def check_deadline(deadline_s: float) -> None:
+    """Under warmup_serve.sh (WARMUP_HARD_S), the deadline must fall before the hard bound:
+    a run the bound kills leaves a 'killed' summary, never a verdict."""
+    text = os.environ.get("WARMUP_HARD_S")
+    try:
+        hard = float(text) if text else None
+    except ValueError:
+        raise UsageError(f"WARMUP_HARD_S must be a number of seconds, got {text!r}")
+    if hard is not None and deadline_s >= hard:
+        raise UsageError(f"--deadline-s {deadline_s:g} is not below the hard bound "
+                         f"WARMUP_HARD_S={text} (warmup_serve.sh ends the run there); lower "
+                         f"--deadline-s or raise WARMUP_HARD_S")
 
 
 def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: bool) -> None:

@@ -65,6 +65,8 @@ main() {
   # bound's, and the helper records the 124 this script returns rather than 143.
   now="${EPOCHSECONDS:-$(date +%s)}"
   export WARMUP_HARD_BOUND_AT="$((now + ${hard%%.*}))"
+  # The helper refuses a deadline at or past the bound (a usage error, exit 2).
+  export WARMUP_HARD_S="${hard}"
   # The helper runs as an imported module, not as a script: a script is compiled
   # on every start, an imported module's bytecode is cached (in __pycache__ beside
   # it when that is writable; it still runs when it is not). -I keeps the caller's

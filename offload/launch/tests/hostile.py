@@ -25,7 +25,7 @@ MAX_MODEL_LEN = 32768
 TOKENS_PER_WORD = 1.6
 # The generated text carries this marker, so tests can prove it never leaks.
 TEXT_MARKER = "GENTEXT-H0ST1LE"
-ENDPOINTS = ("/v1/models", "/version", "/tokenize", "/metrics", "/v1/completions")
+ENDPOINTS = ("/health", "/v1/models", "/version", "/tokenize", "/metrics", "/v1/completions")
 MAX_REQUEST_HEAD = 1 << 20
 MAX_REQUEST_BODY = 16 << 20          # a runaway prompt is cut here, not held in memory
 READ_TIMEOUT_S = 10.0
@@ -249,6 +249,8 @@ def stream_events(doc: dict) -> list:
 
 def default_answer(request: Received):
     """The faithful answer for each endpoint; 404 (vLLM's shape) for any other path."""
+    if request.endpoint == "/health":
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n"
     if request.endpoint == "/v1/models":
         return json_answer(models_doc())
     if request.endpoint == "/version":

@@ -154,8 +154,8 @@ class TestMessages(HelperCase):
         result = self.run_argv(["--json", "--deadline-s", "0"])
         self.assertEqual(result.code, 2)
         self.assertEqual(json.loads(result.stdout)["exit_code"], 2)
-        dry = json.loads(self.run_argv(["--json", "--dry-run"], env={"WARMUP_HARD_S": "40"})
-                         .stdout)
+        dry = json.loads(self.run_argv(["--json", "--dry-run", "--deadline-s", "30"],
+                                       env={"WARMUP_HARD_S": "40"}).stdout)
         self.assertEqual(dry["hard_bound_s"], 40.0)
 
     def test_json_summary_names_the_records(self):
@@ -168,7 +168,7 @@ class TestMessages(HelperCase):
         server = self.start_fake()
         result = self.run_helper(server.url + "/foo")
         self.assertEqual(result.code, 2)
-        self.assertIn(f"GET {server.url}/foo/v1/models answered HTTP 404",
+        self.assertIn(f"GET {server.url}/foo/health answered HTTP 404",
                       result.summary["problems"][0])
         self.assertIn("with no extra path", result.summary["problems"][0])
 

@@ -138,7 +138,7 @@ class TestNoTraceback(HelperCase):
         self.assertNotIn("Traceback", proc.stderr)
         chunk = run(WARMUP, "--dry-run", env={"WARMUP_CHUNK_TOKENS": "\u00b2"})
         self.assertEqual(chunk.returncode, 2)
-        self.assertIn("WARMUP_CHUNK_TOKENS must be a whole number", chunk.stderr)
+        self.assertIn("WARMUP_CHUNK_TOKENS: must be a whole number", chunk.stderr)
         procs = run(os.path.join(os.path.dirname(QUALIFY), "procs.py"), "alive", "\u00b2")
         self.assertEqual(procs.returncode, 2)
         self.assertNotIn("Traceback", procs.stderr)

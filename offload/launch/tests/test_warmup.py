@@ -10,6 +10,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import unittest
 from unittest import mock
 
@@ -475,10 +476,21 @@ class TestProcesses(HelperCase):
     """The helper and the wrapper as real processes: signals and the hard bound."""
 
     def test_wrapper_kills_a_helper_stuck_on_a_trickling_server(self):
+        # A deadline at or past the bound is refused, so the helper is made to outlive its
+        # own deadline as a defect would: its clock never runs out (injected through
+        # WARMUP_PYTHON, the wrapper's interpreter).
         server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.25)
+        shim = os.path.join(self.tmp, "stuck-python")
+        with open(shim, "w") as handle:
+            handle.write('#!/bin/bash\n# -I -S -c CODE FOLDER ARGS...: CODE after a clock that '
+                         'never runs out\nexec "$PYTHON" "$1" "$2" "$3" "import sys; '
+                         'sys.path.insert(0, sys.argv[1]); import transport; '
+                         'transport.Clock.remaining = lambda self: 1.0; $4" "${@:5}"\n')
+        os.chmod(shim, 0o755)
         result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",
-                                   self.records_path, "--deadline-s", "60"],
-                                  env={"WARMUP_HARD_S": "2"}, timeout=30)
+                                   self.records_path, "--deadline-s", "1.5"],
+                                  env={"WARMUP_HARD_S": "2", "WARMUP_PYTHON": shim,
+                                       "PYTHON": sys.executable}, timeout=30)
         self.assertEqual(result.code, 124, result.stderr)
         self.assertLess(result.elapsed, 2 + 10)
         self.assertEqual(result.summary["verdict"], "killed")
@@ -489,6 +501,14 @@ class TestProcesses(HelperCase):
         self.assertIn("ended by warmup_serve.sh's hard bound (TERM at 2 s)", problem)
         if server.state.completions():     # on a busy machine the bound may come before B1
             self.assertIn("during B1", problem)
+
+    def test_a_deadline_at_the_hard_bound_is_a_usage_error(self):
+        result = self.run_process(["bash", WRAPPER, "--deadline-s", "95", "--dry-run"])
+        self.assertEqual(result.code, 2)
+        self.assertIn("--deadline-s 95 is not below the hard bound WARMUP_HARD_S=95",
+                      result.stderr)
+        self.assertEqual(self.run_process(["bash", WRAPPER, "--deadline-s", "94",
+                                           "--dry-run"]).code, 0)
 
     def test_wrapper_passes_ctrl_c_and_hangup_on_as_themselves(self):
         for signum, code in ((signal.SIGINT, 130), (signal.SIGHUP, 129)):
