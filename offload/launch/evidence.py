@@ -49,24 +49,28 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     return shown
 
 
-def cross_check(deltas: dict, requests: list[dict]) -> list[str]:
-    """Counter deltas against the records; a mismatch is a warning, never a failure."""
-    warnings = []
-    generated = series_sum(deltas, "vllm:generation_tokens_total")
-    completed = sum(r["completion_tokens"] or 0 for r in requests)
-    if generated is None:
-        warnings.append("cross-check not made: vllm:generation_tokens_total absent")
-    elif generated != completed:
-        warnings.append(f"generation tokens delta {generated:g} differs from the records' "
-                        f"{completed} completion tokens (foreign traffic or a counting difference)")
-    succeeded = series_sum(deltas, "vllm:request_success_total")
-    answered = sum(1 for r in requests if r["http_status"] == 200)
-    if succeeded is None:
-        warnings.append("cross-check not made: vllm:request_success_total absent")
-    elif succeeded != answered:
-        warnings.append(f"request success delta {succeeded:g} differs from the {answered} "
-                        f"requests answered 200 (foreign traffic or a counting difference)")
-    return warnings
+def cross_check(deltas: dict, requests: list[dict]) -> tuple[list[str], list[str]]:
+    """Counter deltas against the records: (problems, warnings). More counted than the
+    records hold is foreign or concurrent work (a problem); less, or a counter absent, a
+    warning."""
+    problems, warnings = [], []
+    for name, counted, what in (
+            ("vllm:generation_tokens_total", sum(r["completion_tokens"] or 0 for r in requests),
+             "completion tokens"),
+            ("vllm:request_success_total", sum(1 for r in requests if r["http_status"] == 200),
+             "requests answered 200")):
+        delta = series_sum(deltas, name)
+        short = name.replace("vllm:", "").replace("_total", "").replace("_", " ")
+        if delta is None:
+            warnings.append(f"cross-check not made: {name} absent")
+        elif delta > counted:
+            problems.append(f"{short} delta {delta:g} exceeds the records' {counted} {what}: "
+                            f"foreign or concurrent work during the warm-up (hold producers; "
+                            f"one helper at a time)")
+        elif delta < counted:
+            warnings.append(f"{short} delta {delta:g} is below the records' {counted} {what} "
+                            f"(a counting difference)")
+    return problems, warnings
 
 
 def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
@@ -186,7 +190,10 @@ class Evidence:
             if source == main_source:
                 self.highlights = record["highlights"]
                 self.main_deltas = None if why else deltas
-                record["warnings"] = [] if why else cross_check(deltas, tally.requests)
+                found, record["warnings"] = ([], []) if why else \
+                    cross_check(deltas, tally.requests)
+                record["problems"] = found
+                tally.problems += found
                 tally.warnings += record["warnings"]
                 if why:
                     tally.warnings.append(f"counter deltas incomplete: {record['why']}")

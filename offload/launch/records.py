@@ -42,7 +42,7 @@ DECLARED = {
             "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num? "
             "~largest_step:dict?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
-               "highlights:dict ~warnings:list ~engines:list",
+               "highlights:dict ~warnings:list ~problems:list ~engines:list",
     "status": "run_id:str path:str state:str why:str? delta:dict?",
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
                "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "

@@ -168,9 +168,10 @@ SPEC = "vllm:spec_decode_num_"
 
 
 def spec_figures(deltas: dict) -> dict | None:
-    """Derived from speculative-decoding counter deltas (pure): acceptance rate (accepted
-    / draft tokens), mean acceptance length (1 + accepted / drafts), acceptance by
-    position (accepted there / drafts). Not worker RPC steps, not proof of graph capture.
+    """Derived from speculative-decoding counter deltas (pure): drafted length (draft
+    tokens / drafts), acceptance rate (accepted / draft tokens), mean acceptance length
+    (1 + accepted / drafts), acceptance by position (accepted there / drafts). Not worker
+    RPC steps, not proof of graph capture.
     None without speculative counters (nothing invented)."""
     drafts = series_sum(deltas, SPEC + "drafts_total")
     draft_tokens = series_sum(deltas, SPEC + "draft_tokens_total")
@@ -185,6 +186,7 @@ def spec_figures(deltas: dict) -> dict | None:
             positions[int(found.group(1))] = positions.get(int(found.group(1)), 0) + value
     return {
         "drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+        "drafted_length": round(draft_tokens / drafts, 3) if drafts else None,
         "acceptance_rate": round(accepted / draft_tokens, 4) if draft_tokens else None,
         "mean_acceptance_length": round(1 + accepted / drafts, 3) if drafts else None,
         "acceptance_by_position": [round(positions[p] / drafts, 4) if drafts else None
@@ -198,6 +200,33 @@ def tokens_per_step(deltas: dict) -> float | None:
     total = series_sum(deltas, "vllm:iteration_tokens_total_sum")
     steps = series_sum(deltas, "vllm:iteration_tokens_total_count")
     return round(total / steps, 3) if total is not None and steps else None
+
+
+STEP_BUCKET = "vllm:iteration_tokens_total_bucket"
+
+
+def largest_step(deltas: dict) -> dict | None:
+    """Where the largest engine step of the deltas fell, from the iteration histogram's
+    buckets (pure): {"above": a, "at_most": b} (b None past the last finite bucket).
+    None without the histogram, or when no step ran."""
+    buckets = {}
+    for key, value in deltas.items():
+        bound = re.search(r'le="([^"]*)"', key)
+        if series_name(key) != STEP_BUCKET or not bound or not isinstance(value, (int, float)):
+            continue
+        try:
+            le = float(bound.group(1))        # "+Inf" too
+        except ValueError:
+            continue
+        if not math.isnan(le):
+            buckets[le] = buckets.get(le, 0) + value
+    total = buckets.get(math.inf)
+    if not total:
+        return None
+    bounds = sorted(buckets)
+    first = next(i for i, le in enumerate(bounds) if buckets[le] >= total)
+    above = bounds[first - 1] if first else 0.0
+    return {"above": above, "at_most": None if bounds[first] == math.inf else bounds[first]}
 
 
 def went_down(before: dict | None, after: dict | None) -> list[str]:

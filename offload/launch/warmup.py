@@ -48,8 +48,8 @@ try:
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, slot_timing,
                              template_kwargs_type)
-    from vllm_metrics import (counter_deltas, engine_deltas, spec_figures, tokens_per_step,
-                              went_down)
+    from vllm_metrics import (counter_deltas, engine_deltas, largest_step, series_sum,
+                              spec_figures, tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)
@@ -297,8 +297,11 @@ class WarmUp(ServerProgram):
             skew = release_skew_ms(slots)
             sent = [s.sent_at for s in slots if s.sent_at is not None]
             done = [s.done_at for s in slots if s.done_at is not None]
-            problems = judge_wave(mine, depth, engine, name)
             seen = wave_figures(evidence, engine, self.observed)
+            shown = shown_by_counters(name if engine is None else f"{name} engine {engine}",
+                                      seen, mine, self.plan.chunk_tokens if first else None)
+            self.tally.problems += shown          # the evidence decides, beside the answers
+            problems = judge_wave(mine, depth, engine, name) + shown
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
                        **({} if kind_.path is None else {"path": kind_.name}),
                        "depth": depth, "engine": engine,
@@ -443,6 +446,7 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
         "gauge_reads_failed": seen.get("gauge_reads_failed"),
         "spec_decode": spec_figures(deltas),
         "tokens_per_step": tokens_per_step(deltas),
+        "largest_step": largest_step(deltas),
     }
 
 
@@ -460,6 +464,27 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
     failed = sum(1 for r in requests if not r["ok"])
     if failed:
         problems.append(f"{name}: {failed} of {len(requests)} requests failed")
+    return problems
+
+
+def shown_by_counters(name: str, seen: dict, requests: list[dict], chunk: int | None
+                      ) -> list[str]:
+    """What the engine's own counters over a wave show against its records (pure): more
+    tokens generated than the records hold (foreign or concurrent work), or, for B1
+    (`chunk` given), one prefill step longer than the chunk (B1 did not run chunked)."""
+    problems = []
+    generated = series_sum(seen.get("counters") or {}, "vllm:generation_tokens_total")
+    recorded = sum(r["completion_tokens"] or 0 for r in requests)
+    if generated is not None and generated > recorded:
+        problems.append(f"{name}: the engine generated {generated:g} tokens while the wave "
+                        f"ran, its records {recorded}: foreign or concurrent work (hold "
+                        f"producers; one helper at a time)")
+    step = seen.get("largest_step")
+    if chunk is not None and step and step["above"] >= chunk:
+        problems.append(f"{name}: B1 ran as one prefill step of more than {step['above']:g} "
+                        f"tokens, so the server's prefill chunk is larger than {chunk} and "
+                        f"the chunked prefill did not run: pass the server's "
+                        f"--max-num-batched-tokens as --chunk-tokens")
     return problems
 
 

@@ -55,7 +55,7 @@ class FakeConfig:
     extra_models: tuple = ()              # more entries in /v1/models
     max_model_len: int = 32768
     max_num_seqs: int = 4
-    max_num_batched_tokens: int = 8192    # the prefill chunk (--max-num-batched-tokens)
+    max_num_batched_tokens: int = 4096    # the prefill chunk (--max-num-batched-tokens)
     api_key: str | None = None
     prompt_tokens_details: bool = False   # --enable-prompt-tokens-details
     per_request_metrics: bool = False     # --enable-per-request-metrics
@@ -90,7 +90,7 @@ class FakeConfig:
     copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
 
 
-STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # vLLM 0.32, eager
 # The request kinds a request is (the warm-up's --paths), for cold and missing paths.
 PATH_KINDS = ("stream", "chat", "sampled", "logprobs", "json")
 JSON_ANSWER = '{"id": 1, "name": "lorem"}'
@@ -904,7 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
+    parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
                         help="the prefill chunk: a longer prompt is prefilled in steps of "
                              "this many tokens (vllm:iteration_tokens_total shows them)")
     parser.add_argument("--api-key", default=os.environ.get("FAKE_VLLM_API_KEY"),

@@ -58,16 +58,20 @@ class TestCounterDeltas(unittest.TestCase):
         with_spec = evidence.highlighted({"vllm:spec_decode_num_drafts_total": 7.0})
         self.assertNotIn("vllm:spec_decode_*", with_spec)
 
-    def test_cross_check_warns_on_mismatch_only(self):
+    def test_cross_check_fails_on_more_than_recorded_and_warns_on_less(self):
         requests = [{"completion_tokens": 32, "http_status": 200}] * 10
         good = {'vllm:generation_tokens_total{engine="0"}': 300.0,
                 'vllm:generation_tokens_total{engine="1"}': 20.0, SERIES: 10.0}
-        self.assertEqual(evidence.cross_check(good, requests), [])
-        bad = dict(good, **{'vllm:generation_tokens_total{engine="1"}': 52.0})
-        warnings = evidence.cross_check(bad, requests)
-        self.assertEqual(len(warnings), 1)
-        self.assertIn("generation tokens delta 352 differs from the records' 320", warnings[0])
-        self.assertIn("absent", evidence.cross_check({}, requests)[0])
+        self.assertEqual(evidence.cross_check(good, requests), ([], []))
+        more = dict(good, **{'vllm:generation_tokens_total{engine="1"}': 52.0})
+        problems, warnings = evidence.cross_check(more, requests)
+        self.assertEqual(warnings, [])
+        self.assertIn("generation tokens delta 352 exceeds the records' 320 completion tokens: "
+                      "foreign or concurrent work", problems[0])
+        less = dict(good, **{SERIES: 9.0})
+        self.assertIn("request success delta 9 is below the records' 10",
+                      evidence.cross_check(less, requests)[1][0])
+        self.assertIn("absent", evidence.cross_check({}, requests)[1][0])
 
 
 class TestStatusDelta(unittest.TestCase):
@@ -403,12 +407,23 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(result.summary["counters"][gen], 320.0)
         self.assertIn("counters over the warm-up: generation_tokens +320", result.stdout)
 
-    def test_counting_difference_is_a_warning_not_a_failure(self):
-        server = self.start_fake(counter_skew=1)
+    def test_foreign_work_fails_the_run_by_name(self):
+        server = self.start_fake(counter_skew=1)      # one more token counted per request
         result = self.run_helper(server)
-        self.assertEqual(result.code, 0)
-        self.assertIn("generation tokens delta 330 differs", result.summary["warnings"][0])
-        self.assertIn("warning: generation tokens delta 330", result.stdout)
+        self.assertEqual((result.code, result.summary["verdict"]), (1, "fail"))
+        problems = result.summary["problems"]
+        self.assertIn("B2: the engine generated 66 tokens while the wave ran, its records 64: "
+                      "foreign or concurrent work", " ".join(problems))
+        self.assertIn("generation tokens delta 330 exceeds the records' 320", " ".join(problems))
+        self.assertTrue(all(r["ok"] for r in result.requests), "the answers themselves passed")
+
+    def test_counting_less_than_recorded_is_a_warning(self):
+        server = self.start_fake(counter_skew=-1)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.summary["problems"])
+        self.assertIn("generation tokens delta 310 is below the records' 320",
+                      result.summary["warnings"][0])
+        self.assertIn("warning: generation tokens delta 310", result.stdout)
 
     def test_absent_counters_are_null(self):
         server = self.start_fake(speculative=False)
