@@ -30,9 +30,9 @@ PICKED = {
     "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
                 "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
                 "stop_reason", "latency_s", "ok", "path", "depth", "logprobs_count"),
-    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "ok", "running_max",
-             "waiting_max", "gauge_samples", "spec_decode", "tokens_per_step",
-             "counters_went_down"),
+    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "released_at",
+             "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
+             "spec_decode", "tokens_per_step", "largest_step", "counters_went_down"),
     "metrics": ("source", "state", "why", "highlights", "warnings"),
     "status": ("path", "state", "why", "delta"),
     "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
@@ -311,8 +311,8 @@ def evidence_table(waves: list[dict]) -> list[str]:
     if not any("running_max" in w or "spec_decode" in w for w in waves
                if isinstance(w, dict)):
         return []
-    heads = ["wave", "engine", "depth", "observed", "gauge samples", "accept rate",
-             "mean accept len", "accept by position", "tokens/step"]
+    heads = ["wave", "engine", "depth", "observed", "gauge samples", "drafted",
+             "accept rate", "mean accept len", "accept by position", "tokens/step"]
     rows = [heads]
     for wave in waves:
         spec = as_dict(wave.get("spec_decode"))
@@ -320,7 +320,8 @@ def evidence_table(waves: list[dict]) -> list[str]:
         running = finite_number(wave.get("running_max"))
         rows.append([show(wave.get("wave")), show(wave.get("engine")), show(wave.get("depth")),
                      "-" if running is None else f"{running:g}",
-                     show(wave.get("gauge_samples")), show(spec.get("acceptance_rate")),
+                     show(wave.get("gauge_samples")), show(spec.get("drafted_length")),
+                     show(spec.get("acceptance_rate")),
                      show(spec.get("mean_acceptance_length")), positions or "-",
                      show(wave.get("tokens_per_step"))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
@@ -417,6 +418,11 @@ def report_main(argv: list[str]) -> int:
                         help="for scripts: print only these fields of the last run, space "
                              "separated, on one line, in the order given; each a single word "
                              f"(- or n/a when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
+    parser.add_argument("--expect-k", metavar="B1=5,...", type=expect_k_type,
+                        help="check each named wave's drafted length (speculative draft "
+                             "tokens / drafts over the wave, from its counters) against its "
+                             "k: it holds when k-1 < drafted <= k; a wave that differs, or "
+                             "whose length was not observed, makes the exit status 1")
     args = parser.parse_args(argv)
     try:
         records, issues = load_records(args.records)
@@ -426,11 +432,54 @@ def report_main(argv: list[str]) -> int:
                     sys.stderr)
         return EXIT_USAGE
     report = build_report(records, issues, args.records)
+    if args.expect_k:
+        report["expect_k"] = drafted_findings(_last_run(report).get("waves") or [],
+                                              args.expect_k)
     if args.fields:
         emit(" ".join(script_field(report, name) for name in args.fields))
+    elif args.json:
+        emit(json.dumps(report, indent=2))
     else:
-        emit(json.dumps(report, indent=2) if args.json else format_report(report))
-    return report["exit_code"]
+        emit(format_report(report) + "".join(
+            f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", [])))
+    held = all(f["holds"] for f in report.get("expect_k", []))
+    return report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
+
+
+def expect_k_type(text: str) -> dict[str, int]:
+    """An argparse type: 'B1=5,B2=5,B3=4,B4=4' -> {"B1": 5, ...}."""
+    expected = {}
+    for item in text.split(","):
+        wave, _, k = item.strip().partition("=")
+        if not wave or not k.isdigit() or not 1 <= int(k) <= 64:
+            raise argparse.ArgumentTypeError(f"wants WAVE=K pairs such as B1=5,B3=4 (K from "
+                                             f"1 to 64); got {text!r}")
+        expected[wave] = int(k)
+    return expected
+
+
+def drafted_findings(waves: list[dict], expected: dict[str, int]) -> list[dict]:
+    """Each expected wave (each engine's record of it): its drafted length (draft tokens /
+    drafts over the wave) against k (pure). It holds when k - 1 < drafted <= k: more than
+    k cannot be a k-token draft; k - 1 or less means shorter drafts than k (an n-gram
+    proposer drafts less when its lookup finds less) or another k."""
+    found = []
+    for name, k in expected.items():
+        mine = [w for w in waves if w.get("wave") == name]
+        if not mine:
+            found.append({"wave": name, "holds": False, "said": "no wave record of it"})
+        for wave in mine:
+            where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
+            drafted = finite_number(as_dict(wave.get("spec_decode")).get("drafted_length"))
+            if drafted is None:
+                found.append({"wave": where, "holds": False, "said": "drafted length not "
+                              "observed (no speculative counters over the wave)"})
+                continue
+            holds = k - 1 < drafted <= k
+            found.append({"wave": where, "holds": holds, "drafted_length": drafted,
+                          "said": f"drafted length {drafted:g}, k {k}: "
+                                  f"{'holds' if holds else 'DIFFERS'}"})
+    return found
 
 
 def _last_run(report: dict) -> dict:

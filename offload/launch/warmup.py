@@ -481,10 +481,10 @@ def shown_by_counters(name: str, seen: dict, requests: list[dict], chunk: int | 
                         f"producers; one helper at a time)")
     step = seen.get("largest_step")
     if chunk is not None and step and step["above"] >= chunk:
-        problems.append(f"{name}: B1 ran as one prefill step of more than {step['above']:g} "
-                        f"tokens, so the server's prefill chunk is larger than {chunk} and "
-                        f"the chunked prefill did not run: pass the server's "
-                        f"--max-num-batched-tokens as --chunk-tokens")
+        problems.append(f"{name}: one prefill step of more than {step['above']:g} tokens: the "
+                        f"server's prefill chunk is larger than {chunk}, so B1 did not run "
+                        f"chunked; pass the server's --max-num-batched-tokens as "
+                        f"--chunk-tokens")
     return problems
 
 

@@ -64,6 +64,10 @@ class TestLayers(unittest.TestCase):
             if name != "warmup":
                 self.assertNotIn("warmup", local_imports(path), f"{name}.py imports warmup.py")
 
+    def test_the_report_reads_records_not_programs(self):
+        imported = local_imports(modules()["report"])
+        self.assertFalse(imported & {"gate", "probe", "warmup"}, imported)
+
     def test_no_import_cycle(self):
         graph = {name: local_imports(path) for name, path in modules().items()}
 

@@ -1,0 +1,296 @@
+"""One judge, one record schema: what makes an answer pass, the contract's plan against a
+custom one, the report judging records again, and what the evidence decides."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import unittest
+
+from support import (LAUNCH, QUALIFY, WARMUP, HelperCase, read_records, request_record,
+                     run_record, summary_record)
+import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+import qualify  # noqa: E402
+import records  # noqa: E402
+from test_start import StartCase
+
+GREEDY = kinds.KINDS["greedy"]
+ANSWER = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
+          "prompt_tokens": 5000, "cached_tokens": 0, "completion_tokens": 32,
+          "finish_reason": "length", "stop_reason": None}
+UTC_MS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+class TestTheJudge(unittest.TestCase):
+    """kinds.judge(): pure, one rule set a kind."""
+
+    def test_each_kind_is_held_to_what_it_declares(self):
+        self.assertEqual(kinds.judge(ANSWER, GREEDY, 32, long_floor=4097), [])
+        early = dict(ANSWER, completion_tokens=9, finish_reason="stop")
+        self.assertEqual(kinds.judge(early, kinds.KINDS["json-schema"], 32), [])
+        self.assertEqual(kinds.judge(early, GREEDY, 32),
+                         ["completion_tokens 9, expected 32", "finish_reason 'stop', expected "
+                          "'length'"])
+        stream = dict(ANSWER, stream_done=False, first_token=False)
+        self.assertEqual(kinds.judge(stream, kinds.KINDS["stream"], 32),
+                         ["stream did not end with [DONE]", "no token text arrived"])
+        copy = dict(ANSWER, usage=False, completion_tokens=None, finish_reason="stop",
+                    stop_reason="</text>")
+        self.assertEqual(kinds.judge(copy, kinds.KINDS["copy"], 2048), [],
+                         "the gate's copy: any count, any finish; its text is scored apart")
+
+    def test_the_long_prompt_rules_belong_to_the_long_wave(self):
+        short = dict(ANSWER, prompt_tokens=4096, cached_tokens=128)
+        self.assertEqual(kinds.judge(short, GREEDY, 32), [])
+        said = kinds.judge(short, GREEDY, 32, long_floor=4097)
+        self.assertIn("B1 prompt_tokens 4096, expected more than 4096", said[0])
+        self.assertIn("B1 cached_tokens 128, expected 0", said[1])
+
+    def test_the_floor_is_never_below_4097(self):
+        self.assertEqual([kinds.long_floor(c) for c in (1, 2048, 4096, 8192)],
+                         [4097, 4097, 4097, 8193])
+
+    def test_hostile_values_are_problems_not_crashes(self):
+        for value in ("32", 32.0, True, None, [32], -1):
+            with self.subTest(value=value):
+                said = kinds.judge(dict(ANSWER, completion_tokens=value, prompt_tokens=value),
+                                   kinds.KINDS["json"], 32, long_floor=4097)
+                self.assertTrue(said)
+
+    def test_a_record_is_judged_as_its_answer_was(self):
+        record = request_record("r", 0)
+        self.assertEqual(kinds.judge(kinds.answer_of(record), GREEDY, 32, long_floor=4097), [])
+        cut = kinds.answer_of(dict(record, http_status=None, error="read timed out"))
+        self.assertEqual(kinds.judge(cut, GREEDY, 32), ["read timed out"])
+
+    def test_contract_differences(self):
+        plan = dict(run_record("r", 10)["plan"])
+        self.assertEqual(kinds.contract_differences(plan), [])
+        deeper = dict(plan, waves=plan["waves"] + [{"wave": "B6"}, {"wave": "B8"}])
+        self.assertEqual(kinds.contract_differences(deeper), [], "deeper waves are extras")
+        custom = dict(plan, tokens=2, waves=[{"wave": "B1"}])
+        self.assertEqual(kinds.contract_differences(custom), ["tokens 2", "waves B1"])
+        self.assertEqual(kinds.contract_differences(dict(plan, b1_min_prompt_tokens=4096,
+                                                         priority="20")),
+                         ["priority '20'", "B1 floor 4096 tokens"])
+
+
+class TestCustomPlan(HelperCase):
+    def test_a_custom_plan_passes_by_name_never_as_pass(self):
+        server = self.start_fake()
+        result = self.run_helper(server, "--tokens", "2", "--waves", "1")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("pass, custom plan: tokens 2; waves B1 (exit 0)", result.stdout)
+        self.assertNotIn("PASS", result.stdout)
+        self.assertEqual((result.summary["contract"], result.summary["plan_differences"]),
+                         (False, ["tokens 2", "waves B1"]))
+        self.assertFalse(result.kind("run")[0]["plan"]["contract"])
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertEqual(shown.code, 0)
+        self.assertIn("verdict: custom plan, not the contract's (exit 0; tokens 2; waves B1)",
+                      shown.stdout)
+        fields = self.run_argv(["report", self.records_path, "--fields",
+                                "verdict,differences"], main=qualify.main)
+        self.assertEqual(fields.stdout.strip(), "custom tokens_2;waves_B1")
+
+    def test_the_environment_makes_a_custom_plan_too(self):
+        server = self.start_fake()
+        result = self.run_helper(server, env={"WARMUP_TOKENS": "8", "WARMUP_WAVES": "1,2"})
+        self.assertEqual(result.summary["plan_differences"], ["tokens 8", "waves B1,B2"])
+        bad = self.run_helper(server, env={"WARMUP_TOKENS": "lots"})
+        self.assertEqual(bad.code, 2)
+        self.assertIn("WARMUP_TOKENS: must be a whole number", bad.stderr)
+
+    def test_extras_keep_a_contract_run(self):
+        server = self.start_fake()
+        result = self.run_helper(server, "--waves", "1,2,3,4,6", "--paths", "stream")
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("PASS (exit 0)", result.stdout)
+        self.assertTrue(result.summary["contract"])
+
+
+class TestStartWarnsOnACustomPlan(StartCase):
+    def test_warn_and_no_ready_file(self):
+        result = self.start("--ready-file", self.ready, server=self.fake(),
+                            env={"WARMUP_TOKENS": "2", "WARMUP_WAVES": "1"})
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("WARN: warm-up passed a custom plan, not the contract's (tokens 2; "
+                      "waves B1); no ready file", result.stdout)
+        self.assertNotIn("OK:", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+
+
+class TestB1(HelperCase):
+    def test_a_smaller_chunk_never_lowers_the_floor(self):
+        server = self.start_fake(max_model_len=3032)
+        result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "2048"})
+        self.assertEqual(result.code, 1)
+        self.assertIn("B1 needs more than 4096", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [], "found before any completion")
+        dry = self.run_argv(["--dry-run", "--json", "--chunk-tokens", "2048"])
+        self.assertEqual(json.loads(dry.stdout)["b1_min_prompt_tokens"], 4097)
+
+    def test_an_unchunked_b1_fails_naming_the_chunk(self):
+        server = self.start_fake(max_num_batched_tokens=8192)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 1)
+        said = " ".join(result.summary["problems"])
+        self.assertIn("B1: one prefill step of more than 4096 tokens: the server's prefill "
+                      "chunk is larger than 4096", said)
+        self.assertIn("--chunk-tokens", said)
+        wave = result.kind("wave")[0]
+        self.assertEqual(wave["largest_step"], {"above": 4096.0, "at_most": 8192.0})
+        os.remove(self.records_path)
+        passed = self.run_helper(server, "--chunk-tokens", "8192")
+        self.assertEqual(passed.code, 0, passed.summary["problems"])
+        self.assertGreater(passed.requests[0]["prompt_tokens"], 8192)
+
+    def test_no_histogram_no_claim(self):
+        from vllm_metrics import largest_step
+        self.assertIsNone(largest_step({}))
+        only_inf = {'vllm:iteration_tokens_total_bucket{le="512.0"}': 3.0,
+                    'vllm:iteration_tokens_total_bucket{le="+Inf"}': 4.0}
+        self.assertEqual(largest_step(only_inf), {"above": 512.0, "at_most": None})
+
+
+class TestReportJudgesAgain(HelperCase):
+    def warmed(self) -> list[dict]:
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server).code, 0)
+        found, _ = read_records(self.records_path)
+        return found
+
+    def report(self, found: list[dict], *args: str):
+        with open(self.records_path, "w") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in found)
+        return self.run_argv(["report", self.records_path, *args], main=qualify.main)
+
+    def test_an_edited_record_is_named_with_its_rule(self):
+        found = self.warmed()
+        target = next(i for i, r in enumerate(found)
+                      if r["record"] == "request" and r["wave"] == "B2" and r["index"] == 1)
+        for field, value, rule in (("completion_tokens", 1, "one-token response"),
+                                   ("finish_reason", "stop", "finish_reason 'stop', expected"),
+                                   ("stop_reason", 2, "stop_reason 2, expected null"),
+                                   ("prompt_tokens", "many", None)):
+            with self.subTest(field=field):
+                edited = list(found)
+                edited[target] = dict(found[target], **{field: value})
+                shown = self.report(edited)
+                self.assertEqual(shown.code, 1, shown.stdout)
+                self.assertIn("B2#1: the record says ok, but", shown.stdout)
+                if rule:
+                    self.assertIn(rule, shown.stdout)
+        self.assertEqual(self.report(found).code, 0, "the file as written passes")
+
+    def test_ok_is_never_what_decides(self):
+        found = self.warmed()
+        target = next(i for i, r in enumerate(found) if r["record"] == "request")
+        edited = list(found)
+        edited[target] = dict(found[target], ok=False)
+        shown = self.report(edited)
+        self.assertEqual(shown.code, 1)
+        self.assertIn("B1#0: the record says not ok, but its fields pass", shown.stdout)
+
+    def test_records_off_their_declaration_or_of_another_format(self):
+        found = self.warmed()
+        requests = [i for i, r in enumerate(found) if r["record"] == "request"]
+        edited = list(found)
+        edited[requests[0]] = {k: v for k, v in found[requests[0]].items() if k != "usage"}
+        self.assertIn("request record without usage", self.report(edited).stdout)
+        edited = [dict(r, format=1) if r["record"] == "run" else r for r in found]
+        self.assertIn("the run record is of format 1, not 2", self.report(edited).stdout)
+
+
+class TestRecordsSchema(unittest.TestCase):
+    def contract_table(self) -> dict[str, set]:
+        with open(os.path.join(LAUNCH, "CONTRACT.md"), encoding="utf-8") as handle:
+            text = handle.read()
+        rows = re.findall(r"^\| `([a-z_]+)` \| (.*) \|$", text, re.M)
+        return {kind: set(re.findall(r"`~?([a-z_0-9]+)\??`", fields)) for kind, fields in rows
+                if kind in records.RECORDS}
+
+    def test_contract_md_lists_every_declared_field(self):
+        table = self.contract_table()
+        self.assertEqual(sorted(table), sorted(records.RECORDS))
+        for kind, fields in records.RECORDS.items():
+            with self.subTest(kind=kind):
+                self.assertEqual(table[kind], set(fields))
+
+    def test_a_record_is_held_to_its_declaration(self):
+        self.assertEqual(records.field_problems(request_record("r", 0)), [])
+        self.assertEqual(records.field_problems(run_record("r", 1)), [])
+        self.assertEqual(records.field_problems(summary_record("r", "pass", 0)), [])
+        said = records.field_problems(dict(request_record("r", 0), ok="yes", extra=1))
+        self.assertEqual(said, ["request record's ok is not bool",
+                                "request record with an undeclared field 'extra'"])
+
+
+class TestEvidenceDecides(HelperCase):
+    def test_two_helpers_at_one_server_never_both_pass(self):
+        server = self.start_fake(latency_s=0.3)
+        procs = []
+        for n, host in enumerate(("127.0.0.1", "127.0.0.1", "localhost")):
+            records_path = os.path.join(self.tmp, f"r{n}.jsonl")
+            procs.append((subprocess.Popen(
+                [sys.executable, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
+                 "--records", records_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True), records_path))
+        codes = []
+        for proc, _ in procs:
+            out, _ = proc.communicate(timeout=60)
+            codes.append(proc.returncode)
+        self.assertEqual(codes[:2].count(3), 1, "the same address: one is refused at once")
+        refused = procs[codes.index(3)][1]
+        self.assertIn("another helper", read_records(refused)[0][-1]["problems"][0])
+        self.assertLessEqual(codes.count(0), 1, f"never two passes: {codes}")
+
+    def test_an_unhealthy_server_is_refused(self):
+        server = self.start_fake(health_delay_s=600)
+        result = self.run_helper(server)
+        self.assertEqual((result.code, result.summary["verdict"]), (3, "refused"))
+        self.assertIn("/health answered HTTP 503", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+
+    def test_an_unwritable_textfile_is_found_before_anything_is_sent(self):
+        server = self.start_fake()
+        result = self.run_helper(server, "--textfile", os.path.join(self.tmp, "no", "x.prom"))
+        self.assertEqual(result.code, 2)
+        self.assertIn("cannot publish to --textfile", result.stderr)
+        self.assertEqual(server.state.requests, [])
+
+    def test_waves_carry_wall_clock_times_and_the_drafted_length(self):
+        server = self.start_fake(spec_k=5)
+        started = time.time()
+        result = self.run_helper(server)
+        self.assertRegex(result.kind("run")[0]["started_at"], UTC_MS)
+        for wave in result.kind("wave"):
+            self.assertRegex(wave["released_at"], UTC_MS)
+            self.assertLessEqual(wave["released_at"], wave["last_answer_at"])
+            self.assertEqual(wave["spec_decode"]["drafted_length"], 5.0)
+        self.assertLessEqual(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started - 1)),
+                             result.kind("wave")[0]["released_at"])
+        held = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B4=5"],
+                             main=qualify.main)
+        self.assertEqual(held.code, 0, held.stdout)
+        self.assertIn("expect-k B4: drafted length 5, k 5: holds", held.stdout)
+        flagged = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B3=4"],
+                                main=qualify.main)
+        self.assertEqual(flagged.code, 1)
+        self.assertIn("expect-k B3: drafted length 5, k 4: DIFFERS", flagged.stdout)
+
+    def test_without_speculative_counters_k_is_not_observed(self):
+        server = self.start_fake(speculative=False)
+        self.assertEqual(self.run_helper(server).code, 0)
+        shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5"],
+                              main=qualify.main)
+        self.assertEqual(shown.code, 1)
+        self.assertIn("expect-k B1: drafted length not observed", shown.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
