@@ -84,8 +84,9 @@ options (environment variable in brackets):
   and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
   WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
   unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url, and
-  WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens
-  when that is there and the variable is not set.
+  WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens,
+  else from the server log's "Chunked prefill is enabled with max_num_batched_tokens=N",
+  when the variable is not set.
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -185,6 +186,14 @@ chunk_tokens_of() {
       --max-num-batched-tokens) take=1 ;;
     esac
   done
+}
+
+# The server's prefill chunk as vLLM logs it at start ("Chunked prefill is enabled with
+# max_num_batched_tokens=N."), for a command line that does not say it. Globals: log_dir.
+# Outputs: N, or nothing.
+chunk_tokens_logged() {
+  grep -Eo 'Chunked prefill is enabled with max_num_batched_tokens=[0-9]{1,7}' \
+    "${log_dir}/server.log" 2>/dev/null | tail -n 1 | grep -Eo '[0-9]+$' || true
 }
 
 # GET /health once (qualify.py health; the URL in the environment, out of ps).
@@ -648,6 +657,13 @@ main() {
   trap 'on_signal INT 130' INT
   launch
   wait_ready
+  if [[ -z "${WARMUP_CHUNK_TOKENS:-}" ]]; then
+    chunk="$(chunk_tokens_logged)"
+    if [[ -n "${chunk}" ]]; then
+      export WARMUP_CHUNK_TOKENS="${chunk}"   # B1 must be longer than the server's chunk
+      log "prefill chunk ${chunk} tokens (from server.log): B1 is sized past it"
+    fi
+  fi
   if [[ "${warmup}" == "0" ]]; then
     log "warm-up skipped (--no-warmup); server process group ${server_pid} is up"
   else

@@ -39,8 +39,7 @@ DECLARED = {
             "released_at:str? last_answer_at:str? ok:bool requests_ok:int problems:list "
             "~counters:dict ~counters_cut:int? ~counters_went_down:list ~counters_why:str? "
             "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
-            "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num? "
-            "~largest_step:dict?",
+            "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
                "highlights:dict ~warnings:list ~problems:list ~engines:list",
     "status": "run_id:str path:str state:str why:str? delta:dict?",

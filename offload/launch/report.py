@@ -32,7 +32,7 @@ PICKED = {
                 "stop_reason", "latency_s", "ok", "path", "depth", "logprobs_count"),
     "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "released_at",
              "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
-             "spec_decode", "tokens_per_step", "largest_step", "counters_went_down"),
+             "spec_decode", "tokens_per_step", "counters_went_down"),
     "metrics": ("source", "state", "why", "highlights", "warnings"),
     "status": ("path", "state", "why", "delta"),
     "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",

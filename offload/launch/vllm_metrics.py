@@ -202,33 +202,6 @@ def tokens_per_step(deltas: dict) -> float | None:
     return round(total / steps, 3) if total is not None and steps else None
 
 
-STEP_BUCKET = "vllm:iteration_tokens_total_bucket"
-
-
-def largest_step(deltas: dict) -> dict | None:
-    """Where the largest engine step of the deltas fell, from the iteration histogram's
-    buckets (pure): {"above": a, "at_most": b} (b None past the last finite bucket).
-    None without the histogram, or when no step ran."""
-    buckets = {}
-    for key, value in deltas.items():
-        bound = re.search(r'le="([^"]*)"', key)
-        if series_name(key) != STEP_BUCKET or not bound or not isinstance(value, (int, float)):
-            continue
-        try:
-            le = float(bound.group(1))        # "+Inf" too
-        except ValueError:
-            continue
-        if not math.isnan(le):
-            buckets[le] = buckets.get(le, 0) + value
-    total = buckets.get(math.inf)
-    if not total:
-        return None
-    bounds = sorted(buckets)
-    first = next(i for i, le in enumerate(bounds) if buckets[le] >= total)
-    above = bounds[first - 1] if first else 0.0
-    return {"above": above, "at_most": None if bounds[first] == math.inf else bounds[first]}
-
-
 def went_down(before: dict | None, after: dict | None) -> list[str]:
     """The series whose count went down between two reads: a restart (named, never
     subtracted)."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 
@@ -48,8 +47,8 @@ try:
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, slot_timing,
                              template_kwargs_type)
-    from vllm_metrics import (counter_deltas, engine_deltas, largest_step, series_sum,
-                              spec_figures, tokens_per_step, went_down)
+    from vllm_metrics import (counter_deltas, engine_deltas, series_sum, spec_figures,
+                              tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)
@@ -89,6 +88,7 @@ class Plan:
     b1_tokens: int = 5000
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
     chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
+    chunk_source: str = "assumed"         # where the chunk came from: a flag, or assumed
     paths: tuple = ()                     # --paths: request kinds warmed after the waves
     template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
 
@@ -157,6 +157,7 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
         "b1_target_tokens": plan.b1_target,
         "b1_min_prompt_tokens": plan.b1_minimum,
         "chunk_tokens": plan.chunk_tokens,
+        "chunk_source": plan.chunk_source,
         "short_prompt_words": SHORT_PROMPT_WORDS + 1,
         "deadline_s": settings.deadline_s,
         "socket_cap_s": settings.socket_cap_s,
@@ -194,6 +195,12 @@ class WarmUp(ServerProgram):
                                                  self.plan.b1_minimum)
         run.write_run_record()
         run.say(self.start_line(run))
+        if self.plan.chunk_source == "assumed":
+            self.tally.warnings.append(
+                f"the server's prefill chunk was not given (--chunk-tokens, "
+                f"WARMUP_CHUNK_TOKENS): B1 is longer than {self.plan.chunk_tokens}, the "
+                f"contract's chunk; a server started with a larger --max-num-batched-tokens "
+                f"prefills it in one step, which /metrics cannot show")
         self.evidence.read_before(run)
         if self.warm_waves(run) and self.plan.paths:
             self.warm_paths(run)
@@ -299,7 +306,7 @@ class WarmUp(ServerProgram):
             done = [s.done_at for s in slots if s.done_at is not None]
             seen = wave_figures(evidence, engine, self.observed)
             shown = shown_by_counters(name if engine is None else f"{name} engine {engine}",
-                                      seen, mine, self.plan.chunk_tokens if first else None)
+                                      seen, mine)
             self.tally.problems += shown          # the evidence decides, beside the answers
             problems = judge_wave(mine, depth, engine, name) + shown
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
@@ -446,7 +453,6 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
         "gauge_reads_failed": seen.get("gauge_reads_failed"),
         "spec_decode": spec_figures(deltas),
         "tokens_per_step": tokens_per_step(deltas),
-        "largest_step": largest_step(deltas),
     }
 
 
@@ -467,11 +473,9 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
     return problems
 
 
-def shown_by_counters(name: str, seen: dict, requests: list[dict], chunk: int | None
-                      ) -> list[str]:
+def shown_by_counters(name: str, seen: dict, requests: list[dict]) -> list[str]:
     """What the engine's own counters over a wave show against its records (pure): more
-    tokens generated than the records hold (foreign or concurrent work), or, for B1
-    (`chunk` given), one prefill step longer than the chunk (B1 did not run chunked)."""
+    tokens generated than the records hold is foreign or concurrent work."""
     problems = []
     generated = series_sum(seen.get("counters") or {}, "vllm:generation_tokens_total")
     recorded = sum(r["completion_tokens"] or 0 for r in requests)
@@ -479,12 +483,6 @@ def shown_by_counters(name: str, seen: dict, requests: list[dict], chunk: int | 
         problems.append(f"{name}: the engine generated {generated:g} tokens while the wave "
                         f"ran, its records {recorded}: foreign or concurrent work (hold "
                         f"producers; one helper at a time)")
-    step = seen.get("largest_step")
-    if chunk is not None and step and step["above"] >= chunk:
-        problems.append(f"{name}: one prefill step of more than {step['above']:g} tokens: the "
-                        f"server's prefill chunk is larger than {chunk}, so B1 did not run "
-                        f"chunked; pass the server's --max-num-batched-tokens as "
-                        f"--chunk-tokens")
     return problems
 
 
@@ -644,10 +642,13 @@ def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | N
             raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                              f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                              f"longer; leave --b1-tokens out to size it past the chunk")
+        chunk_source = "--chunk-tokens" if args.chunk_tokens is not None else \
+            "WARMUP_CHUNK_TOKENS" if os.environ.get("WARMUP_CHUNK_TOKENS") else "assumed"
         plan = Plan(waves=flag_or_env(args.waves, "WARMUP_WAVES", parse_waves, DEFAULT_WAVES),
                     tokens=flag_or_env(args.tokens, "WARMUP_TOKENS", whole(2, 4096), 32),
                     priority=args.priority, b1_tokens=args.b1_tokens or 5000,
                     gauge_interval_ms=args.gauge_interval_ms, chunk_tokens=chunk,
+                    chunk_source=chunk_source,
                     paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
                     template_kwargs=args.chat_template_kwargs)
         connection = connection_from(args)
@@ -708,7 +709,7 @@ def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: 
     for i, depth in enumerate(plan.waves):
         prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than "
                   f"{plan.b1_minimum - 1}: above 4096 and the prefill chunk "
-                  f"{plan.chunk_tokens}), run-unique nonce first") \
+                  f"{plan.chunk_tokens}, {plan.chunk_source}), run-unique nonce first") \
             if i == 0 else \
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")

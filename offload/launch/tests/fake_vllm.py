@@ -635,9 +635,10 @@ class Handler(BaseHTTPRequestHandler):
         st.count("vllm:prefix_cache_hits_total", cached, engine)
         if cfg.speculative:
             st.speculate(engine, n_out)
-        prefill, chunk = n_prompt - cached, max(cfg.max_num_batched_tokens, 1)
-        st.steps(engine, [min(chunk, prefill - i) for i in range(0, prefill, chunk)]
-                 + [1] * max(n_out - 1, 0))
+        # As vLLM 0.32 counts a step's tokens: a prefill chunk that ends without output adds
+        # nothing; the step that ends the prefill adds the whole prompt and the first token.
+        chunks = -(-(n_prompt - cached) // max(cfg.max_num_batched_tokens, 1))
+        st.steps(engine, [0] * max(chunks - 1, 0) + [n_prompt + 1] + [1] * max(n_out - 1, 0))
         st.completed_one()
         doc = self.completion_doc(body, reported_prompt, n_out, finish, stop_reason, cached)
         if chat:
@@ -988,6 +989,9 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
+    # vLLM 0.32 says its prefill chunk at start, in this line (the only place it does).
+    print(f"INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens="
+          f"{args.max_num_batched_tokens}.", flush=True)
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
     died = not done.wait(args.exit_after_s or None)     # a timeout means --exit-after-s
     server.stop()
