@@ -39,9 +39,9 @@ try:
     from records import as_dict
     from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
     from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
-                           finite_number, open_regular, parse_prometheus, write_atomically)
+                           finite_number, open_regular, write_atomically)
     from vllm_client import base_url_from, parse_base_url
-    from vllm_metrics import process_start, served_models
+    from vllm_metrics import process_start, read_exposition, served_models
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"qualify.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)
@@ -218,15 +218,11 @@ def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
         return EXIT_FAIL, f"not ready: the server is not answering ({line})"
     if code != EXIT_PASS:
         return EXIT_FAIL, f"not ready: the server is unhealthy ({line})"
-    try:
-        response = fetch(target, clock, "GET", "/metrics", headers=basic_auth(target))
-    except TransportError as exc:
-        return EXIT_FAIL, f"not ready: /metrics did not answer ({exc.problem})"
-    if response.status != 200:
-        return EXIT_FAIL, f"not ready: /metrics answered HTTP {response.status}"
-    lines = [line for line in response.body.decode("utf-8", "replace").split("\n")
-             if line.startswith(IDENTITY_LINES)]      # parse only what identifies it
-    why = check_identity(doc, parse_prometheus("\n".join(lines)).samples)
+    exposition, why = read_exposition(target, clock, only=IDENTITY_LINES,
+                                      headers=basic_auth(target))
+    if exposition is None:
+        return EXIT_FAIL, f"not ready: /metrics did not answer as it should ({why})"
+    why = check_identity(doc, exposition.samples)
     if why:
         return EXIT_FAIL, f"not ready: {why}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "

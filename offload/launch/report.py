@@ -3,9 +3,12 @@
   report_main()        FILE -> load_records() (readback.py) -> build_report() ->
                        format_report(), --json, or --fields for scripts (start.sh)
     build_run()        one run: its records grouped, evidence_problems() (pure: a run
-                       record, a summary, every planned request record ok on every
-                       engine), run_verdict() (pure: a claimed pass without the evidence is
-                       'incomplete')
+                       record, a summary, every planned request record on every engine),
+                       rejudge() (pure: each record judged again by kinds.judge() with
+                       the run's plan, never by its own ok), run_verdict() (pure: a
+                       claimed pass without the evidence is 'incomplete'; a pass of a
+                       plan that is not the contract's is 'custom')
+  drafted_findings()   --expect-k: each wave's drafted length against its k (pure)
 
 A file cut short by a kill, holding several runs, or with damaged lines is read past its
 bad lines. Standard library only.
@@ -402,18 +405,22 @@ def report_main(argv: list[str]) -> int:
         description="Print a readable report of a records file (warm-up, probe or gate), run "
                     "by run; also a file cut short by a kill, holding several runs, or with "
                     "damaged lines (skipped and named). Each run's verdict is judged from its "
-                    "records: a pass needs its run record, its summary and every request "
-                    "record the plan announced, each ok, on every engine; otherwise the run "
-                    "is 'incomplete', whatever its summary claims. Exit status: the last "
-                    "run's (0 pass), 1 when it is incomplete or the file holds no run, 2 "
+                    "records: a pass needs its run record (format 2), its summary and every "
+                    "request record the plan announced, on every engine, each judged again "
+                    "from its recorded fields by its kind's rules and the run's plan (a "
+                    "record's own 'ok' is never believed: one that disagrees is named); "
+                    "otherwise the run is 'incomplete', whatever its summary claims. A "
+                    "warm-up that passed a plan other than the contract's is 'custom', never "
+                    "'pass'. Exit status: the last run's (0 pass or custom), 1 when it is "
+                    "incomplete or the file holds no run (or --expect-k does not hold), 2 "
                     "when the file cannot be read.")
     parser.add_argument("records", help="the JSON Lines records file")
     parser.add_argument("--json", action="store_true",
                         help="the report as one JSON object: runs (each with its run, requests, "
                              "waves, metrics, status, probe, probe_summary, gate, summary, "
                              "problems, verdict, exit_code, claimed, evidence, "
-                             "evidence_problems, ends), issues, and the last run's verdict, "
-                             "exit_code and evidence")
+                             "evidence_problems, differences, ends), issues, the last run's "
+                             "verdict, exit_code and evidence, and expect_k when asked")
     parser.add_argument("--fields", metavar="LIST", type=fields_type,
                         help="for scripts: print only these fields of the last run, space "
                              "separated, on one line, in the order given; each a single word "

@@ -29,15 +29,17 @@ import time
 from dataclasses import dataclass, field, replace
 
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
+from records import label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       late_problem, seconds)
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
                        __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
-                       is_header_value, json_number, parse_prometheus, parse_url,
+                       is_header_value, json_number, parse_url,
                        positive_int, scrub, short_str)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
-                          guard_problems, only_busy, process_start, read_samples)
+                          busy_gauges, exposition_of, guard_problems, process_start,
+                          read_samples)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
@@ -351,7 +353,7 @@ class ServerProgram(Program):
         read = self.read_guard(run, label)
         limit = started + self.connection.settle_s
         waited = False
-        while settle and not read.ok and only_busy(read.problems) \
+        while settle and not read.ok and read.busy_only \
                 and run.clock.elapsed() + SETTLE_POLL_S <= limit \
                 and run.clock.remaining() > SETTLE_POLL_S:
             time.sleep(SETTLE_POLL_S)
@@ -409,16 +411,14 @@ class ServerProgram(Program):
                 if attempt == 2 or exc.kind == "deadline" or run.clock.remaining() <= 1:
                     raise Fatal(f"guard before {label}: {exc.problem}")
                 time.sleep(METRICS_RETRY_PAUSE_S)
-        if response.status != 200:
-            return GuardRead(False, [f"guard cannot be read: GET {target.display}/metrics "
-                                     f"answered HTTP {response.status}"], [], None)
-        exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
-        if not exposition.samples:
-            return GuardRead(False, ["guard cannot be read: /metrics is not Prometheus text"],
-                             [], None)
+        exposition, why = exposition_of(response)
+        if exposition is None:
+            return GuardRead(False, [f"guard cannot be read: GET {target.display}/metrics: "
+                                     f"{why}"], [], None)
         problems, fresh = guard_problems(exposition, routed(self.server.engines))
         return GuardRead(not problems, problems, exposition.samples,
-                         counters(exposition.samples, exposition.declared), fresh)
+                         counters(exposition.samples, exposition.declared), fresh,
+                         busy_only=set(problems) <= set(busy_gauges(exposition)))
 
     def diagnose(self, fields: dict) -> str:
         """Why a non-200 answer happened, with this connection's API key variable."""
@@ -690,17 +690,6 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
     return f"HTTP {status}{said}"
 
 
-def request_label(record: dict) -> str:
-    """How problems name a request: B2#1 (e1 B2#1 with engines), 'single round 1#0' (probe),
-    'alone id_repo#0' (gate)."""
-    if record.get("shape"):
-        where = f"{record.get('shape')} {record.get('probe')}"
-    else:
-        where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
-    engine = record.get("engine")
-    return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
-
-
 def said_once(failed: list[dict]) -> list[str]:
     """One problem a diagnosis: requests that failed the same way share one line with a
     count ('10 requests (B1#0, B2#0, B2#1, ...): one-token response ...'); a request that
@@ -708,7 +697,7 @@ def said_once(failed: list[dict]) -> list[str]:
     groups: dict[str, list[str]] = {}
     for record in failed:
         diagnosis = "; ".join(str(p) for p in record["problems"]) or "not ok"
-        groups.setdefault(diagnosis, []).append(request_label(record))
+        groups.setdefault(diagnosis, []).append(label(record))
     said = []
     for diagnosis, labels in groups.items():
         if len(labels) == 1:

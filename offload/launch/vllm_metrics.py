@@ -76,9 +76,7 @@ def guard_problems(exposition: Exposition, engines: tuple | None = None
                             f"exactly ({why}): {clean_text(raw, 120)!r}")
     for gauge in GAUGES:
         series = [(labels, value) for name, labels, value in exposition.samples if name == gauge]
-        for labels, value in series:
-            if value != 0:
-                problems.append(f"{format_sample(gauge, labels, value)}: the server is not idle")
+        problems += busy_gauges(exposition, gauge)
         sampled = {labels.get("engine") for labels, _ in series}
         if not series and gauge not in exposition.declared:
             problems.append(f"{gauge} missing from /metrics (metrics collection off, "
@@ -116,11 +114,15 @@ class GuardRead:
     samples: list
     counters: dict | None
     fresh: list = field(default_factory=list)     # engines judged idle by their counters
+    busy_only: bool = False                       # every problem a busy gauge: may settle
 
 
-def only_busy(problems: list[str]) -> bool:
-    """True when every problem is a busy gauge (worth a settle), none a missing or bad line."""
-    return all(p.endswith("the server is not idle") for p in problems)
+def busy_gauges(exposition: Exposition, gauge: str | None = None) -> list[str]:
+    """A problem for each request-gauge sample (of `gauge`, or of both) that is not 0:
+    work on the server, which may be ours not yet counted out (worth a settle)."""
+    return [f"{format_sample(name, labels, value)}: the server is not idle"
+            for name, labels, value in exposition.samples
+            if name in ((gauge,) if gauge else GAUGES) and value != 0]
 
 
 COUNTING_TYPES = ("counter", "histogram", "summary")
@@ -224,16 +226,27 @@ def metrics_source(target: Target, path: str = "") -> str:
     return target.display + path
 
 
-def read_exposition(target: Target, clock, path: str) -> tuple[Exposition | None, str | None]:
-    """One Prometheus endpoint, parsed, or None and why."""
-    try:
-        response = fetch(target, clock, "GET", path)
-    except TransportError as exc:
-        return None, exc.problem
+def exposition_of(response, only: tuple = ()) -> tuple[Exposition | None, str | None]:
+    """A Prometheus answer parsed, or None and why; with `only`, just the lines that start
+    with one of those names (a quick prefix test drops the rest, for reads that must cost
+    little)."""
     if response.status != 200:
         return None, f"HTTP {response.status}"
-    exposition = parse_prometheus(response.body.decode("utf-8", "replace"))
-    return (exposition, None) if exposition.samples else (None, "not Prometheus text")
+    text = response.body.decode("utf-8", "replace")
+    if only:
+        text = "\n".join(line for line in text.split("\n") if line.startswith(only))
+    exposition = parse_prometheus(text)
+    return (exposition, None) if exposition.samples or only else (None, "not Prometheus text")
+
+
+def read_exposition(target: Target, clock, path: str = "/metrics", only: tuple = (),
+                    headers: dict | None = None) -> tuple[Exposition | None, str | None]:
+    """The one reader of a Prometheus endpoint: parsed (exposition_of), or None and why."""
+    try:
+        response = fetch(target, clock, "GET", path, headers=headers)
+    except TransportError as exc:
+        return None, exc.problem
+    return exposition_of(response, only)
 
 
 def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
@@ -247,21 +260,6 @@ def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | 
     exposition, why = read_exposition(target, clock, path)
     return (counters(exposition.samples, exposition.declared), None) if exposition \
         else (None, why)
-
-
-def gauge_samples(target: Target, clock) -> list | None:
-    """The request gauges' samples of one /metrics read, or None when it failed. Only the
-    gauges' lines are parsed (a quick prefix test drops the rest): the sampler runs every
-    20 ms beside the clients and must cost them as little as it can."""
-    try:
-        response = fetch(target, clock, "GET", "/metrics")
-    except TransportError:
-        return None
-    if response.status != 200:
-        return None
-    lines = [line for line in response.body.decode("utf-8", "replace").split("\n")
-             if line.startswith(GAUGES)]
-    return parse_prometheus("\n".join(lines)).samples
 
 
 class GaugeSampler:
@@ -298,12 +296,13 @@ class GaugeSampler:
             left = self.clock.remaining()
             if left <= 0:
                 return
-            samples = gauge_samples(self.target, Clock.start(min(left, 1.0), 1.0))
+            read, _ = read_exposition(self.target, Clock.start(min(left, 1.0), 1.0),
+                                      only=GAUGES)
             self.reads += 1
-            if samples is None:
+            if read is None:
                 self.failed += 1
             else:
-                self.note(samples)
+                self.note(read.samples)
             self.stopping.wait(max(self.interval_s - (time.monotonic() - started), 0))
 
     def note(self, samples: list) -> None:
