@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import hashlib
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -90,8 +88,8 @@ def take_server_lock(target: Target) -> int:
     """An exclusive lock on the server's address for this process's life (flock on a file
     in the temporary folder): a second helper against the same server on this host is
     refused at once, while the first runs on. Returns the lock's descriptor."""
-    name = hashlib.sha256(target.host_port.encode()).hexdigest()[:16]
-    path = os.path.join(tempfile.gettempdir(), f"offload-launch-{name}.lock")
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", target.host_port)
+    path = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"offload-launch-{name}.lock")
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:

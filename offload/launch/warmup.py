@@ -186,6 +186,7 @@ class WarmUp(ServerProgram):
         self.plan = plan
         self.settings = settings
         self.evidence = Evidence(evidence)
+        self.differences = contract_differences(plan_description(plan, settings))
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
 
     def steps(self, run: Run) -> None:
@@ -219,9 +220,8 @@ class WarmUp(ServerProgram):
         smallest = None if not counts or None in counts else min(counts)
         by_engine = {str(e): c for e, (_, c) in self.b1_prompts.items()
                      if e is not None and c is not None}
-        plan = plan_description(self.plan, self.settings)
-        differences = contract_differences(plan)
-        return dict(plan, contract=not differences, differences=differences,
+        return dict(plan_description(self.plan, self.settings),
+                    contract=not self.differences, differences=self.differences,
                     b1_prompt_tokens_counted=smallest,
                     b1_prompt_tokens_by_engine=by_engine or None,
                     b1_sizing="tokenize" if smallest is not None else "estimate")
@@ -233,10 +233,9 @@ class WarmUp(ServerProgram):
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
-        differences = contract_differences(plan_description(self.plan, self.settings))
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
-                      spec_decode=spec, contract=not differences,
-                      plan_differences=differences,
+                      spec_decode=spec, contract=not self.differences,
+                      plan_differences=self.differences,
                       cache_check=cache_check(self.tally.requests))
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
@@ -367,7 +366,7 @@ class WarmUp(ServerProgram):
         return {
             "record": "request", "run_id": run.settings.run_id,
             "request_id": slot.request_id, "request_kind": kind_.name,
-            "wave": wave_name(depth) if kind_.path is None else kind_wave_name(kind_, depth),
+            "wave": kind_wave_name(kind_, depth),
             **path, "depth": depth, "index": slot.index, "engine": slot.engine,
             **answer_record(answer),
             "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],

@@ -141,8 +141,12 @@ def spawn(argv: list[str], env: dict, stdout, stderr, redirect: str = "") -> sub
     `redirect` is a bash redirection for the helper (such as '>&-')."""
     command = ["bash", "-c", f'ulimit -v {AS_LIMIT >> 10} && exec "$@" {redirect}', "bash",
                sys.executable, *argv]
+    # glibc reserves 64 MiB of address space per malloc arena, up to 8 per core, as threads
+    # allocate: 64 clients could reach the cap on reservations alone (seen as an abort,
+    # 'libgcc_s.so.1 must be installed for pthread_exit to work', in 1 of ~10 runs). The
+    # cap is there for memory a run really uses: two arenas.
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
-                            env=env)
+                            env=dict(env, MALLOC_ARENA_MAX="2"))
 
 
 def peak_kib(pid: int) -> int:
