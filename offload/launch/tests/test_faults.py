@@ -31,9 +31,11 @@ MATRIX = [
     ("`/metrics` drops the connection once", "0", "read again once; the run passes",
      "test_faults.TestFaults.test_metrics_read_retried_once"),
     ("server accepts and never answers", "1", "`no complete response by the deadline`, "
-     "within deadline + 1 s", "test_faults.TestFaults.test_server_never_answers"),
+     "within the deadline (+ 5 s a test allows a busy machine)",
+     "test_faults.TestFaults.test_server_never_answers"),
     ("server trickles one byte per second", "1", "`no complete response by the deadline`, "
-     "within deadline + 1 s", "test_faults.TestFaults.test_trickling_server"),
+     "within the deadline (+ 5 s a test allows a busy machine)",
+     "test_faults.TestFaults.test_trickling_server"),
     ("response headers, then the connection closed", "1",
      "`connection closed before the response was complete`; records intact",
      "test_faults.TestFaults.test_headers_then_close"),

@@ -88,9 +88,9 @@ class TestScorers(unittest.TestCase):
         rng = random.Random(3)
         a = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(2000))
         b = "".join(rng.choice("abcdefghij klmnopqrstuvwxyz") for _ in range(2000))
-        started = time.perf_counter()
+        started = time.process_time()     # this process's CPU time: another's load is not ours
         gate.levenshtein(a, b)
-        self.assertLess(time.perf_counter() - started, 0.2)
+        self.assertLess(time.process_time() - started, 0.5, "about 10 ms on a quiet machine")
 
     def test_cer_collapses_whitespace_and_counts_known_edits(self):
         ref = PASSAGE.reference

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -432,12 +433,16 @@ class TestQualificationRuns(HelperCase):
         self.assertIsNone(result.summary["counters"]["vllm:spec_decode_*"])
 
     def test_counters_are_skipped_rather_than_making_the_run_late(self):
-        # Four waves of 0.2 s leave about 0.7 s of a 1.6 s deadline: too little for the reads after.
-        server = self.start_fake(latency_s=0.2)
-        result = self.run_helper(server, "--deadline-s", "1.6")
-        self.assertEqual(result.code, 0, result.stdout)
-        self.assertEqual(result.kind("metrics"), [])
-        self.assertIn("not read after the last wave", " ".join(result.summary["warnings"]))
+        # Less than a second left after the last wave: the reads after it are not made.
+        sink = io.StringIO()
+        settings = runframe.RunSettings("p", "r", "unused", 0.5, 0.5)
+        run = runframe.Run(settings, runframe.Program(), transport.Clock.start(0.5, 0.5),
+                           sink, print)
+        tally = vllm_client.Tally()
+        evidence.Evidence(evidence.EvidenceOptions()).read_after(
+            run, transport.parse_url("http://127.0.0.1:9"), {}, tally)
+        self.assertEqual(sink.getvalue(), "", "no metrics record, nothing read")
+        self.assertIn("not read after the last wave: less than 1 s left", tally.warnings[0])
 
     def test_more_metrics_endpoints(self):
         server, proxy = self.start_fake(), self.start_fake()
@@ -545,10 +550,12 @@ class TestQualificationRuns(HelperCase):
         os.remove(self.records_path)
         self.assertEqual(self.run_helper(warmed).code, 0)
         os.remove(self.records_path)
+        served = len(warmed.state.completions())
         after = self.run_probe(warmed, "--rounds", "2")
         self.assertEqual(after.code, 0)
-        for entry in after.kind("probe_summary")[0]["items"]:
-            self.assertLess(entry["ttft_first_s"], 0.4, entry)   # cold: 0.5 s more
+        probed = warmed.state.completions()[served:]
+        self.assertEqual([e.get("cold_s") for e in probed], [0.0] * len(probed),
+                         "after the warm-up no probe request paid a first-use cost")
 
     def test_probe_prompts_are_never_cache_hits(self):
         server = self.start_fake(prompt_tokens_details=True, engines=2)

@@ -407,10 +407,11 @@ class TestRuns(HelperCase):
         self.assertEqual(self.run_helper(server, "--priority", "0").code, 0)
 
     def test_deadline_passed_mid_wave_fails_and_later_waves_do_not_run(self):
+        # B2 takes 5 s more than it should; all before it takes ~0.2 s on a quiet machine.
         server = self.start_fake(fault="slow", fault_match="-B2-")
-        result = self.run_helper(server, "--deadline-s", "0.7")
+        result = self.run_helper(server, "--deadline-s", "2")
         self.assertEqual(result.code, 1)
-        self.assertLess(result.elapsed, 0.7 + 5)
+        self.assertLess(result.elapsed, 2 + 5)
         b2 = [r for r in result.requests if r["wave"] == "B2"]
         self.assertTrue(all("deadline" in r["problems"][0] for r in b2), b2)
         self.assertEqual({e["body"]["request_id"].split("-")[-2]
