@@ -12,36 +12,22 @@ check health and readiness.
   qualify.py ready            is the ready file still true? the server it names answers
                               /health and is the same process serving the same model
 
-main() dispatches to COMMANDS; health_main() and ready_main() live here: check_health(),
-then for ready read_ready_file() -> check_identity() (pure: the file against what
-/metrics says). Programs over the layers beside this file (transport, runframe,
-vllm_client); never imports warmup.py. Standard library only. The contract:
-CONTRACT.md beside this file.
+main() finds the command in COMMANDS and imports its module only then (health and ready
+live in ready.py: a readiness probe loads nothing else). Programs over the layers beside
+this file (transport, runframe, vllm_client); never imports warmup.py. Standard library
+only. The contract: CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import json
 import os
 import sys
-import time
-import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
-    import gate
-    import probe
-    import report
     import runframe
-    from readback import load_records
-    from records import as_dict
-    from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
-    from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
-                           finite_number, open_regular, write_atomically)
-    from vllm_client import base_url_from, parse_base_url
-    from vllm_metrics import process_start, read_exposition, served_models
+    from runframe import EXIT_PASS, EXIT_USAGE, emit
+    from transport import clean_text
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"qualify.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)
@@ -53,7 +39,7 @@ usage: qualify.py COMMAND [options]   (qualify.py COMMAND --help for each)
 
 The coordinator's tools after a start:
   report FILE   what a records file shows, each run judged from its records: a pass
-                needs every planned request record, ok, on every engine
+                needs every planned request record, judged again, on every engine
   probe         streamed (and --paths) requests timed to the first token, first round
                 against later rounds, per engine: which paths a warm-up left cold
   gate          can the model copy text exactly? six identifiers and two passages,
@@ -65,254 +51,20 @@ The contract: CONTRACT.md beside this file."""
 
 
 # ---------------------------------------------------------------------------
-# health: one GET /health, bounded (what start.sh polls while the server starts).
-# ---------------------------------------------------------------------------
-
-EXIT_NO_ANSWER = 3                    # health: no HTTP answer at all
-
-
-def basic_auth(target) -> dict:
-    """user:password in the URL as a Basic auth header (a proxy in front may want them);
-    never shown. {} without credentials."""
-    if not target.credentials:
-        return {}
-    user, _, password = target.credentials.partition(":")
-    pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
-    return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
-
-
-def check_health(target, clock: Clock) -> tuple[int, str]:
-    """(exit code, one line) of one GET {base}/health within the clock's bound: 0 for HTTP
-    200, 1 for another answer, EXIT_NO_ANSWER when nothing answered."""
-    try:
-        response = fetch(target, clock, "GET", "/health", headers=basic_auth(target))
-    except TransportError as exc:
-        return EXIT_NO_ANSWER, f"no answer from {target.display}/health: {exc.problem}"
-    if response.status == 200:
-        return EXIT_PASS, f"{target.display}/health answered 200"
-    return EXIT_FAIL, f"{target.display}/health answered HTTP {response.status}"
-
-
-def health_main(argv: list[str]) -> int:
-    """qualify.py health: exit 0 when /health answers 200 within the bound."""
-    parser = argparse.ArgumentParser(
-        prog=PROG + " health", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="GET {base}/health once, within --timeout-s. The address comes from "
-                    "--base-url or WARMUP_BASE_URL (start.sh passes it there, out of the "
-                    "command line); user:password in it is sent as Basic auth and never "
-                    "shown.",
-        epilog="exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
-               "3 no HTTP answer at all (nothing listening, or no answer in time)")
-    parser.add_argument("--base-url", metavar="URL", default=None,
-                        help="the server's address (default: $WARMUP_BASE_URL, else "
-                             "http://127.0.0.1:8000)")
-    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
-                        help="the longest the request may take (default: %(default)g)")
-    parser.add_argument("--print-url", action="store_true",
-                        help="print the address as it may be shown (no user:password) and "
-                             "exit 0, sending nothing; exit 2 when it is not a valid URL")
-    args = parser.parse_args(argv)
-    try:
-        target = base_url_from(args.base_url)
-    except UsageError as exc:
-        emit(f"{PROG} health: {exc}", sys.stderr)
-        return EXIT_USAGE
-    if args.print_url:
-        emit(target.display)
-        return EXIT_PASS
-    code, line = check_health(target, Clock.start(args.timeout_s, args.timeout_s))
-    emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
-    return code
-
-
-# ---------------------------------------------------------------------------
-# ready: a ready file bound to the server it warmed (a Kubernetes exec probe runs it).
-# ---------------------------------------------------------------------------
-
-READY_KIND = "offload-ready/1"
-IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_")
-MAX_READY_BYTES = 64 << 10
-
-
-def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = None,
-                   gate_path: str | None = None) -> tuple[dict | None, str | None]:
-    """The ready file's content from the reports of the warm-up's (and the gate's) records:
-    (document, None) when they show a complete pass, else (None, why). Pure."""
-    if warmup["verdict"] != "pass":
-        return None, f"the warm-up's records show {warmup['verdict']}, not a pass"
-    if gate_report is not None and gate_report["verdict"] != "pass":
-        return None, f"the gate's records show {gate_report['verdict']}, not a pass"
-    last = warmup["runs"][-1]
-    run, summary = as_dict(last["run"]), as_dict(last["summary"])
-    doc = {
-        "kind": READY_KIND, "base_url": run.get("base_url"), "model": run.get("model"),
-        "process_start_time_seconds": run.get("process_start_time_seconds"),
-        "engines": run.get("engines"),
-        "server_version": as_dict(run.get("versions")).get("server"),
-        "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
-        "elapsed_s": summary.get("elapsed_s"), "records": warmup_path,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gate": None,
-    }
-    if gate_report is not None:
-        gate_run = as_dict(gate_report["runs"][-1]["run"])
-        doc["gate"] = {"verdict": "pass", "run_id": gate_run.get("run_id"),
-                       "records": gate_path}
-    return doc, None
-
-
-def read_ready_file(path: str) -> tuple[dict | None, str | None]:
-    """The ready file as a document, or (None, why it is not one)."""
-    where = clean_text(path, 200)
-    try:
-        with open_regular(path) as handle:
-            data = handle.read(MAX_READY_BYTES + 1)
-    except FileNotFoundError:
-        return None, f"{where} is missing: no warm-up has passed since the last start"
-    except OSError as exc:
-        return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
-    doc, why = decode_json(data) if len(data) <= MAX_READY_BYTES else (None, "too large")
-    if not isinstance(doc, dict) or doc.get("kind") != READY_KIND \
-            or not isinstance(doc.get("model"), str) or not isinstance(doc.get("base_url"), str):
-        return None, f"{where} is not a ready file ({why or 'not what start.sh writes'})"
-    try:
-        parse_base_url(doc["base_url"], "its base_url")
-    except UsageError as exc:
-        return None, f"{where} is not a ready file ({exc})"
-    return doc, None
-
-
-def check_identity(doc: dict, samples: list) -> str | None:
-    """Why the server /metrics describes is not the one the ready file vouches for; None
-    when it is (same process start, the same model served). Pure; fails closed."""
-    warmed = finite_number(doc.get("process_start_time_seconds"))
-    now = process_start(samples)
-    if warmed is None:
-        return "the ready file names no process start: the server cannot be told apart"
-    if now is None:
-        return "/metrics has no process_start_time_seconds: the server cannot be told apart"
-    if now != warmed:
-        return (f"the server restarted since the warm-up (its process started at "
-                f"{iso_time(now)}; the warmed one at {iso_time(warmed)}): a new start runs "
-                f"a new warm-up")
-    models = served_models(samples)
-    if doc["model"] not in models:
-        shown = ", ".join(sorted(clean_text(m, 80) for m in models)[:5]) or "none on /metrics"
-        return f"the server serves {shown}, not the warmed model {clean_text(doc['model'], 80)}"
-    return None
-
-
-def iso_time(seconds_since_epoch: float) -> str:
-    """A Unix time as UTC; one a calendar cannot hold is named as a number."""
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds_since_epoch))
-    except (OverflowError, OSError, ValueError):
-        return f"{seconds_since_epoch:g} (not a calendar time)"
-
-
-def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
-    """(exit code, one line): one /health and one /metrics within timeout_s."""
-    clock = Clock.start(timeout_s, timeout_s)
-    code, line = check_health(target, clock)
-    if code == EXIT_NO_ANSWER:
-        return EXIT_FAIL, f"not ready: the server is not answering ({line})"
-    if code != EXIT_PASS:
-        return EXIT_FAIL, f"not ready: the server is unhealthy ({line})"
-    exposition, why = read_exposition(target, clock, only=IDENTITY_LINES,
-                                      headers=basic_auth(target))
-    if exposition is None:
-        return EXIT_FAIL, f"not ready: /metrics did not answer as it should ({why})"
-    why = check_identity(doc, exposition.samples)
-    if why:
-        return EXIT_FAIL, f"not ready: {why}"
-    return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "
-                       f"warmed by run {shown(doc.get('run_id'))} at "
-                       f"{shown(doc.get('warmed_at'))}")
-
-
-def shown(value) -> str:
-    """A ready file's string as one clean word, or 'unknown'."""
-    return clean_text(value, 40) if isinstance(value, str) and value else "unknown"
-
-
-def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int, str]:
-    """Write the ready file atomically (a temporary file beside it, then a rename) when the
-    records show a pass; (exit code, one line)."""
-    reports = []
-    for source in [records] + ([gate_records] if gate_records else []):
-        try:
-            found, issues = load_records(source)
-        except OSError as exc:
-            return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
-        reports.append(report.build_report(found, issues, source))
-    gate_report = reports[1] if gate_records else None
-    doc, why = ready_document(reports[0], records, gate_report, gate_records)
-    if doc is None:
-        return EXIT_FAIL, f"not written: {why}"
-    if finite_number(doc.get("process_start_time_seconds")) is None:
-        return EXIT_FAIL, ("not written: the warm-up saw no process_start_time_seconds on "
-                           "/metrics, so the ready file could never be checked")
-    why = write_atomically(path, json.dumps(doc, indent=1) + "\n")
-    if why is not None:
-        return EXIT_USAGE, f"cannot write {clean_text(path, 200)}: {why}"
-    return EXIT_PASS, f"wrote {clean_text(path, 200)}"
-
-
-def ready_main(argv: list[str]) -> int:
-    """qualify.py ready: exit 0 only while the ready file is true of the running server."""
-    parser = argparse.ArgumentParser(
-        prog=PROG + " ready", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Is the server still the one the ready file vouches for? Exit 0 only "
-                    "when the file exists and parses, the server answers /health 200 within "
-                    "--timeout-s, and its /metrics shows the same process start "
-                    "(process_start_time_seconds) and the same model; otherwise exit 1 "
-                    "with one line saying which. One /health and one /metrics, no records: "
-                    "what a Kubernetes exec readiness probe runs. With --write, start.sh "
-                    "writes the file from the records of a passing warm-up (and gate).",
-        epilog="exit status: 0 ready (or written); 1 not ready (or not written: the records "
-               "do not show a pass); 2 usage error")
-    parser.add_argument("--ready-file", metavar="PATH", required=True,
-                        help="the ready file start.sh --ready-file writes")
-    parser.add_argument("--base-url", metavar="URL", default=None,
-                        help="the server's address (default: $WARMUP_BASE_URL, else the one "
-                             "the ready file names)")
-    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
-                        help="the longest both requests together may take (default: "
-                             "%(default)g)")
-    parser.add_argument("--write", action="store_true",
-                        help="write the ready file from --records (and --gate-records) "
-                             "instead of checking it")
-    parser.add_argument("--records", metavar="FILE", help="with --write: the warm-up's records")
-    parser.add_argument("--gate-records", metavar="FILE",
-                        help="with --write: the gate's records, when the gate ran")
-    args = parser.parse_args(argv)
-    if args.write:
-        if not args.records:
-            parser.error("--write needs --records")
-        code, line = write_ready(args.ready_file, args.records, args.gate_records)
-        emit(f"{PROG} ready: {line}", sys.stdout if code == EXIT_PASS else sys.stderr)
-        return code
-    doc, why = read_ready_file(args.ready_file)
-    if doc is None:
-        emit(f"not ready: {why}", sys.stderr)
-        return EXIT_FAIL
-    try:
-        target = base_url_from(args.base_url) if args.base_url or \
-            os.environ.get("WARMUP_BASE_URL") else parse_base_url(doc["base_url"], args.ready_file)
-    except UsageError as exc:
-        emit(f"{PROG} ready: {exc}", sys.stderr)
-        return EXIT_USAGE
-    code, line = check_ready(doc, target, args.timeout_s)
-    emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
-    return code
-
-
-# ---------------------------------------------------------------------------
 # main()
 # ---------------------------------------------------------------------------
 
-COMMANDS = {"report": report.report_main, "probe": probe.probe_main, "gate": gate.gate_main,
-            "health": health_main, "ready": ready_main}
+COMMANDS = {                          # name -> (module, its main); imported when it runs
+    "report": ("report", "report_main"), "probe": ("probe", "probe_main"),
+    "gate": ("gate", "gate_main"), "health": ("ready", "health_main"),
+    "ready": ("ready", "ready_main"),
+}
+
+
+def load(module: str):
+    """A command's module, imported now: a readiness probe loads no gate, probe or report."""
+    import importlib
+    return importlib.import_module(module)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
         emit(f"usage: {PROG} {{{','.join(COMMANDS)}}} ...  ({unknown}see {PROG} COMMAND "
              f"--help)", sys.stderr)
         return EXIT_USAGE
+    module, function = COMMANDS[argv[0]]
     try:
-        return COMMANDS[argv[0]](argv[1:])
+        command = getattr(load(module), function)
+    except ImportError as exc:           # a module of the folder is missing: one line, no trace
+        emit(f"{PROG}: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
+             f"back as one folder; restore the whole folder", sys.stderr)
+        return EXIT_USAGE
+    try:
+        return command(argv[1:])
     except SystemExit as exc:         # argparse: --help or a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 

@@ -29,6 +29,7 @@ if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
 
 import qualify  # noqa: E402
+import ready  # noqa: E402
 import transport  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402

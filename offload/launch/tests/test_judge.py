@@ -239,9 +239,13 @@ class TestRecordsSchema(unittest.TestCase):
 
 class TestEvidenceDecides(HelperCase):
     def test_two_helpers_at_one_server_never_both_pass(self):
-        server = self.start_fake(latency_s=0.3)
+        # The first runs four waves of 1 s each; the others start once its B1 was sent,
+        # while it holds the lock (about 3 s; a quiet machine starts one in 0.2 s).
+        server = self.start_fake(latency_s=1.0)
         procs = []
         for n, host in enumerate(("127.0.0.1", "127.0.0.1", "localhost")):
+            if n == 1:
+                self.wait_for_completions(server, 1)
             records_path = os.path.join(self.tmp, f"r{n}.jsonl")
             procs.append((subprocess.Popen(
                 [sys.executable, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
@@ -249,11 +253,12 @@ class TestEvidenceDecides(HelperCase):
                 text=True), records_path))
         codes = []
         for proc, _ in procs:
-            out, _ = proc.communicate(timeout=60)
+            proc.communicate(timeout=60)
             codes.append(proc.returncode)
-        self.assertEqual(codes[:2].count(3), 1, "the same address: one is refused at once")
-        refused = procs[codes.index(3)][1]
-        self.assertIn("another helper", read_records(refused)[0][-1]["problems"][0])
+        said = [read_records(path)[0][-1]["problems"] for _, path in procs[:2]]
+        locked = ["another helper" in " ".join(problems) for problems in said]
+        self.assertEqual(locked, [False, True], f"the second at the address is refused: {said}")
+        self.assertEqual(codes[1], 3)
         self.assertLessEqual(codes.count(0), 1, f"never two passes: {codes}")
 
     def test_an_unhealthy_server_is_refused(self):

@@ -11,7 +11,7 @@ import time
 import unittest
 
 from support import FAKE, QUALIFY, HelperCase, SilentServer, free_port
-import qualify  # noqa: E402  (support puts offload/launch on sys.path)
+import ready as readiness  # noqa: E402  (support puts offload/launch on sys.path)
 from test_start import StartCase
 
 try:
@@ -113,14 +113,14 @@ class TestReadyRefuses(HelperCase):
         doc = {"model": "m", "process_start_time_seconds": 100.0}
         same = [("process_start_time_seconds", {}, 100.0),
                 ("vllm:num_requests_running", {"model_name": "m", "engine": "0"}, 0.0)]
-        self.assertIsNone(qualify.check_identity(doc, same))
+        self.assertIsNone(readiness.check_identity(doc, same))
         later = [("process_start_time_seconds", {}, 160.0)] + same[1:]
-        self.assertIn("restarted since the warm-up", qualify.check_identity(doc, later))
+        self.assertIn("restarted since the warm-up", readiness.check_identity(doc, later))
         other = same[:1] + [("vllm:x_total", {"model_name": "n"}, 1.0)]
-        self.assertIn("serves n, not the warmed model m", qualify.check_identity(doc, other))
-        self.assertIn("no process_start_time_seconds", qualify.check_identity(doc, same[1:]))
+        self.assertIn("serves n, not the warmed model m", readiness.check_identity(doc, other))
+        self.assertIn("no process_start_time_seconds", readiness.check_identity(doc, same[1:]))
         self.assertIn("names no process start",
-                      qualify.check_identity({"model": "m"}, same))
+                      readiness.check_identity({"model": "m"}, same))
 
     def test_no_ready_file_from_records_that_do_not_pass(self):
         server = self.start_fake(fault="one_token", fault_match="-B4-0")
