@@ -35,6 +35,7 @@ ready_file="${START_READY_FILE:-}"
 textfile="${START_TEXTFILE:-}"
 warmup="${START_WARMUP:-1}"
 gate="${START_GATE:-0}"
+supervise="${START_SUPERVISE:-0}"
 gate_hard_s="${START_GATE_HARD_S:-180}"
 poll_s="${START_POLL_S:-1}"
 say_s="${START_SAY_S:-30}"
@@ -47,6 +48,7 @@ server_pid=""      # the launched pid, which is also its process group id (setsi
 server_status=""   # the launched pid's exit status, once it has exited
 child_pid=""       # the foreground step (health probe, sleep, warm-up), for signals
 launched_at=0      # SECONDS at launch
+stop_asked=""      # SECONDS when a TERM/INT was passed on to a supervised server
 
 # The --help text, on stdout.
 usage() {
@@ -79,6 +81,10 @@ options (environment variable in brackets):
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
+  --supervise         a container's entry point: after the warm-up stay the server's
+                      parent, pass TERM and INT on to its process group (KILL after
+                      START_STOP_GRACE_S), reap what it leaves, and exit with the
+                      server's status when it ends [START_SUPERVISE=1]
   -h, --help          this text
   START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
   and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
@@ -92,6 +98,7 @@ Read the records before releasing HOLD, after OK as after WARN.
 
 exit status:
   0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
+  N    with --supervise: the server's own exit status once it ended
   1    server not started or not trustworthy: something already answered at the base
        URL, a live server.pid, the server exited (also during the warm-up), or it
        missed the start guard (its process group is stopped)
@@ -354,6 +361,10 @@ parse_args() {
         warmup=0
         shift
         ;;
+      --supervise)
+        supervise=1
+        shift
+        ;;
       --gate)
         gate=1
         shift
@@ -422,6 +433,7 @@ check_settings() {
     die_usage "START_STOP_GRACE_S must be whole seconds from 0 to 99999, got '${stop_grace_s}'"
   [[ "${warmup}" =~ ^[01]$ ]] || die_usage "START_WARMUP must be 0 or 1, got '${warmup}'"
   [[ "${gate}" =~ ^[01]$ ]] || die_usage "START_GATE must be 0 or 1, got '${gate}'"
+  [[ "${supervise}" =~ ^[01]$ ]] || die_usage "START_SUPERVISE must be 0 or 1, got '${supervise}'"
   if ! is_number "${gate_hard_s}" || [[ "${gate_hard_s}" =~ ^0*([.]0*)?$ ]]; then
     die_usage "${gate_hard_source} must be a positive number of seconds, got '${gate_hard_s}'"
   fi
@@ -440,9 +452,59 @@ check_settings() {
   fi
   display_url="$(url_without_credentials "${base_url%/}" 2>&1)" ||
     die_usage "${display_url}"
+  check_address
   readonly base_url guard_s log_dir ready_file textfile warmup gate gate_hard_s poll_s say_s
+  readonly supervise
   readonly stop_grace_s
   readonly display_url server_cmd
+}
+
+# The value of a server flag (--port N or --port=N); the last one counts.
+# Arguments: the flag, then the server command. Outputs: the value, or nothing.
+flag_value() {
+  local flag="$1" arg take=0 value=""
+  shift
+  for arg in "$@"; do
+    if ((take)); then
+      value="${arg}"
+      take=0
+    fi
+    case "${arg}" in
+      "${flag}="*) value="${arg#*=}" ;;
+      "${flag}") take=1 ;;
+    esac
+  done
+  echo "${value}"
+}
+
+# The base URL and the server command's --port / --host must name one address: a
+# mismatch would only show as a start guard running out. Globals: display_url,
+# server_cmd. Exits 2 on a mismatch.
+check_address() {
+  local rest host port want_port want_host
+  rest="${display_url#*://}"
+  rest="${rest%%/*}"
+  if [[ "${rest}" =~ ^(.*):([0-9]+)$ ]]; then
+    host="${BASH_REMATCH[1]}"
+    port="${BASH_REMATCH[2]}"
+  else
+    host="${rest}"
+    port=$([[ "${display_url}" == https://* ]] && echo 443 || echo 80)
+  fi
+  want_port="$(flag_value --port "${server_cmd[@]}")"
+  want_host="$(flag_value --host "${server_cmd[@]}")"
+  if [[ -n "${want_port}" && "${want_port}" != "${port}" ]]; then
+    die_usage "--base-url ${display_url} names port ${port}, the server command --port" \
+      "${want_port}: make them one address"
+  fi
+  case "${want_host}:${host}" in
+    :* | 0.0.0.0:* | "[::]":* | "${host}:${host}") ;;   # ":*" holds no host and "::"
+    127.0.0.1:localhost | localhost:127.0.0.1) ;;
+    *)
+      die_usage "--base-url ${display_url} names host ${host}, the server command --host" \
+        "${want_host}: make them one address"
+      ;;
+  esac
 }
 
 # Refuse a second server: a live pid (or process group) in server.pid means one is
@@ -479,6 +541,39 @@ launch() {
   echo "${server_pid}" >"${log_dir}/server.pid"
   log "launch pid ${server_pid} (process group ${server_pid}):" \
     "$(redacted_command "${server_cmd[@]}")"
+}
+
+# A TERM or INT while supervising: passed on to the server's process group.
+# Globals: server_pid, stop_asked (set). Arguments: the signal's name.
+pass_on() {
+  log "${1} received: passed on to server process group ${server_pid}"
+  kill -s "$1" -- "-${server_pid}" 2>/dev/null || true
+  stop_asked="${stop_asked:-${SECONDS}}"
+}
+
+# --supervise: stay the server's parent until it ends (a container's entry point), then
+# exit with its status. Signals go to its group; a group still alive START_STOP_GRACE_S
+# after one is KILLed. Bash reaps every child, so orphans handed to a PID 1 start.sh are
+# reaped too. Globals: server_pid, server_status, stop_asked, stop_grace_s.
+supervise_server() {
+  trap 'pass_on TERM' TERM
+  trap 'pass_on INT' INT
+  log "supervising server process group ${server_pid} (--supervise): TERM and INT go to" \
+    "it; start.sh ends with the server's status"
+  while server_alive; do
+    if [[ -n "${stop_asked}" ]] && ((SECONDS - stop_asked >= stop_grace_s)); then
+      log "server group ${server_pid} still alive ${stop_grace_s} s after the signal: KILL"
+      kill -KILL -- "-${server_pid}" 2>/dev/null || true
+    fi
+    if [[ -z "${server_status}" && -z "${stop_asked}" ]]; then
+      wait "${server_pid}" 2>/dev/null || true   # returns at once when a signal comes
+    else
+      sleep 0.2 & wait "$!" 2>/dev/null || true
+    fi
+  done
+  trap - TERM INT
+  log "server ended with status ${server_status:-unknown}: start.sh exits with it"
+  exit "${server_status:-1}"
 }
 
 # Poll /health until 200; ERROR and exit when the server is gone or the guard expires.
@@ -669,9 +764,14 @@ main() {
   else
     warm_up_and_report
   fi
-  trap - TERM INT
+  if [[ "${supervise}" == "0" ]]; then
+    trap - TERM INT
+  fi
   if [[ -n "${textfile}" && "${warmup}" == "1" ]]; then
     log "results published for monitoring in ${textfile}"
+  fi
+  if [[ "${supervise}" == "1" ]]; then
+    supervise_server
   fi
   log "exit 0: server process group ${server_pid} keeps running"
 }

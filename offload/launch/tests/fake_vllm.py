@@ -903,6 +903,8 @@ class FakeServer:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="A fake vLLM 0.32 OpenAI server (tests, demo).")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="accepted as vLLM's; the fake listens on 127.0.0.1 only")
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
