@@ -57,6 +57,11 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
     problems = []
     if run is None:
         problems.append("no run record")
+    elif as_dict(run).get("mode") not in tuple(JUDGED):      # a list is no key
+        problems.append(f"the run record's mode is {show(as_dict(run).get('mode'))}, not "
+                        f"warmup, probe or gate")
+    for record in ([run] if run is not None else []) + summaries:
+        problems += field_problems(record)[:3]
     if not summaries:
         problems.append("no summary record")
     elif len(summaries) > 1:
@@ -80,6 +85,11 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
         problems.append("the run record announces no number of requests")
     if is_count(planned) and len(judged) != planned:
         problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
+    summary_said = as_list(as_dict(summaries[-1] if summaries else None).get("problems"))
+    if summaries and summaries[-1].get("verdict") == "pass" and summary_said:
+        problems.append("the summary claims a pass and names problems")
+    if as_dict(run).get("mode") == "warmup":
+        problems += plan_problems(as_dict(run), judged)
     failed, disagree = rejudge(as_dict(run), judged)
     if failed:
         problems.append(f"{len(failed)} request record(s) fail their kind's rules: "
@@ -99,6 +109,48 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
             elif is_count(said) and is_count(want) and said != want:
                 problems.append(differs.format(said, want))
     return problems
+
+
+def planned_requests(run: dict) -> list[tuple]:
+    """What a warm-up's plan sends (pure): (engine, wave, request kind, index) for each
+    request, from its waves (B<d>, d greedy requests each) and --paths kinds (<kind>-<d>
+    for each of their depths), on every engine the run record names."""
+    plan = as_dict(run.get("plan"))
+    engines = run.get("engines") if isinstance(run.get("engines"), list) else [None]
+    waves = [(as_dict(w).get("wave"), as_dict(w).get("depth"), "greedy")
+             for w in as_list(plan.get("waves"))]
+    waves += [(f"{as_dict(p).get('path')}-{d}", d, as_dict(p).get("path"))
+              for p in as_list(plan.get("paths")) for d in as_list(as_dict(p).get("depths"))]
+    return [(engine, wave, kind_, index) for engine in engines for wave, depth, kind_ in waves
+            if is_count(depth) and depth <= 64 for index in range(depth)]
+
+
+def plan_problems(run: dict, judged: list[dict]) -> list[str]:
+    """A warm-up's request records against its plan: every planned request once, of the
+    planned kind in the planned wave, and nothing else; each wave named for its depth.
+    Pure; the plan is read as data, so a file cannot choose its own rules."""
+    problems = [f"the plan's wave {show(as_dict(w).get('wave'))} has depth "
+                f"{show(as_dict(w).get('depth'))}" for w in as_list(as_dict(run.get("plan"))
+                                                           .get("waves"))
+                if as_dict(w).get("wave") != f"B{as_dict(w).get('depth')}"]
+    planned = planned_requests(run)
+    found = [(r.get("engine"), r.get("wave"), r.get("request_kind"), r.get("index"))
+             for r in judged]
+    missing = [p for p in planned if p not in found]
+    extra = [f for f in found if f not in planned]
+    if missing:
+        problems.append(f"{len(missing)} planned request(s) have no record of their wave and "
+                        f"kind: {', '.join(where(p) for p in missing[:5])}")
+    if extra:
+        problems.append(f"{len(extra)} request record(s) not in the plan (wave, kind or "
+                        f"index): {', '.join(where(f) for f in extra[:5])}")
+    return problems
+
+
+def where(item: tuple) -> str:
+    engine, wave, kind_, index = item
+    return f"{'' if engine is None else f'e{show(engine)} '}{show(wave)}#{show(index)} " \
+           f"({show(kind_)})"
 
 
 def rejudge(run: dict, judged: list[dict]) -> tuple[list[dict], list[str]]:
@@ -125,7 +177,8 @@ def rejudge(run: dict, judged: list[dict]) -> tuple[list[dict], list[str]]:
 def judge_record(record: dict, mode, plan: dict, first_wave: list) -> list[str]:
     """Why one record's answer fails its kind's rules ([] when it passes)."""
     shape = field_problems(record)
-    kind_ = KINDS.get(record.get("request_kind"))
+    kind_ = KINDS.get(record.get("request_kind")) \
+        if isinstance(record.get("request_kind"), str) else None
     if shape or kind_ is None:
         return shape or ["a record without a known request kind"]
     tokens = plan.get("max_tokens" if mode == "gate" else "tokens")

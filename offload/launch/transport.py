@@ -259,9 +259,12 @@ def positive_int(value) -> int | None:
 
 
 def finite_number(value) -> float | int | None:
-    """A finite number as the server gave it; anything else (bool, NaN, text) is None."""
+    """A finite number as the server gave it; anything else (bool, NaN, text, an integer
+    no float can hold) is None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if isinstance(value, int):
+        return value if abs(value) < 1 << 1000 else None
     return value if math.isfinite(value) else None
 
 

@@ -224,7 +224,7 @@ CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
                  "b1_min_prompt_tokens": 4097}
 
 
-def run_record(run_id: str, requests: int, mode: str = "warmup", **plan) -> dict:
+def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) -> dict:
     """A run record of format 2 announcing `requests` requests (the contract's plan)."""
     base = dict(CONTRACT_PLAN) if mode == "warmup" else {"tokens": 32, "max_tokens": 2048,
                                                          "max_cer": 0.01, "max_typos": 0}
@@ -244,6 +244,12 @@ def request_record(run_id: str, index: int, wave: str = "B1", **changes) -> dict
                  "index": index, "engine": None, **GOOD_ANSWER, "latency_s": 0.1,
                  "sent_at_s": 0.1, "ok": True, "problems": [], "metrics": None,
                  "speculative_decoding": None}, **changes)
+
+
+def contract_requests(run_id: str, **changes) -> list[dict]:
+    """The ten request records of the contract's plan (B1 to B4), each passing."""
+    return [request_record(run_id, index, f"B{depth}", **changes)
+            for depth in (1, 2, 3, 4) for index in range(depth)]
 
 
 def gate_record(run_id: str, index: int, **changes) -> dict:

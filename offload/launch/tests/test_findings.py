@@ -14,8 +14,8 @@ import unittest
 
 from hostile import (HostileServer, completion_with, http, json_answer, metrics_answer,
                      metrics_text)
-from support import (QUALIFY, WARMUP, HelperCase, read_records, request_record, run_record,
-                     summary_record)
+from support import (QUALIFY, WARMUP, HelperCase, contract_requests, read_records,
+                     run_record, summary_record)
 import report  # noqa: E402  (support puts offload/launch on sys.path)
 import textfile  # noqa: E402
 import transport  # noqa: E402
@@ -92,33 +92,38 @@ class TestReportBelievesOnlyEvidence(HelperCase):
         return run(QUALIFY, "report", self.records_path, "--fields", "verdict").stdout.strip()
 
     def test_crafted_files_are_not_a_pass(self):
-        head = run_record("r", 2)
-        ok = request_record("r", 0, request_id="a")
-        other = request_record("r", 1, "B2", request_id="b")
+        head = run_record("r")
+        requests = contract_requests("r")
         passed = summary_record("r", "pass", 0)
         cases = {
-            "a duplicated request": (head, ok, ok, passed),
-            "two summaries": (head, ok, other, dict(passed, verdict="fail", exit_code=1),
+            "a duplicated request": (head, *requests, requests[0], passed),
+            "two summaries": (head, *requests, dict(passed, verdict="fail", exit_code=1),
                               passed),
-            "no request planned": (run_record("r", 0), passed),
+            "no request planned": (run_record("r", 0, waves=[]), passed),
             "engines as booleans": (dict(head, engines=[0, 1], plan=dict(
-                head["plan"], requests_total=2, requests_per_engine=1)),
-                dict(ok, engine=False), dict(other, engine=True), passed),
-            "an empty engine list": (dict(head, engines=[]), ok, other, passed),
-            "a count that is text": (head, ok, other, dict(passed, requests_ok="2")),
-            "records of no run": (head, dict(ok, run_id=None), dict(other, run_id=None),
-                                  passed),
+                head["plan"], requests_total=20, requests_per_engine=10)),
+                *[dict(r, engine=False) for r in requests],
+                *[dict(r, engine=True) for r in requests], passed),
+            "an empty engine list": (dict(head, engines=[]), *requests, passed),
+            "a count that is text": (head, *requests, dict(passed, requests_ok="2")),
+            "records of no run": (head, *[dict(r, run_id=None) for r in requests], passed),
+            "a mode that is not one": (dict(head, mode=[]), *requests, passed),
+            "a pass that names problems": (head, *requests, dict(passed, problems=["x"])),
+            "every request of another kind": (head, *[dict(r, request_kind="copy")
+                                                      for r in requests], passed),
+            "no B1": (head, *[dict(r, wave="B2") for r in requests], passed),
+            "fewer requests announced": (run_record("r", 1), requests[0], passed),
         }
         for name, records in cases.items():
             with self.subTest(name):
                 self.write(*records)
                 self.assertEqual(self.verdict(), "incomplete")
-        self.write(head, ok, other, passed)
+        self.write(head, *requests, passed)
         self.assertEqual(self.verdict(), "pass", "the same file, whole, passes")
-        self.write(dict(head, mode=[]), ok, other, passed)      # judged, no traceback
+        self.write(dict(head, mode=[]), *requests, passed)      # judged, no traceback
         shown = run(QUALIFY, "report", self.records_path)
         self.assertNotIn("Traceback", shown.stderr)
-        self.assertIn("verdict: pass", shown.stdout)
+        self.assertIn("the run record's mode is", shown.stdout)
 
     def test_a_file_not_read_to_its_end_has_no_last_run(self):
         records = [{"record": "run", "run_id": "r"}]

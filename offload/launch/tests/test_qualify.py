@@ -13,7 +13,7 @@ import threading
 import time
 import unittest
 
-from support import (QUALIFY, HelperCase, qualify, request_record, run_record,
+from support import (QUALIFY, HelperCase, contract_requests, qualify, run_record,
                      summary_record)
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import probe  # noqa: E402
@@ -242,12 +242,12 @@ class TestReportReading(unittest.TestCase):
                               capture_output=True, text=True, timeout=30, **kwargs)
 
     def test_reads_past_bad_lines_and_names_them(self):
-        self.write(run_record("a", 1),
-                   '{"record": "request", "wave": "B1"', "[1, 2]", request_record("a", 0),
+        self.write(run_record("a"),
+                   '{"record": "request", "wave": "B1"', "[1, 2]", *contract_requests("a"),
                    summary_record("a", "pass", 0, notes=["B1 cache check not made"],
                                   warnings=["w1"]))
         records, issues = readback.load_records(self.path)
-        self.assertEqual([r["record"] for r in records], ["run", "request", "summary"])
+        self.assertEqual([r["record"] for r in records], ["run"] + ["request"] * 10 + ["summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
                                   "line 3 is JSON but not a record (skipped)"])
         shown = self.report()
@@ -260,8 +260,7 @@ class TestReportReading(unittest.TestCase):
         def run(rid, verdict, code, n):
             failed = {} if code == 0 else {"http_status": 500, "error": "boom", "ok": False,
                                            "problems": ["HTTP 500"]}
-            return [run_record(rid, n)] + \
-                [request_record(rid, i, **failed) for i in range(n)] + \
+            return [run_record(rid)] + contract_requests(rid, **failed)[:n] + \
                 [summary_record(rid, verdict, code,
                                 problems=[] if code == 0 else ["B1#0: HTTP 500"])]
         self.write(*run("first", "fail", 1, 10), *run("second", "pass", 0, 10))
@@ -278,7 +277,7 @@ class TestReportReading(unittest.TestCase):
                     "gate", "summary", "problems", "verdict", "exit_code", "ends"):
             self.assertIn(key, doc["runs"][0])
         # The other way round, and a last run cut short: its status decides.
-        self.write(*run("second", "pass", 0, 2), *run("third", "pass", 0, 2)[:-1])
+        self.write(*run("second", "pass", 0, 10), *run("third", "pass", 0, 10)[:-1])
         shown = self.report()
         self.assertEqual(shown.returncode, 1)
         self.assertIn("verdict: incomplete (exit 1; no summary", shown.stdout)

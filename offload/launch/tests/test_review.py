@@ -18,7 +18,7 @@ import threading
 import time
 
 from hostile import HostileServer, completion_with, error_answer, json_answer
-from support import (QUALIFY, WARMUP, WRAPPER, HelperCase, read_records, request_record,
+from support import (QUALIFY, WARMUP, WRAPPER, HelperCase, contract_requests, read_records,
                      run_record, summary_record)
 import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
@@ -75,10 +75,11 @@ class TestReviewFindings(HelperCase):
         self.assert_one_summary(proc, 0, path.decode("utf-8", "surrogateescape"))
 
     def test_report_reads_a_record_holding_a_lone_surrogate(self):
-        run = json.dumps(run_record("a", 1)).replace('"model": "m"', '"model": "m\\ud800"')
-        request = json.dumps(request_record("a", 0)).replace('"warmup-a-B1-0"', '"x\\udc00"')
+        run = json.dumps(run_record("a")).replace('"model": "m"', '"model": "m\\ud800"')
+        requests = [json.dumps(r) for r in contract_requests("a")]
+        requests[0] = requests[0].replace('"warmup-a-B1-0"', '"x\\udc00"')
         with open(self.records_path, "w", encoding="utf-8") as handle:
-            handle.write("\n".join([run, request, json.dumps(summary_record("a", "pass", 0))])
+            handle.write("\n".join([run, *requests, json.dumps(summary_record("a", "pass", 0))])
                          + "\n")
         proc = subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
                               capture_output=True, text=True, timeout=30)
