@@ -49,6 +49,7 @@ server_status=""   # the launched pid's exit status, once it has exited
 child_pid=""       # the foreground step (health probe, sleep, warm-up), for signals
 launched_at=0      # SECONDS at launch
 stop_asked=""      # SECONDS when a TERM/INT was passed on to a supervised server
+log_offset=0       # server.log's size at launch: what came after is this start's
 
 # The --help text, on stdout.
 usage() {
@@ -175,32 +176,14 @@ redacted_command() {
   echo "${out[*]}"
 }
 
-# The server's prefill chunk from its command line (--max-num-batched-tokens N or =N),
-# for the warm-up's B1 to be longer (WARMUP_CHUNK_TOKENS). Outputs: N, or nothing.
-# Arguments: the server command and its arguments.
-chunk_tokens_of() {
-  local arg take=0
-  for arg in "$@"; do
-    if ((take)); then
-      echo "${arg}"
-      return 0
-    fi
-    case "${arg}" in
-      --max-num-batched-tokens=*)
-        echo "${arg#*=}"
-        return 0
-        ;;
-      --max-num-batched-tokens) take=1 ;;
-    esac
-  done
-}
-
 # The server's prefill chunk as vLLM logs it at start ("Chunked prefill is enabled with
-# max_num_batched_tokens=N."), for a command line that does not say it. Globals: log_dir.
-# Outputs: N, or nothing.
+# max_num_batched_tokens=N."), for a command line that does not say it; only what this
+# start wrote (server.log is appended to). Globals: log_dir, log_offset. Outputs: N, or
+# nothing.
 chunk_tokens_logged() {
-  grep -Eo 'Chunked prefill is enabled with max_num_batched_tokens=[0-9]{1,7}' \
-    "${log_dir}/server.log" 2>/dev/null | tail -n 1 | grep -Eo '[0-9]+$' || true
+  tail -c "+$((log_offset + 1))" "${log_dir}/server.log" 2>/dev/null |
+    grep -Eo 'Chunked prefill is enabled with max_num_batched_tokens=[0-9]{1,7}' |
+    tail -n 1 | grep -Eo '[0-9]+$' || true
 }
 
 # GET /health once (qualify.py health; the URL in the environment, out of ps).
@@ -535,6 +518,7 @@ check_nothing_answers() {
 # Start the server command in its own session and process group (setsid), its output
 # appended to server.log. Globals: server_pid, launched_at (set).
 launch() {
+  log_offset="$(stat -c %s "${log_dir}/server.log" 2>/dev/null || echo 0)"
   setsid "${server_cmd[@]}" >>"${log_dir}/server.log" 2>&1 </dev/null &
   server_pid=$!
   launched_at=${SECONDS}
@@ -742,7 +726,7 @@ main() {
     export WARMUP_TEXTFILE="${textfile}"
   fi
   local chunk
-  chunk="$(chunk_tokens_of "${server_cmd[@]}")"
+  chunk="$(flag_value --max-num-batched-tokens "${server_cmd[@]}")"   # the last one counts
   if [[ -z "${WARMUP_CHUNK_TOKENS:-}" && -n "${chunk}" ]]; then
     export WARMUP_CHUNK_TOKENS="${chunk}"   # B1 must be longer than the server's chunk
   fi

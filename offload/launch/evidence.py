@@ -19,7 +19,7 @@ from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
 from vllm_client import ENGINE_HEADER, Tally
-from vllm_metrics import counter_deltas, metrics_source, read_counters, series_sum
+from vllm_metrics import counter_deltas, metrics_source, read_counters, series_sum, went_down
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 
@@ -192,6 +192,8 @@ class Evidence:
                 self.main_deltas = None if why else deltas
                 found, record["warnings"] = ([], []) if why else \
                     cross_check(deltas, tally.requests)
+                found += [f"{key} went down over the warm-up: the server restarted, and what "
+                          f"was warmed before is gone" for key in went_down(before, after)[:1]]
                 record["problems"] = found
                 tally.problems += found
                 tally.warnings += record["warnings"]

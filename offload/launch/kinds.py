@@ -337,7 +337,8 @@ def copy_problem(record: dict, max_cer: float, max_typos: int) -> str | None:
 
 def contract_differences(plan: dict) -> list[str]:
     """How a recorded warm-up plan differs from the contract's: waves B1-B4 first (deeper
-    waves and --paths kinds are extras), 32 tokens, priority 20, B1 above 4096 tokens.
+    waves and --paths kinds are extras), 32 tokens, priority 20, B1 above 4096 tokens,
+    every engine the server has.
     [] for a contract plan. Pure; any value of the wrong type is a difference."""
     differences = []
     if plan.get("tokens") != CONTRACT_TOKENS:
@@ -353,4 +354,7 @@ def contract_differences(plan: dict) -> list[str]:
         differences.append(f"B1 floor {plan.get('b1_min_prompt_tokens')!r} tokens")
     if plan.get("request_kind") != "greedy":
         differences.append(f"request kind {plan.get('request_kind')!r}")
+    skipped = plan.get("engines_skipped")
+    if not isinstance(skipped, list) or skipped:
+        differences.append(f"engines not warmed: {skipped!r}")
     return differences

@@ -104,6 +104,10 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
                    gate_path: str | None = None) -> tuple[dict | None, str | None]:
     """The ready file's content from the reports of the warm-up's (and the gate's) records:
     (document, None) when they show a complete pass, else (None, why). Pure."""
+    for report, mode, name in ((warmup, "warmup", "warm-up"), (gate_report, "gate", "gate")):
+        run = as_dict(report["runs"][-1]["run"]) if report and report["runs"] else {}
+        if report is not None and run.get("mode") != mode:
+            return None, f"the {name}'s records are not a {name}'s (mode {run.get('mode')!r})"
     if warmup["verdict"] != "pass":
         return None, f"the warm-up's records show {warmup['verdict']}, not a pass"
     if gate_report is not None and gate_report["verdict"] != "pass":

@@ -514,6 +514,8 @@ def expect_k_type(text: str) -> dict[str, int]:
         if not wave or not k.isdigit() or not 1 <= int(k) <= 64:
             raise argparse.ArgumentTypeError(f"wants WAVE=K pairs such as B1=5,B3=4 (K from "
                                              f"1 to 64); got {text!r}")
+        if wave in expected:
+            raise argparse.ArgumentTypeError(f"names {wave} twice; got {text!r}")
         expected[wave] = int(k)
     return expected
 

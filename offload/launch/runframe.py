@@ -180,7 +180,9 @@ def run_session(settings: RunSettings, program: Program) -> int:
     exit code; an unexpected exception is a 'fail' with its reason in one line.
     """
     path = settings.records_path
-    why = settings.textfile and writable(settings.textfile)
+    why = settings.textfile and (
+        "it is the records file" if os.path.abspath(settings.textfile) ==
+        os.path.abspath(path) else writable(settings.textfile))
     if why:                               # found before anything is sent, as for records
         emit(f"{settings.prog}: cannot publish to --textfile {settings.textfile}: {why}; "
              f"choose a writable file in an existing folder", sys.stderr)

@@ -16,13 +16,13 @@ import math
 
 from transport import open_regular, parse_prometheus, write_atomically
 
-VERDICTS = ("pass", "fail", "refused", "killed")
+VERDICTS = ("pass", "custom", "fail", "refused", "killed")   # custom: a custom plan passed
 MAX_TEXTFILE_BYTES = 1 << 20
 
 
 def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
     """The samples every run has: (name, labels, value, help). Pure."""
-    passed = summary.get("verdict") == "pass"
+    passed = summary.get("verdict") == "pass" and not summary.get("plan_differences")
     samples = [
         (f"{prefix}_last_run_timestamp_seconds", {}, ended_at,
          "When the last run ended (Unix time)."),
@@ -34,8 +34,9 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
          "The last run's exit status (0 pass, 1 fail, 2 usage, 3 refused; 124/137 the "
          "wrapper's hard bound, 129/130/143 a signal)."),
     ]
-    samples += [(f"{prefix}_last_run_verdict", {"verdict": v},
-                 1.0 if summary.get("verdict") == v else 0.0,
+    verdict = "custom" if summary.get("verdict") == "pass" and not passed else \
+        summary.get("verdict")
+    samples += [(f"{prefix}_last_run_verdict", {"verdict": v}, 1.0 if verdict == v else 0.0,
                  "The last run's verdict, one sample a verdict, 1 for the one it had.")
                 for v in VERDICTS]
     if passed:

@@ -70,6 +70,7 @@ class Server:
     version: str | None = None
     engines: tuple = NO_ROUTING           # the engines a batch covers; (None,): no routing
     process_start: float | None = None    # process_start_time_seconds: changes on a restart
+    served: tuple = ()                    # the engines /metrics shows
 
 
 @dataclass
@@ -84,27 +85,43 @@ class Tally:
     first_counters: dict | None = None               # counters of the first guard read
 
 
+LOCK_FOLDER = "/tmp"                  # one folder for every helper on the host
+
+
+def lock_path(target: Target) -> str:
+    """The lock file of a server's address: localhost and 127.0.0.1 are one address."""
+    host = "127.0.0.1" if target.host in ("localhost", "127.0.0.1") else target.host
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{host}_{target.port}")
+    return os.path.join(LOCK_FOLDER, f"offload-launch-{name}.lock")
+
+
 def take_server_lock(target: Target) -> int:
-    """An exclusive lock on the server's address for this process's life (flock on a file
-    in the temporary folder): a second helper against the same server on this host is
-    refused at once, while the first runs on. Returns the lock's descriptor."""
-    name = re.sub(r"[^A-Za-z0-9.-]", "_", target.host_port)
-    path = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"offload-launch-{name}.lock")
+    """An exclusive lock on the server's address for the run (flock): a second helper
+    against the same server on this host is refused at once, while the first runs on.
+    Returns the lock's descriptor. A file another user made is locked read-only."""
+    path = lock_path(target)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except PermissionError:
+        fd = None
+    try:
+        fd = fd if fd is not None else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise Fatal(f"refused: cannot take the lock {path} for {target.display} "
                     f"({exc.strerror or exc}); nothing was sent", EXIT_REFUSED)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 32).decode("ascii", "replace").strip()
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) is "
                     f"sending to {target.display} from this host; one at a time, or neither "
                     f"warm-up shows what it did; nothing was sent", EXIT_REFUSED)
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError:
+        pass                              # a read-only lock: no pid to name
     return fd
 
 
@@ -177,6 +194,7 @@ class ServerProgram(Program):
                 "settled_s": tally.settled_s}
 
     def close(self) -> None:
+        """Let the server's lock go (its file stays: removing it would race a newcomer)."""
         if self.lock is not None:
             os.close(self.lock)           # the lock goes with its descriptor
             self.lock = None
@@ -254,6 +272,7 @@ class ServerProgram(Program):
         samples, _ = read_samples(self.connection.target, run.clock, "/metrics")
         served = engines_in(samples or [])
         self.server.process_start = process_start(samples or [])
+        self.server.served = served
         if asked is None:
             return served if len(served) > 1 else NO_ROUTING
         missing = [e for e in asked if e not in (served or (0,))]

@@ -186,7 +186,6 @@ class WarmUp(ServerProgram):
         self.plan = plan
         self.settings = settings
         self.evidence = Evidence(evidence)
-        self.differences = contract_differences(plan_description(plan, settings))
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
 
     def steps(self, run: Run) -> None:
@@ -220,8 +219,11 @@ class WarmUp(ServerProgram):
         smallest = None if not counts or None in counts else min(counts)
         by_engine = {str(e): c for e, (_, c) in self.b1_prompts.items()
                      if e is not None and c is not None}
-        return dict(plan_description(self.plan, self.settings),
-                    contract=not self.differences, differences=self.differences,
+        covered = routed(self.server.engines) or self.server.served
+        plan = dict(plan_description(self.plan, self.settings),
+                    engines_skipped=sorted(set(self.server.served) - set(covered)))
+        differences = contract_differences(plan)
+        return dict(plan, contract=not differences, differences=differences,
                     b1_prompt_tokens_counted=smallest,
                     b1_prompt_tokens_by_engine=by_engine or None,
                     b1_sizing="tokenize" if smallest is not None else "estimate")
@@ -233,9 +235,10 @@ class WarmUp(ServerProgram):
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
+        differences = self.plan_fields()["differences"]
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
-                      spec_decode=spec, contract=not self.differences,
-                      plan_differences=self.differences,
+                      spec_decode=spec, contract=not differences,
+                      plan_differences=differences,
                       cache_check=cache_check(self.tally.requests))
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
@@ -473,9 +476,14 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
 
 
 def shown_by_counters(name: str, seen: dict, requests: list[dict]) -> list[str]:
-    """What the engine's own counters over a wave show against its records (pure): more
-    tokens generated than the records hold is foreign or concurrent work."""
+    """What the engine's own counters over a wave show against its records (pure): a
+    counter that went down is a restart; more tokens generated than the records hold is
+    foreign or concurrent work."""
     problems = []
+    if seen.get("counters_went_down"):
+        problems.append(f"{name}: a counter went down while the wave ran "
+                        f"({seen['counters_went_down'][0]}): the server restarted, and what "
+                        f"was warmed before is gone")
     generated = series_sum(seen.get("counters") or {}, "vllm:generation_tokens_total")
     recorded = sum(r["completion_tokens"] or 0 for r in requests)
     if generated is not None and generated > recorded:

@@ -110,6 +110,7 @@ class HelperCase(unittest.TestCase):
     def start_fake(self, **settings) -> FakeServer:
         server = FakeServer(FakeConfig(**settings)).start()
         self.addCleanup(server.stop)
+        self.addCleanup(remove_lock, server.url)
         return server
 
     def run_helper(self, server_or_url, *args: str, env: dict | None = None) -> Result:
@@ -173,6 +174,15 @@ class HelperCase(unittest.TestCase):
         self.assert_no_leak(server, result.stdout, result.stderr, result.records_text)
 
 
+def remove_lock(url: str) -> None:
+    """A test server's port is not used again: its lock file goes with it."""
+    import vllm_client
+    try:
+        os.remove(vllm_client.lock_path(transport.parse_url(url)))
+    except FileNotFoundError:
+        pass
+
+
 class SilentServer:
     """Accepts connections on 127.0.0.1 and never answers (nor reads); closed at cleanup."""
 
@@ -221,7 +231,7 @@ GOOD_ANSWER = {"http_status": 200, "choices": 1, "usage": True, "body_error": No
                "stream_done": None, "first_token": None, "logprobs_count": None, "error": None}
 CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
                  "request_kind": "greedy", "tokens": 32, "priority": 20,
-                 "b1_min_prompt_tokens": 4097}
+                 "b1_min_prompt_tokens": 4097, "engines_skipped": []}
 
 
 def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) -> dict:

@@ -73,6 +73,8 @@ class TestWaveEvidence(HelperCase):
         for key in b2["counters_went_down"]:
             self.assertIsNone(b2["counters"][key])
         self.assertIn("counter went down", self.report_text())
+        self.assertEqual((result.code, result.summary["verdict"]), (1, "fail"))
+        self.assertIn("the server restarted", " ".join(result.summary["problems"]))
 
     def test_without_speculative_decoding_nothing_is_invented(self):
         server = self.start_fake(speculative=False)

@@ -16,7 +16,8 @@ import time
 import unittest
 
 from support import FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, \
-    copy_product, free_port, gate_record, product_files, read_records, run_record
+    copy_product, free_port, gate_record, product_files, read_records, run_record, \
+    summary_record
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 
 
@@ -450,7 +451,7 @@ run = json.loads({run!r})
 run["plan"].update(requests_total=planned, requests_per_engine=planned)
 records = [run] + [dict(json.loads({gate!r}), index=i, request_id=f"gate-stub-{{i}}")
                    for i in range(planned)]
-records += [dict(summary, record="summary", run_id="stub", requests_ok=planned),
+records += [dict(json.loads({base!r}), **summary, requests_ok=planned, requests_total=planned),
             dict(summary, record="gate_summary", run_id="stub")]
 with open(sys.argv[sys.argv.index("--records") + 1], "a") as out:
     out.writelines(json.dumps(r) + "\\n" for r in records)
@@ -474,7 +475,8 @@ class TestStartGate(StartCase):
         with open(os.path.join(self.launch, "qualify.py"), "w") as handle:
             handle.write(GATE_STUB.format(qualify=QUALIFY,
                                           run=json.dumps(run_record("stub", 0, "gate")),
-                                          gate=json.dumps(gate_record("stub", 0))))
+                                          gate=json.dumps(gate_record("stub", 0)),
+                                          base=json.dumps(summary_record("stub", "fail", 1))))
         self.script = os.path.join(repo, "start.sh")
 
     def gate(self, *args: str, plan: dict, server_args=(), timeout=60):

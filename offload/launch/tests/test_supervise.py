@@ -82,6 +82,14 @@ class TestOneAddress(StartCase):
                 self.assertIn(said, result.stderr)
                 self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
 
+    def test_the_last_chunk_flag_counts_as_vllm_s_parser_takes_it(self):
+        shown = subprocess.run(["bash", "-c", f'source "{START}"; flag_value '
+                                '--max-num-batched-tokens "$@"', "bash", "serve",
+                                "--max-num-batched-tokens", "4096", "m",
+                                "--max-num-batched-tokens=16384"],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(shown.stdout.strip(), "16384")
+
     def test_one_address_written_two_ways_is_fine(self):
         result = self.start("--no-warmup", server=[*self.fake(), "--host", "0.0.0.0"])
         self.assertEqual(result.code, 0, result.stderr)
