@@ -11,7 +11,7 @@ import sys
 import time
 import unittest
 
-from support import (LAUNCH, QUALIFY, WARMUP, HelperCase, read_records, request_record,
+from support import (LAUNCH, WARMUP, HelperCase, read_records, request_record,
                      run_record, summary_record)
 import kinds  # noqa: E402  (support puts offload/launch on sys.path)
 import qualify  # noqa: E402
