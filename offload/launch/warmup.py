@@ -691,7 +691,9 @@ def check_deadline(deadline_s: float) -> None:
     try:
         hard = float(text) if text else None
     except ValueError:
-        raise UsageError(f"WARMUP_HARD_S must be a number of seconds, got {text!r}")
+        hard = -1.0
+    if hard is not None and not 0 < hard < float("inf"):
+        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, got {text!r}")
     if hard is not None and deadline_s >= hard:
         raise UsageError(f"--deadline-s {deadline_s:g} is not below the hard bound "
                          f"WARMUP_HARD_S={text} (warmup_serve.sh ends the run there); lower "

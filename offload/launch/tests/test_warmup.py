@@ -510,6 +510,11 @@ class TestProcesses(HelperCase):
                       result.stderr)
         self.assertEqual(self.run_process(["bash", WRAPPER, "--deadline-s", "94",
                                            "--dry-run"]).code, 0)
+        for hard in ("nan", "inf", "-5", "x"):
+            with self.subTest(hard=hard):
+                said = self.run_argv(["--dry-run"], env={"WARMUP_HARD_S": hard})
+                self.assertEqual(said.code, 2)
+                self.assertIn("WARMUP_HARD_S must be a positive number", said.stderr)
 
     def test_wrapper_passes_ctrl_c_and_hangup_on_as_themselves(self):
         for signum, code in ((signal.SIGINT, 130), (signal.SIGHUP, 129)):
