@@ -23,6 +23,10 @@ readonly COMPILE_PATTERN='JIT compilation during inference|Compiling|autotun'
 readonly KILL_AFTER_S=5
 readonly PROBE_TIMEOUT_S=2
 readonly NO_ANSWER=3   # qualify.py health: no HTTP answer at all
+# How vLLM 0.32 says its prefill chunk at start (the only place it does).
+readonly CHUNK_LINES='Chunked prefill is enabled with max_num_batched_tokens=[0-9]{1,7}|'\
+'max_num_scheduled_tokens is set to [0-9]{1,7}'
+
 
 # Settings: environment first, then flags; made readonly once checked.
 base_url="${START_BASE_URL:-http://127.0.0.1:8000}"
@@ -176,14 +180,14 @@ redacted_command() {
   echo "${out[*]}"
 }
 
-# The server's prefill chunk as vLLM logs it at start ("Chunked prefill is enabled with
-# max_num_batched_tokens=N."), for a command line that does not say it; only what this
-# start wrote (server.log is appended to). Globals: log_dir, log_offset. Outputs: N, or
-# nothing.
+# The server's prefill chunk as vLLM logs it at start (CHUNK_LINES: "Chunked prefill is
+# enabled with max_num_batched_tokens=N.", or with speculative decoding and no such flag
+# "max_num_scheduled_tokens is set to N"), for a command line that does not say it; only
+# what this start wrote (server.log is appended to). Globals: log_dir, log_offset.
+# Outputs: N, or nothing.
 chunk_tokens_logged() {
   tail -c "+$((log_offset + 1))" "${log_dir}/server.log" 2>/dev/null |
-    grep -Eo 'Chunked prefill is enabled with max_num_batched_tokens=[0-9]{1,7}' |
-    tail -n 1 | grep -Eo '[0-9]+$' || true
+    grep -Eo "${CHUNK_LINES}" | tail -n 1 | grep -Eo '[0-9]+$' || true
 }
 
 # GET /health once (qualify.py health; the URL in the environment, out of ps).

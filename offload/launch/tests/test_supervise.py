@@ -90,6 +90,24 @@ class TestOneAddress(StartCase):
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(shown.stdout.strip(), "16384")
 
+    def test_the_chunk_from_this_start_s_server_log(self):
+        # vLLM 0.32's lines, as a real server printed them (a spec-decoding server without
+        # --max-num-batched-tokens says only the second); an earlier start's line is past.
+        os.makedirs(self.logs)
+        with open(os.path.join(self.logs, "server.log"), "w") as handle:
+            handle.write("INFO [scheduler.py:307] Chunked prefill is enabled with "
+                         "max_num_batched_tokens=8192.\n")
+            offset = handle.tell()
+            handle.write("(APIServer pid=1) WARNING 12-02 01:33:55 [vllm.py:2276] "
+                         "max_num_scheduled_tokens is set to 2048 based on the speculative "
+                         "decoding settings.\n")
+        for start_offset, chunk in ((offset, "2048"), (10 ** 6, "")):
+            shown = subprocess.run(["bash", "-c", f'source "{START}"; log_dir="$1"; '
+                                    f'log_offset="$2"; chunk_tokens_logged', "bash",
+                                    self.logs, str(start_offset)],
+                                   capture_output=True, text=True, timeout=30)
+            self.assertEqual(shown.stdout.strip(), chunk)
+
     def test_one_address_written_two_ways_is_fine(self):
         result = self.start("--no-warmup", server=[*self.fake(), "--host", "0.0.0.0"])
         self.assertEqual(result.code, 0, result.stderr)
