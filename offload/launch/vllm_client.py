@@ -85,14 +85,13 @@ class Tally:
     first_counters: dict | None = None               # counters of the first guard read
 
 
-LOCK_FOLDER = "/tmp"                  # one folder for every helper on the host
-
-
 def lock_path(target: Target) -> str:
-    """The lock file of a server's address: localhost and 127.0.0.1 are one address."""
+    """The lock file of a server's address (localhost and 127.0.0.1 are one address), in
+    one folder for every helper on the host: WARMUP_LOCK_DIR, else /tmp."""
     host = "127.0.0.1" if target.host in ("localhost", "127.0.0.1") else target.host
     name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{host}_{target.port}")
-    return os.path.join(LOCK_FOLDER, f"offload-launch-{name}.lock")
+    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or "/tmp",
+                        f"offload-launch-{name}.lock")
 
 
 def take_server_lock(target: Target) -> int:
@@ -101,14 +100,14 @@ def take_server_lock(target: Target) -> int:
     Returns the lock's descriptor. A file another user made is locked read-only."""
     path = lock_path(target)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    except PermissionError:
-        fd = None
-    try:
-        fd = fd if fd is not None else os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except PermissionError:           # another user's file: a read-only lock holds too
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise Fatal(f"refused: cannot take the lock {path} for {target.display} "
-                    f"({exc.strerror or exc}); nothing was sent", EXIT_REFUSED)
+                    f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
+                    f"helper on this host can write; nothing was sent", EXIT_REFUSED)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -753,6 +752,8 @@ environment:
   WARMUP_ENGINES      default for --engines
   WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
   WARMUP_TEXTFILE     default for --textfile
+  WARMUP_LOCK_DIR     where the per-server lock files are (default /tmp): one folder
+                      for every helper on the host
   VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
                       never printed or recorded (another variable: --api-key-env)
 """

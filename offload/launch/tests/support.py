@@ -97,7 +97,7 @@ class HelperCase(unittest.TestCase):
         patcher.start()
         self.addCleanup(patcher.stop)
         for name in ("VLLM_API_KEY", "WARMUP_MODEL", "WARMUP_BASE_URL", "WARMUP_RECORDS_DIR",
-                     "WARMUP_HARD_S", "WARMUP_TEXTFILE", "WARMUP_ENGINES"):
+                     "WARMUP_HARD_S", "WARMUP_TEXTFILE", "WARMUP_ENGINES", "WARMUP_LOCK_DIR"):
             os.environ.pop(name, None)
         # What an earlier test's run registered (its prompts, keys) must not colour this
         # one's output: in production one process is one run.

@@ -290,6 +290,13 @@ class TestEvidenceDecides(HelperCase):
         self.assertEqual(locked, [False, True, True], f"localhost is the same address: {said}")
         self.assertEqual(codes, [0, 3, 3])
 
+    def test_a_lock_folder_that_cannot_be_used_is_named(self):
+        server = self.start_fake()
+        result = self.run_helper(server, env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
+        self.assertEqual(result.code, 3)
+        self.assertIn("point WARMUP_LOCK_DIR at a folder", result.summary["problems"][0])
+        self.assertEqual(server.state.requests, [])
+
     def test_an_unhealthy_server_is_refused(self):
         server = self.start_fake(health_delay_s=600)
         result = self.run_helper(server)
