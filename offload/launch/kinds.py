@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prompts import MIN_LONG_PROMPT_TOKENS
+from records import as_list
 from transport import clean_text
 
 COMPLETIONS = "/v1/completions"
@@ -28,7 +30,7 @@ LOGPROBS = 5
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
                                            "name": {"type": "string"}},
           "required": ["id", "name"]}
-B1_FLOOR = 4097                       # the contract: B1 prefills more than 4096 tokens
+B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # the contract: B1 prefills more than 4096 tokens
 CONTRACT_TOKENS, CONTRACT_PRIORITY = 32, 20
 CONTRACT_WAVES = ("B1", "B2", "B3", "B4")
 PROBLEM_LIMIT = 300
@@ -217,13 +219,13 @@ def http_problem(answer: dict) -> str:
     return f"HTTP {answer.get('http_status')}{said}"
 
 
-def judge(answer: dict, kind_: Kind, tokens: int, *, long_floor: int | None = None,
+def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
           diagnose=None) -> list[str]:
     """What makes one answer of a kind pass; [] when it passed.
 
     `answer` holds the fields vllm_client reads from a response (or answer_of() from a
-    record). `long_floor`: the long-prompt wave's rules (prompt_tokens at least the
-    floor, cached_tokens 0 where reported). `diagnose(answer)` names a non-200 answer.
+    record). `floor`: the long-prompt wave's rules (prompt_tokens at least the floor,
+    cached_tokens 0 where reported). `diagnose(answer)` names a non-200 answer.
     """
     if answer.get("transport_error"):
         return [clean_text(str(answer["transport_error"]), PROBLEM_LIMIT)]
@@ -246,8 +248,8 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, long_floor: int | None = No
     else:
         problems += list(answer.get("usage_problems") or ())
     problems += held_problems(answer, holds, tokens)
-    if long_floor is not None and answer.get("usage"):
-        problems += long_prompt_problems(answer, long_floor)
+    if floor is not None and answer.get("usage"):
+        problems += long_prompt_problems(answer, floor)
     return [clean_text(str(p), PROBLEM_LIMIT) for p in problems]
 
 
@@ -260,8 +262,8 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
         return [f"one-token response: completion_tokens 1 (finish_reason {finish!r}, "
                 f"stop_reason {stop!r})"]          # one diagnosis, said once
     problems = []
-    said = any(str(p).startswith("usage completion_tokens")
-               for p in answer.get("usage_problems") or ())
+    said = "completion_tokens" in (answer.get("usage_bad") or ()) or (
+        "usage_bad" not in answer and bool(answer.get("usage_problems")))
     if counted and holds.tokens == "exact" and not said:
         if completion is None:
             problems.append("usage.completion_tokens missing")
@@ -300,7 +302,7 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
     return problems
 
 
-def long_floor(chunk_tokens: int) -> int:
+def b1_floor(chunk_tokens: int) -> int:
     """B1's fewest prompt tokens: above 4096, and above the prefill chunk when larger (the
     chunk can only raise the contract's floor)."""
     return max(B1_FLOOR, chunk_tokens + 1)
@@ -316,7 +318,8 @@ def answer_of(record: dict) -> dict:
     the server answered (its `ok` is never read)."""
     answer = {name: record.get(name) for name in ANSWER_FIELDS}
     answer.update(n_choices=record.get("choices"), usage=record.get("usage") is True,
-                  error=record.get("error"), usage_problems=())
+                  error=record.get("error"),
+                  usage_problems=tuple(str(p) for p in as_list(record.get("usage_problems"))))
     if record.get("http_status") is None:
         answer["transport_error"] = record.get("error") or "no response"
     return answer

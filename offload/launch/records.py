@@ -5,7 +5,7 @@ Below the run frame (transport <- records <- runframe): plain data and pure func
 Run.write() holds every record to its declaration (a record that breaks it is a defect,
 found by the tests, never written); the report reads through field_problems() and
 label(), never through a program. CONTRACT.md's records table lists the same fields (a
-test holds the two together). A field written `name?` may be null, `~name` may be absent.
+test holds the two together). A field written `name:type?` may be null, `~name:type` may be absent.
 
 Types: str, int (never a bool), num (int or float), bool, list, dict, any.
 """
@@ -23,7 +23,7 @@ FORMAT = 2                            # the run record's `format`: what this lay
 _ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:int? "
            "cached_tokens:int? completion_tokens:int? reasoning_tokens:int? "
            "finish_reason:str? stop_reason:any stream_done:bool? first_token:bool? "
-           "logprobs_count:int? error:str?")
+           "logprobs_count:int? usage_problems:list error:str?")
 
 DECLARED = {
     "run": "run_id:str mode:str format:int started_at:str base_url:str "

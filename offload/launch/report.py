@@ -48,12 +48,13 @@ PICKED = {
 
 
 def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict]
-                      ) -> list[str]:
+                      ) -> tuple[list[str], list[dict]]:
     """What the records lack to show the run they claim: a run record, exactly one
     summary, as many judged records as the plan announced (at least one), each of this
-    run, each once and ok, on every engine, and a summary whose counts agree with them.
-    [] when the evidence is complete. Pure: records in, reasons out; fails closed on any
-    value of the wrong type."""
+    run, each once and passing when judged again, on every engine, and a summary whose
+    counts agree with them: (reasons, [] when the evidence is complete; the judged records
+    that fail their kind's rules). Pure: records in, reasons out; fails closed on any value
+    of the wrong type."""
     problems = []
     if run is None:
         problems.append("no run record")
@@ -108,7 +109,7 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
                 problems.append(f"the summary's {key} is not a count")
             elif is_count(said) and is_count(want) and said != want:
                 problems.append(differs.format(said, want))
-    return problems
+    return problems, failed
 
 
 def planned_requests(run: dict) -> list[tuple]:
@@ -155,8 +156,9 @@ def where(item: tuple) -> str:
 
 def rejudge(run: dict, judged: list[dict]) -> tuple[list[dict], list[str]]:
     """Every judged record judged again from its recorded fields, by kinds.judge() with the
-    run record's plan (never by its own `ok`): (the records that fail, the evidence
-    problems: a record off its declaration, or whose `ok` says otherwise). Pure."""
+    run record's plan (never by its own `ok`): (the records that fail, a record off its
+    declaration among them; the evidence problems: each record whose `ok` says
+    otherwise). Pure."""
     plan, mode = as_dict(run.get("plan")), run.get("mode")
     if run.get("format") != FORMAT:
         return judged, [f"the run record is of format {show(run.get('format'))}, not "
@@ -186,7 +188,7 @@ def judge_record(record: dict, mode, plan: dict, first_wave: list) -> list[str]:
         and record.get("wave") in first_wave else None
     if not is_count(tokens) or floor is not None and not is_count(floor):
         return ["the run record's plan holds no token count to judge it by"]
-    rules = judge(answer_of(record), kind_, tokens, long_floor=floor)
+    rules = judge(answer_of(record), kind_, tokens, floor=floor)
     if mode == "gate" and not rules:
         said = copy_problem(record, finite_number(plan.get("max_cer")) or 0.0,
                             plan.get("max_typos") if isinstance(plan.get("max_typos"), int)
@@ -258,13 +260,15 @@ def build_run(records: list[dict], last: bool = True) -> dict:
     kind = JUDGED.get(mode, "request") if isinstance(mode, str) else "request"
     judged = by_kind.get(kind, []) if run is not None else \
         [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
+    evidence, failed = evidence_problems(run, by_kind.get("summary", []), judged)
+    fails, judged_ids = {id(r) for r in failed}, {id(r) for r in judged}
     if summary:
         problems = as_list(summary.get("problems"))
-    else:                             # cut short: name what failed before the cut
-        problems = [f"{label(r)}: {p}"
+    else:                             # cut short: name what failed before the cut (a
+        problems = [f"{label(r)}: {p}"  # record's own failure, or the judge's)
                     for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
-                    if r.get("ok") is not True for p in as_list(r.get("problems"))]
-    evidence = evidence_problems(run, by_kind.get("summary", []), judged)
+                    if r.get("ok") is not True or id(r) in fails
+                    for p in as_list(r.get("problems")) or ["fails its kind's rules"]]
     differences = contract_differences(as_dict(as_dict(run).get("plan"))) \
         if mode == "warmup" else []
     if differences and as_dict(summary).get("contract") is True:
@@ -275,7 +279,12 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         verdict = "custom"            # it passed its own plan, not the contract's
 
     def pick(kind: str) -> list[dict]:
-        return [{k: r.get(k) for k in PICKED[kind]} for r in by_kind.get(kind, [])]
+        """The shown fields; a judged record's `ok` is the report's own judgement (the
+        record's claim beside it as `claimed_ok`)."""
+        return [dict({k: r.get(k) for k in PICKED[kind]},
+                     **({"ok": id(r) not in fails, "claimed_ok": r.get("ok")}
+                        if id(r) in judged_ids and "ok" in PICKED[kind] else {}))
+                for r in by_kind.get(kind, [])]
 
     return tidy({
         "run": run,

@@ -228,7 +228,8 @@ def run_session(settings: RunSettings, program: Program) -> int:
     if summary is not None:
         printer.say(verdict_line(summary, path))
         if settings.json:
-            printer.say(json.dumps(run.final_record or summary), stream=sys.stdout)
+            printer.say(json.dumps(run.final_record or summary), stream=sys.stdout,
+                        written=True)
     if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
         _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
     return summary["exit_code"] if summary is not None else EXIT_USAGE
@@ -375,10 +376,12 @@ class Printer:
         self.thread = threading.Thread(target=self._drain, name="printer", daemon=True)
         start_quiet(self.thread)
 
-    def say(self, line: str, stream=None) -> None:
+    def say(self, line: str, stream=None, written: bool = False) -> None:
         """Queue one line (it may hold line breaks of ours), sanitized here: the terminal
-        sink."""
-        self.lines.put((sanitize_lines(line), self.stream if stream is None else stream))
+        sink. `written`: a record as Run.write wrote it (sanitized there), printed whole
+        as --json's one JSON object, never cut."""
+        self.lines.put((line if written else sanitize_lines(line),
+                        self.stream if stream is None else stream))
 
     def _drain(self) -> None:
         while True:

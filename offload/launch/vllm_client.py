@@ -1,17 +1,21 @@
 """What a vLLM server says: learning it, guarding it, sending it batches, reading answers.
 
 The third layer of offload/launch (transport <- runframe <- vllm_client <- programs). It
-knows vLLM's OpenAI-compatible API and its /metrics, nothing of waves or gates:
+knows vLLM's OpenAI-compatible API and its /metrics; a program's waves or probes are its
+own (the long prompt it sizes is the one thing of the warm-up it knows):
 
   ServerProgram          a run-frame Program that talks to one vLLM server; the warm-up,
                          the probe and the gate are ServerPrograms
-    learn_server()         the model and its context (/v1/models), the version, engines
+    learn_server()         the server to ourselves (a lock) and healthy; the model and its
+                           context (/v1/models), the version, engines
     guarded_batch()        the step every batch shares: guard -> release -> collect
     make_slot()            one request encoded (routing header, API key, prompt registered)
   guard_problems()       is the server idle? (pure: both request gauges, every engine)
   extract_fields()       the one reader of a completion body: counts and reasons, no text
+  read_slot(), answer_record()   what one client got, as the judge reads it and as a
+                         record keeps it
   judge_run()            every planned request ran and passed, unrefused (pure)
-  size_long_prompt()     a long prompt sized with the server's /tokenize
+  size_long_prompts()    B1's long prompts sized with the server's /tokenize (prompts.py)
 
 Standard library only.
 """
@@ -105,9 +109,9 @@ def take_server_lock(target: Target) -> int:
         except PermissionError:           # another user's file: a read-only lock holds too
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
-        raise Fatal(f"refused: cannot take the lock {path} for {target.display} "
+        raise Fatal(f"cannot take the lock {path} for {target.display} "
                     f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
-                    f"helper on this host can write; nothing was sent", EXIT_REFUSED)
+                    f"helper on this host can write; nothing was sent", EXIT_USAGE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -533,6 +537,7 @@ def answer_record(answer: dict) -> dict:
             "stop_reason": answer.get("stop_reason"),
             "stream_done": answer.get("stream_done"), "first_token": answer.get("first_token"),
             "logprobs_count": answer.get("logprobs_count"),
+            "usage_problems": list(answer.get("usage_problems") or ()),
             "error": answer.get("error") or answer.get("transport_error")}
 
 
@@ -631,8 +636,9 @@ USAGE_COUNTS = (("prompt_tokens", ("prompt_tokens",)),
 
 def read_usage(usage) -> tuple[dict, list[str]]:
     """The counts of a usage object (None where not reported, never 0) and a problem per
-    value that is not a count, naming its type, never quoting it."""
-    counts, problems = {}, []
+    value that is not a count, naming its type, never quoting it; `usage_bad` names those
+    counts."""
+    counts, problems = {"usage_bad": []}, []
     for name, path in USAGE_COUNTS:
         value = usage
         for key in path:
@@ -640,6 +646,7 @@ def read_usage(usage) -> tuple[dict, list[str]]:
         counts[name] = count_value(value)
         if value is not None and counts[name] is None:
             problems.append(f"usage {name} is not a count: {describe(value)}")
+            counts["usage_bad"].append(name)
     return counts, problems
 
 
@@ -693,7 +700,8 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
                 f"to the server's API key (HTTP 401)")
     if status == 400 and "priority" in text:
         return ("HTTP 400 naming priority: the server lacks priority scheduling; start it with "
-                f"--scheduling-policy priority, or run the warm-up with --priority 0{said}")
+                f"--scheduling-policy priority (--priority 0 would pass a custom plan, not "
+                f"the contract's){said}")
     if status == 400 and ("context length" in text or "min_tokens" in text
                           or "input_tokens" in text):
         return ("the long prompt does not fit the model's context (prompt tokens + completion "

@@ -14,7 +14,8 @@ The run, in order (each step is a function or method right below):
       learn_server()      model, context length, engines (vllm_client)
       size_long_prompts() B1's prompt per engine, sized with /tokenize
       warm_waves()        for each wave: guarded_batch() (guard -> release -> collect),
-                          then request_record() judges each response (judge_response)
+                          then request_record() judges each answer (kinds.judge), and
+                          shown_by_counters() what the engine's counters show
       Evidence.read_after counter deltas and status files over the warm-up (evidence.py)
     WarmUp.judge()      judge_run(): every planned request ok, unrefused, in time
 
@@ -39,8 +40,9 @@ try:
     from runframe import (EXIT_PASS, EXIT_USAGE,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
-    from kinds import (B1_FLOOR, KINDS, PATH_NAMES, Kind, contract_differences, judge,
-                       kinds_of, long_floor, parse_paths, request_id)
+    from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
+                       b1_floor, contract_differences, judge, kinds_of, parse_paths,
+                       request_id)
     from prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
 class Plan:
     """What the warm-up sends on each engine: the waves, and each request's budget."""
     waves: tuple[int, ...] = DEFAULT_WAVES
-    tokens: int = 32
-    priority: int = 20
+    tokens: int = CONTRACT_TOKENS
+    priority: int = CONTRACT_PRIORITY
     b1_tokens: int = 5000
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
     chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
@@ -105,7 +107,7 @@ class Plan:
     @property
     def b1_minimum(self) -> int:
         """The fewest prompt tokens B1 may have: above 4096 and above the prefill chunk."""
-        return long_floor(self.chunk_tokens)
+        return b1_floor(self.chunk_tokens)
 
     @property
     def b1_target(self) -> int:
@@ -322,8 +324,8 @@ class WarmUp(ServerProgram):
                        "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
                        "problems": problems, **seen})
             run.say(wave_line(name, engine, mine, skew, duration, first, seen))
-        if first and wave_requests and wave_requests[0]["http_status"] == 200 \
-                and wave_requests[0]["cached_tokens"] is None:
+        if first and cache_check(wave_requests) == "not_made" \
+                and any(r["http_status"] == 200 for r in wave_requests):
             self.tally.notes.append("B1 cache check not made: the server does not report "
                                     "cached tokens (start it with "
                                     "--enable-prompt-tokens-details to check)")
@@ -363,7 +365,7 @@ class WarmUp(ServerProgram):
         """A request record from what one client got: counts, reasons, verdict (judge())."""
         timing, answer = slot_timing(slot), read_slot(slot)
         problems = judge(answer, kind_, self.plan.tokens,
-                         long_floor=self.plan.b1_minimum if first else None,
+                         floor=self.plan.b1_minimum if first else None,
                          diagnose=self.diagnose)
         path = {} if kind_.path is None else {"path": kind_.name}
         return {
@@ -543,12 +545,16 @@ EPILOG = ENVIRONMENT_HELP + """\
 
 exit status:
   0    pass: every response as required (32 tokens, finish 'length', no stop reason;
-       B1 more than 4096 prompt tokens, none cached), in time
+       B1 more than 4096 prompt tokens, none cached), in time; a custom plan (another
+       --tokens, --waves, --priority, or engines left cold) that passed also exits 0,
+       its verdict line saying 'pass, custom plan: ...', never PASS
   1    fail: a wrong response, a request error, cannot connect, context too small,
        an engine short of its share, an internal error, or late
-  2    usage or configuration error (bad option, bad URL, records not writable,
+  2    usage or configuration error (bad option, bad URL, records or textfile not
+       writable, a deadline at or past WARMUP_HARD_S, a lock folder that cannot be used,
        model not served, several models and no --model)
-  3    refused: a request gauge in /metrics was missing, unreadable or non-zero
+  3    refused: a request gauge in /metrics was missing, unreadable or non-zero; another
+       helper is sending to the same server from this host; /health is not 200
   124/137  ended by warmup_serve.sh's hard bound (TERM at WARMUP_HARD_S; KILL 5 s later)
   129/130/143  the helper received SIGHUP / SIGINT (Ctrl-C) / SIGTERM and wrote a
        'killed' summary first (any caught signal N: 128 + N)
@@ -586,7 +592,8 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
                         default=20,
                         help="request priority; with --scheduling-policy priority, real "
-                             "traffic at 0 goes first (default: %(default)s)")
+                             "traffic at 0 goes first; not 20 is a custom plan (default: "
+                             "%(default)s)")
     parser.add_argument("--waves", type=argument_type(parse_waves), default=None, metavar="1,2,3,4",
                         help="client concurrency of each wave, in order: distinct depths of 1 "
                              "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; "

@@ -957,7 +957,7 @@ def run_demo(server: FakeServer) -> int:
     wrapper = os.path.join(os.path.dirname(here), "warmup_serve.sh")
     records = os.environ.get("WARMUP_RECORDS_DIR") or tempfile.mkdtemp(prefix="warmup-demo-")
     # As start.sh would: the server's prefill chunk, which /metrics does not show.
-    env = dict(os.environ, WARMUP_RECORDS_DIR=records,
+    env = dict(os.environ, WARMUP_RECORDS_DIR=records, WARMUP_LOCK_DIR=records,
                WARMUP_CHUNK_TOKENS=str(server.config.max_num_batched_tokens))
     env.pop("WARMUP_MODEL", None)
     print(f"fake vLLM {VERSION} at {server.url}; running {os.path.relpath(wrapper)}", flush=True)

@@ -102,6 +102,9 @@ class HelperCase(unittest.TestCase):
         # What an earlier test's run registered (its prompts, keys) must not colour this
         # one's output: in production one process is one run.
         transport.REDACTIONS.reset()
+        # The servers' lock files go with the test (a test's port is not used again);
+        # the helpers it starts, in or out of this process, share this folder.
+        os.environ["WARMUP_LOCK_DIR"] = self.tmp
         # The scripts under test (start.sh, the wrapper) run `python3`: let that be the
         # interpreter running the tests, not a version manager's shim in front of it.
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + \
@@ -110,7 +113,6 @@ class HelperCase(unittest.TestCase):
     def start_fake(self, **settings) -> FakeServer:
         server = FakeServer(FakeConfig(**settings)).start()
         self.addCleanup(server.stop)
-        self.addCleanup(remove_lock, server.url)
         return server
 
     def run_helper(self, server_or_url, *args: str, env: dict | None = None) -> Result:
@@ -174,15 +176,6 @@ class HelperCase(unittest.TestCase):
         self.assert_no_leak(server, result.stdout, result.stderr, result.records_text)
 
 
-def remove_lock(url: str) -> None:
-    """A test server's port is not used again: its lock file goes with it."""
-    import vllm_client
-    try:
-        os.remove(vllm_client.lock_path(transport.parse_url(url)))
-    except FileNotFoundError:
-        pass
-
-
 class SilentServer:
     """Accepts connections on 127.0.0.1 and never answers (nor reads); closed at cleanup."""
 
@@ -228,7 +221,8 @@ def free_port() -> int:
 GOOD_ANSWER = {"http_status": 200, "choices": 1, "usage": True, "body_error": None,
                "prompt_tokens": 5000, "cached_tokens": None, "completion_tokens": 32,
                "reasoning_tokens": None, "finish_reason": "length", "stop_reason": None,
-               "stream_done": None, "first_token": None, "logprobs_count": None, "error": None}
+               "stream_done": None, "first_token": None, "logprobs_count": None,
+               "usage_problems": [], "error": None}
 CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
                  "request_kind": "greedy", "tokens": 32, "priority": 20,
                  "b1_min_prompt_tokens": 4097, "engines_skipped": []}

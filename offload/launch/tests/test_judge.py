@@ -29,7 +29,7 @@ class TestTheJudge(unittest.TestCase):
     """kinds.judge(): pure, one rule set a kind."""
 
     def test_each_kind_is_held_to_what_it_declares(self):
-        self.assertEqual(kinds.judge(ANSWER, GREEDY, 32, long_floor=4097), [])
+        self.assertEqual(kinds.judge(ANSWER, GREEDY, 32, floor=4097), [])
         early = dict(ANSWER, completion_tokens=9, finish_reason="stop")
         self.assertEqual(kinds.judge(early, kinds.KINDS["json-schema"], 32), [])
         self.assertEqual(kinds.judge(early, GREEDY, 32),
@@ -46,24 +46,24 @@ class TestTheJudge(unittest.TestCase):
     def test_the_long_prompt_rules_belong_to_the_long_wave(self):
         short = dict(ANSWER, prompt_tokens=4096, cached_tokens=128)
         self.assertEqual(kinds.judge(short, GREEDY, 32), [])
-        said = kinds.judge(short, GREEDY, 32, long_floor=4097)
+        said = kinds.judge(short, GREEDY, 32, floor=4097)
         self.assertIn("B1 prompt_tokens 4096, expected more than 4096", said[0])
         self.assertIn("B1 cached_tokens 128, expected 0", said[1])
 
     def test_the_floor_is_never_below_4097(self):
-        self.assertEqual([kinds.long_floor(c) for c in (1, 2048, 4096, 8192)],
+        self.assertEqual([kinds.b1_floor(c) for c in (1, 2048, 4096, 8192)],
                          [4097, 4097, 4097, 8193])
 
     def test_hostile_values_are_problems_not_crashes(self):
         for value in ("32", 32.0, True, None, [32], -1):
             with self.subTest(value=value):
                 said = kinds.judge(dict(ANSWER, completion_tokens=value, prompt_tokens=value),
-                                   kinds.KINDS["json"], 32, long_floor=4097)
+                                   kinds.KINDS["json"], 32, floor=4097)
                 self.assertTrue(said)
 
     def test_a_record_is_judged_as_its_answer_was(self):
         record = request_record("r", 0)
-        self.assertEqual(kinds.judge(kinds.answer_of(record), GREEDY, 32, long_floor=4097), [])
+        self.assertEqual(kinds.judge(kinds.answer_of(record), GREEDY, 32, floor=4097), [])
         cut = kinds.answer_of(dict(record, http_status=None, error="read timed out"))
         self.assertEqual(kinds.judge(cut, GREEDY, 32), ["read timed out"])
 
@@ -134,6 +134,13 @@ class TestCustomPlan(HelperCase):
         self.assertIn("the warm-up's records are not a warm-up's (mode 'probe')",
                       written.stderr)
         self.assertFalse(os.path.exists(ready_file))
+
+    def test_json_is_one_whole_object_however_long(self):
+        server = self.start_fake(engines=2)
+        result = self.run_helper(server, "--json", "--paths", "stream")
+        summary = json.loads(result.stdout)
+        self.assertGreater(len(result.stdout), 4000, "longer than a terminal line is cut")
+        self.assertEqual(summary["verdict"], "pass")
 
     def test_extras_keep_a_contract_run(self):
         server = self.start_fake()
@@ -224,6 +231,18 @@ class TestReportJudgesAgain(HelperCase):
                     self.assertIn(rule, shown.stdout)
         self.assertEqual(self.report(found).code, 0, "the file as written passes")
 
+    def test_a_usage_value_that_is_no_count_is_judged_the_same_again(self):
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server).code, 0)
+        found, _ = read_records(self.records_path)
+        target = next(i for i, r in enumerate(found) if r["record"] == "request")
+        failed = dict(found[target], reasoning_tokens=None, ok=False,
+                      usage_problems=["usage reasoning_tokens is not a count: str of 1"],
+                      problems=["usage reasoning_tokens is not a count: str of 1"])
+        shown = self.report(found[:target] + [failed] + found[target + 1:])
+        self.assertEqual(shown.code, 1)
+        self.assertNotIn("the record says not ok, but its fields pass", shown.stdout)
+
     def test_ok_is_never_what_decides(self):
         found = self.warmed()
         target = next(i for i, r in enumerate(found) if r["record"] == "request")
@@ -293,7 +312,7 @@ class TestEvidenceDecides(HelperCase):
     def test_a_lock_folder_that_cannot_be_used_is_named(self):
         server = self.start_fake()
         result = self.run_helper(server, env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
-        self.assertEqual(result.code, 3)
+        self.assertEqual(result.code, 2)
         self.assertIn("point WARMUP_LOCK_DIR at a folder", result.summary["problems"][0])
         self.assertEqual(server.state.requests, [])
 

@@ -130,7 +130,7 @@ class TestGuard(unittest.TestCase):
 class TestJudge(unittest.TestCase):
     def judge(self, is_b1=False, **changes):
         return kinds.judge(fields(**changes), kinds.KINDS["greedy"], 32,
-                           long_floor=4097 if is_b1 else None, diagnose=self.diagnose)
+                           floor=4097 if is_b1 else None, diagnose=self.diagnose)
 
     @staticmethod
     def diagnose(answer, api_key_env="VLLM_API_KEY", key_set=False):
