@@ -259,25 +259,25 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
                                 answer.get("stop_reason"))
     counted = bool(answer.get("usage"))       # without usage no count is held, reasons are
     if counted and holds.tokens == "exact" and completion == 1 and tokens != 1:
-        return [f"one-token response: completion_tokens 1 (finish_reason {finish!r}, "
-                f"stop_reason {stop!r})"]          # one diagnosis, said once
+        return [f"one-token response: completion_tokens 1 (finish_reason {said(finish)}, "
+                f"stop_reason {said(stop)})"]          # one diagnosis, said once
     problems = []
-    said = "completion_tokens" in (answer.get("usage_bad") or ()) or (
+    named = "completion_tokens" in (answer.get("usage_bad") or ()) or (
         "usage_bad" not in answer and bool(answer.get("usage_problems")))
-    if counted and holds.tokens == "exact" and not said:
+    if counted and holds.tokens == "exact" and not named:
         if completion is None:
             problems.append("usage.completion_tokens missing")
         elif count(completion) != tokens:
-            problems.append(f"completion_tokens {completion!r}, expected {tokens}")
-    elif counted and holds.tokens == "upto" and not said:
+            problems.append(f"completion_tokens {said(completion)}, expected {tokens}")
+    elif counted and holds.tokens == "upto" and not named:
         if count(completion) is None or not 1 <= completion <= tokens:
-            problems.append(f"completion_tokens {completion!r}, expected 1 to {tokens} "
+            problems.append(f"completion_tokens {said(completion)}, expected 1 to {tokens} "
                             f"(structured output may end early)")
     if holds.finishes and finish not in holds.finishes:
-        problems.append(f"finish_reason {finish!r}, expected "
+        problems.append(f"finish_reason {said(finish)}, expected "
                         f"{' or '.join(repr(f) for f in holds.finishes)}")
     if holds.stop_null and stop is not None:
-        problems.append(f"stop_reason {stop!r}, expected null")
+        problems.append(f"stop_reason {said(stop)}, expected null")
     if holds.logprobs and not count(answer.get("logprobs_count")):
         problems.append("no log-probabilities in the answer")
     if holds.stream and answer.get("stream_done") is not True:
@@ -285,6 +285,11 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
     if holds.stream and answer.get("first_token") is False:
         problems.append("no token text arrived")
     return problems
+
+
+def said(value) -> str:
+    """A recorded value as a problem names it: null as in the records, text quoted."""
+    return "null" if value is None else repr(value)
 
 
 def long_prompt_problems(answer: dict, floor: int) -> list[str]:
@@ -295,9 +300,9 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
     if prompt is None:
         problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
     elif count(prompt) is None or prompt < floor:
-        problems.append(f"B1 prompt_tokens {prompt!r}, expected more than {floor - 1}")
+        problems.append(f"B1 prompt_tokens {said(prompt)}, expected more than {floor - 1}")
     if cached is not None and cached != 0:
-        problems.append(f"B1 cached_tokens {cached!r}, expected 0: a cached prefix matched, "
+        problems.append(f"B1 cached_tokens {said(cached)}, expected 0: a cached prefix matched, "
                         f"so the long prefill did not run in full")
     return problems
 

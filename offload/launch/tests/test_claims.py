@@ -103,7 +103,7 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
                   "finish_reason": "length", "stop_reason": None}
         problems = kinds.judge(fields, kinds.KINDS["greedy"], 32)
         self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
-                                    "'length', stop_reason None)"])
+                                    "'length', stop_reason null)"])
         self.assertNotIn("EOS", " ".join(problems))
 
 

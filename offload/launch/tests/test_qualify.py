@@ -184,7 +184,7 @@ class TestReportPieces(unittest.TestCase):
                           good["completion_tokens"], good["ttft_s"]), (7, 0, tokens, 0.05))
         cut = streamed(text[:text.index(b"\n") + 1], watched_at=None)
         self.assertEqual(cut["problems"], ["stream carried no usage",
-                                           "finish_reason None, expected 'length'",
+                                           "finish_reason null, expected 'length'",
                                            "stream did not end with [DONE]",
                                            "no token text arrived"])
         self.assertIsNone(cut["completion_tokens"])
