@@ -49,11 +49,15 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     return shown
 
 
-def cross_check(deltas: dict, requests: list[dict]) -> tuple[list[str], list[str]]:
-    """Counter deltas against the records: (problems, warnings). More counted than the
-    records hold is foreign or concurrent work (a problem); less, or a counter absent, a
-    warning."""
-    problems, warnings = [], []
+def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
+                down: list | tuple = ()) -> tuple[list[str], list[str]]:
+    """What counter deltas show against the records of `scope` (a wave, or the warm-up):
+    (problems, warnings). A counter that went down (`down`) is a restart; more counted
+    than the records hold is foreign or concurrent work (both problems); less, or a
+    counter absent, a warning. The one rule for a wave and for the whole run."""
+    problems = [f"{scope}: {key} went down: the server restarted, and what was warmed "
+                f"before is gone" for key in list(down)[:1]]
+    warnings = []
     for name, counted, what in (
             ("vllm:generation_tokens_total", sum(r["completion_tokens"] or 0 for r in requests),
              "completion tokens"),
@@ -64,9 +68,9 @@ def cross_check(deltas: dict, requests: list[dict]) -> tuple[list[str], list[str
         if delta is None:
             warnings.append(f"cross-check not made: {name} absent")
         elif delta > counted:
-            problems.append(f"{short} delta {delta:g} exceeds the records' {counted} {what}: "
-                            f"foreign or concurrent work during the warm-up (hold producers; "
-                            f"one helper at a time)")
+            problems.append(f"{scope}: {short} delta {delta:g} exceeds the records' {counted} "
+                            f"{what}: foreign or concurrent work (hold producers; one helper "
+                            f"at a time)")
         elif delta < counted:
             warnings.append(f"{short} delta {delta:g} is below the records' {counted} {what} "
                             f"(a counting difference)")
@@ -191,9 +195,7 @@ class Evidence:
                 self.highlights = record["highlights"]
                 self.main_deltas = None if why else deltas
                 found, record["warnings"] = ([], []) if why else \
-                    cross_check(deltas, tally.requests)
-                found += [f"{key} went down over the warm-up: the server restarted, and what "
-                          f"was warmed before is gone" for key in went_down(before, after)[:1]]
+                    cross_check(deltas, tally.requests, down=went_down(before, after))
                 record["problems"] = found
                 tally.problems += found
                 tally.warnings += record["warnings"]

@@ -15,7 +15,7 @@ The run, in order (each step is a function or method right below):
       size_long_prompts() B1's prompt per engine, sized with /tokenize
       warm_waves()        for each wave: guarded_batch() (guard -> release -> collect),
                           then request_record() judges each answer (kinds.judge), and
-                          shown_by_counters() what the engine's counters show
+                          evidence.cross_check() what the engine's counters show
       Evidence.read_after counter deltas and status files over the warm-up (evidence.py)
     WarmUp.judge()      judge_run(): every planned request ok, unrefused, in time
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
-    from evidence import Evidence, EvidenceOptions, engine_shares
+    from evidence import Evidence, EvidenceOptions, cross_check, engine_shares
     from runframe import (EXIT_PASS, EXIT_USAGE,
                           Run, RunSettings, add_run_options, emit, parse_or_explain,
                           run_session, run_settings, seconds, usage_error, whole)
@@ -49,7 +49,7 @@ try:
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, slot_timing,
                              template_kwargs_type)
-    from vllm_metrics import (counter_deltas, engine_deltas, series_sum, spec_figures,
+    from vllm_metrics import (counter_deltas, engine_deltas, spec_figures,
                               tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
@@ -302,6 +302,11 @@ class WarmUp(ServerProgram):
             run.write(record)
         self.tally.requests += wave_requests
         evidence = self.wave_evidence(run, name)
+        # What every engine counted over the wave against all its requests: foreign work
+        # or a restart (a request sent to another engine is the engine shares' to name).
+        shown = [] if evidence is None else cross_check(
+            evidence["deltas"], wave_requests, name, evidence["went_down"])[0]
+        self.tally.problems += shown
         for engine in self.server.engines:
             mine = [r for r in wave_requests if r["engine"] == engine]
             slots = [s for s in finished if s.engine == engine]
@@ -309,9 +314,6 @@ class WarmUp(ServerProgram):
             sent = [s.sent_at for s in slots if s.sent_at is not None]
             done = [s.done_at for s in slots if s.done_at is not None]
             seen = wave_figures(evidence, engine, self.observed)
-            shown = shown_by_counters(name if engine is None else f"{name} engine {engine}",
-                                      seen, mine)
-            self.tally.problems += shown          # the evidence decides, beside the answers
             problems = judge_wave(mine, depth, engine, name) + shown
             run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
                        **({} if kind_.path is None else {"path": kind_.name}),
@@ -474,24 +476,6 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
     failed = sum(1 for r in requests if not r["ok"])
     if failed:
         problems.append(f"{name}: {failed} of {len(requests)} requests failed")
-    return problems
-
-
-def shown_by_counters(name: str, seen: dict, requests: list[dict]) -> list[str]:
-    """What the engine's own counters over a wave show against its records (pure): a
-    counter that went down is a restart; more tokens generated than the records hold is
-    foreign or concurrent work."""
-    problems = []
-    if seen.get("counters_went_down"):
-        problems.append(f"{name}: a counter went down while the wave ran "
-                        f"({seen['counters_went_down'][0]}): the server restarted, and what "
-                        f"was warmed before is gone")
-    generated = series_sum(seen.get("counters") or {}, "vllm:generation_tokens_total")
-    recorded = sum(r["completion_tokens"] or 0 for r in requests)
-    if generated is not None and generated > recorded:
-        problems.append(f"{name}: the engine generated {generated:g} tokens while the wave "
-                        f"ran, its records {recorded}: foreign or concurrent work (hold "
-                        f"producers; one helper at a time)")
     return problems
 
 

@@ -412,9 +412,10 @@ class TestQualificationRuns(HelperCase):
         result = self.run_helper(server)
         self.assertEqual((result.code, result.summary["verdict"]), (1, "fail"))
         problems = result.summary["problems"]
-        self.assertIn("B2: the engine generated 66 tokens while the wave ran, its records 64: "
-                      "foreign or concurrent work", " ".join(problems))
-        self.assertIn("generation tokens delta 330 exceeds the records' 320", " ".join(problems))
+        self.assertIn("B2: generation tokens delta 66 exceeds the records' 64 completion "
+                      "tokens: foreign or concurrent work", " ".join(problems))
+        self.assertIn("the warm-up: generation tokens delta 330 exceeds the records' 320",
+                      " ".join(problems))
         self.assertTrue(all(r["ok"] for r in result.requests), "the answers themselves passed")
 
     def test_counting_less_than_recorded_is_a_warning(self):
