@@ -576,9 +576,16 @@ def as_program() -> None:
     _as_program.set()
 
 
+_signalled = [False]                 # a plain flag: the handler takes no lock
+
 def _raise_terminated(signum, frame):
-    if _terminating.is_set():        # a second signal while the first is being handled
+    # A second signal can run this handler again inside the first one. Event.set() takes
+    # a lock; had the first handler been holding it, the second would wait on it forever
+    # (seen: two SIGTERMs 100 us apart hung a run). So the handler marks a plain flag
+    # first and the Event, which takes the lock, only after.
+    if _signalled[0] or _terminating.is_set():
         return
+    _signalled[0] = True
     _terminating.set()
     raise Terminated(signum)
 
@@ -586,6 +593,7 @@ def _raise_terminated(signum, frame):
 def install_signal_handlers() -> dict:
     previous = {}
     _terminating.clear()
+    _signalled[0] = False
     if threading.current_thread() is threading.main_thread():
         for name in CAUGHT_SIGNALS:
             signum = getattr(signal, name, None)
