@@ -504,7 +504,6 @@ class Gate(ServerProgram):
             "max_cer": options.max_cer, "max_typos": options.max_typos, "temperature": 0,
             "seed": GATE_SEED,
             "chat_template_kwargs": options.template_kwargs,
-            "requests_total": self.planned_per_engine(),
             "deadline_s": self.settings.deadline_s, "socket_cap_s": self.settings.socket_cap_s}
 
     def steps(self, run: Run) -> None:

@@ -68,7 +68,7 @@ class WarmthProbe(ServerProgram):
         options = self.options
         counts = [c for _, c in self.long_prompts.values()]
         return {"items": [{"item": i, "depth": d} for i, d in options.items],
-                "rounds": options.rounds, "requests_total": self.planned_per_engine(),
+                "rounds": options.rounds,
                 "long_tokens": options.long_tokens or None,
                 "long_prompt_tokens_counted": None if not counts or None in counts
                 else min(counts),

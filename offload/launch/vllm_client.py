@@ -165,8 +165,8 @@ class ServerProgram(Program):
 
     def run_fields(self, run: Run) -> dict:
         plan = dict(self.plan_fields())
-        plan["requests_per_engine"] = plan.get("requests_total")
-        plan["requests_total"] = self.planned()
+        plan.update(requests_per_engine=self.planned_per_engine(),   # one name, one
+                    requests_total=self.planned())                   # meaning each
         engines = routed(self.server.engines)
         return {
             "base_url": self.connection.target.display,

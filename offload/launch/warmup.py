@@ -102,7 +102,7 @@ class Plan:
     @property
     def requests_per_engine(self) -> int:
         """Every request on one engine: the waves', then every kind's."""
-        return self.requests_total + len(kinds_of(self.paths)) * sum(self.path_depths)
+        return self.wave_requests + len(kinds_of(self.paths)) * sum(self.path_depths)
 
     @property
     def b1_minimum(self) -> int:
@@ -117,8 +117,8 @@ class Plan:
         return self.chunk_tokens + max(self.chunk_tokens // 8, 64)
 
     @property
-    def requests_total(self) -> int:
-        """Requests per engine."""
+    def wave_requests(self) -> int:
+        """The waves' requests per engine (B1..Bn, --paths kinds aside)."""
         return sum(self.waves)
 
 
@@ -151,7 +151,7 @@ def plan_description(plan: Plan, settings: RunSettings) -> dict:
     return {
         "waves": [{"wave": wave_name(d), "depth": d,
                    "prompt": "long" if i == 0 else "short"} for i, d in enumerate(plan.waves)],
-        "requests_total": plan.requests_per_engine,
+        "requests_per_engine": plan.requests_per_engine,
         "completion_tokens_max": plan.requests_per_engine * plan.tokens,
         "request_kind": GREEDY.name,
         "tokens": plan.tokens,
@@ -394,7 +394,7 @@ class WarmUp(ServerProgram):
                     and isinstance(r.get("prompt_tokens"), int):
                 want_prompt[r["engine"]] = r["prompt_tokens"]
         shares, problems, warnings = engine_shares(
-            deltas, engines, self.plan.requests_total * self.plan.tokens, want_prompt)
+            deltas, engines, self.plan.wave_requests * self.plan.tokens, want_prompt)
         record["engines"] = shares
         self.tally.problems += problems
         self.tally.warnings += warnings
