@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from prompts import MIN_LONG_PROMPT_TOKENS
 from records import as_list
+from runframe import PROBLEM_LIMIT
 from transport import clean_text
 
 COMPLETIONS = "/v1/completions"
@@ -33,7 +34,6 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
 B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # the contract: B1 prefills more than 4096 tokens
 CONTRACT_TOKENS, CONTRACT_PRIORITY = 32, 20
 CONTRACT_WAVES = ("B1", "B2", "B3", "B4")
-PROBLEM_LIMIT = 300
 
 
 @dataclass(frozen=True)

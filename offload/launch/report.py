@@ -20,7 +20,7 @@ import argparse
 import json
 import sys
 
-from kinds import KINDS, answer_of, contract_differences, copy_problem, judge
+from kinds import KINDS, answer_of, contract_differences, copy_problem, count, judge
 from readback import READ_STOPPED, exit_status, load_records, split_runs, tidy
 from records import (FORMAT, JUDGED, as_dict, as_list, field_problems, gate_line,
                      gate_summary_line, known, label, probe_line, show)
@@ -225,7 +225,7 @@ def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
 
 
 def is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return count(value) is not None          # the judge's own rule of what a count is
 
 
 def run_verdict(summary: dict | None, evidence: list[str]) -> tuple[str, int]:
