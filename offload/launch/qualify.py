@@ -8,7 +8,7 @@ check health and readiness.
                               against later rounds, per engine; every prompt new (probe.py)
   qualify.py gate ...         exact-copy probes (six identifiers, an English and a Russian
                               passage), alone and batched, greedy (gate.py)
-  qualify.py health           one bounded GET /health (what start.sh polls)
+  qualify.py health           one bounded GET /health (the check the launcher polls)
   qualify.py ready            is the ready file still true? the server it names answers
                               /health and is the same process serving the same model
 

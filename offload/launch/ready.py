@@ -1,9 +1,9 @@
 """qualify.py health and ready: is the server answering, and is the ready file still true?
 
-  health_main()        one bounded GET /health (what start.sh polls)
+  health_main()        one bounded GET /health (the check the launcher polls)
   ready_main()         read_ready_file() -> check_ready(): one /health and one /metrics,
-                       check_identity() (pure: the ready file against what /metrics says);
-                       with --write, write_ready() from the records of a passing warm-up
+                       check_identity() (pure: the ready file against what /metrics says)
+  write_ready()        the ready file from the records of a passing warm-up (the launcher)
 
 What a Kubernetes exec readiness probe runs every few seconds: it imports only what these
 two need (qualify.py loads a command's module when that command runs). Standard library
@@ -31,7 +31,7 @@ PROG = "qualify.py"
 
 
 # ---------------------------------------------------------------------------
-# health: one GET /health, bounded (what start.sh polls while the server starts).
+# health: one GET /health, bounded (what the launcher polls while the server starts).
 # ---------------------------------------------------------------------------
 
 EXIT_NO_ANSWER = 3                    # health: no HTTP answer at all
@@ -74,18 +74,12 @@ def health_main(argv: list[str]) -> int:
                              "http://127.0.0.1:8000)")
     parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
                         help="the longest the request may take (default: %(default)g)")
-    parser.add_argument("--print-url", action="store_true",
-                        help="print the address as it may be shown (no user:password) and "
-                             "exit 0, sending nothing; exit 2 when it is not a valid URL")
     args = parser.parse_args(argv)
     try:
         target = base_url_from(args.base_url)
     except UsageError as exc:
         emit(f"{PROG} health: {exc}", sys.stderr)
         return EXIT_USAGE
-    if args.print_url:
-        emit(target.display)
-        return EXIT_PASS
     code, line = check_health(target, Clock.start(args.timeout_s, args.timeout_s))
     emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
     return code
@@ -239,10 +233,9 @@ def ready_main(argv: list[str]) -> int:
                     "--timeout-s, and its /metrics shows the same process start "
                     "(process_start_time_seconds) and the same model; otherwise exit 1 "
                     "with one line saying which. One /health and one /metrics, no records: "
-                    "what a Kubernetes exec readiness probe runs. With --write, start.sh "
-                    "writes the file from the records of a passing warm-up (and gate).",
-        epilog="exit status: 0 ready (or written); 1 not ready (or not written: the records "
-               "do not show a pass); 2 usage error")
+                    "what a Kubernetes exec readiness probe runs. start.sh writes the file "
+                    "from the records of a passing warm-up (and gate).",
+        epilog="exit status: 0 ready; 1 not ready; 2 usage error")
     parser.add_argument("--ready-file", metavar="PATH", required=True,
                         help="the ready file start.sh --ready-file writes")
     parser.add_argument("--base-url", metavar="URL", default=None,
@@ -251,19 +244,7 @@ def ready_main(argv: list[str]) -> int:
     parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
                         help="the longest both requests together may take (default: "
                              "%(default)g)")
-    parser.add_argument("--write", action="store_true",
-                        help="write the ready file from --records (and --gate-records) "
-                             "instead of checking it")
-    parser.add_argument("--records", metavar="FILE", help="with --write: the warm-up's records")
-    parser.add_argument("--gate-records", metavar="FILE",
-                        help="with --write: the gate's records, when the gate ran")
     args = parser.parse_args(argv)
-    if args.write:
-        if not args.records:
-            parser.error("--write needs --records")
-        code, line = write_ready(args.ready_file, args.records, args.gate_records)
-        emit(f"{PROG} ready: {line}", sys.stdout if code == EXIT_PASS else sys.stderr)
-        return code
     doc, why = read_ready_file(args.ready_file)
     if doc is None:
         emit(f"not ready: {why}", sys.stderr)

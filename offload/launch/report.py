@@ -1,7 +1,8 @@
 """qualify.py report: what a records file shows, each run judged from its own evidence.
 
   report_main()        FILE -> load_records() (readback.py) -> build_report() ->
-                       format_report(), --json, or --fields for scripts (start.sh)
+                       format_report(), or --json
+  start_facts()        what start.sh's launcher shows of a report (pure)
     build_run()        one run: its records grouped, evidence_problems() (pure: a run
                        record, a summary, every planned request record on every engine),
                        rejudge() (pure: each record judged again by kinds.judge() with
@@ -483,10 +484,6 @@ def report_main(argv: list[str]) -> int:
                              "problems, verdict, exit_code, claimed, evidence, "
                              "evidence_problems, differences, ends), issues, the last run's "
                              "verdict, exit_code and evidence, and expect_k when asked")
-    parser.add_argument("--fields", metavar="LIST", type=fields_type,
-                        help="for scripts: print only these fields of the last run, space "
-                             "separated, on one line, in the order given; each a single word "
-                             f"(- or n/a when unknown). Fields: {', '.join(SCRIPT_FIELDS)}")
     parser.add_argument("--expect-k", metavar="B1=5,...", type=expect_k_type,
                         help="check each named wave's drafted length (speculative draft "
                              "tokens / drafts over the wave, from its counters) against its "
@@ -504,9 +501,7 @@ def report_main(argv: list[str]) -> int:
     if args.expect_k:
         report["expect_k"] = drafted_findings(_last_run(report).get("waves") or [],
                                               args.expect_k)
-    if args.fields:
-        emit(" ".join(script_field(report, name) for name in args.fields))
-    elif args.json:
+    if args.json:
         emit(json.dumps(report, indent=2))
     else:
         emit(format_report(report) + "".join(
@@ -572,29 +567,14 @@ def _worst_cer(report: dict) -> str:
     return "n/a" if cer is None else f"{cer:.3f}"
 
 
-SCRIPT_FIELDS = {                     # what start.sh reads: one word each
-    "verdict": lambda report: show(report["verdict"], 20),
-    "exit_code": lambda report: str(report["exit_code"]),
-    "evidence": lambda report: report["evidence"],
-    "cache_check": _cache_check,
-    "differences": lambda report: ";".join(_last_run(report).get("differences") or []),
-    "identifiers_alone": lambda report: _gate_figure(report, "alone"),
-    "identifiers_batched": lambda report: _gate_figure(report, "batched"),
-    "worst_cer": _worst_cer,
-}
-
-
-def fields_type(text: str) -> list[str]:
-    """An argparse type: a comma-separated list of SCRIPT_FIELDS names."""
-    names = [name.strip() for name in text.split(",")]
-    unknown = [name for name in names if name not in SCRIPT_FIELDS]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown field {unknown[0]!r}; fields: "
-                                         f"{', '.join(SCRIPT_FIELDS)}")
-    return names
-
-
-def script_field(report: dict, name: str) -> str:
-    """One field as one word: spaces become '_', nothing becomes '-'."""
-    value = SCRIPT_FIELDS[name](report) or "-"
-    return "_".join(value.split()) or "-"
+def start_facts(report: dict) -> dict[str, str]:
+    """What the launcher's OK and WARN lines show of a report, each a short word or '-'."""
+    run = _last_run(report)
+    found = {
+        "verdict": show(report["verdict"], 20), "cache_check": _cache_check(report),
+        "differences": "; ".join(run.get("differences") or []),
+        "identifiers_alone": _gate_figure(report, "alone"),
+        "identifiers_batched": _gate_figure(report, "batched"),
+        "worst_cer": _worst_cer(report),
+    }
+    return {name: value or "-" for name, value in found.items()}

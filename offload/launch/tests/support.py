@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ import ready  # noqa: E402
 import transport  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
+from launcher import group_alive  # noqa: E402
 
 API_KEY = "sk-KEYMARKER-5d1f0c"
 
@@ -226,6 +228,55 @@ GOOD_ANSWER = {"http_status": 200, "choices": 1, "usage": True, "body_error": No
 CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
                  "request_kind": "greedy", "tokens": 32, "priority": 20,
                  "b1_min_prompt_tokens": 4097, "engines_skipped": []}
+
+
+class StartCase(HelperCase):
+    """start.sh as a process against a fake server on a free port; its group killed at
+    cleanup."""
+
+    def setUp(self):
+        super().setUp()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.logs = os.path.join(self.tmp, "logs")
+        self.ready = os.path.join(self.tmp, "ready")
+        self.addCleanup(self.stop_server)
+
+    def stop_server(self):
+        pid_file = os.path.join(self.logs, "server.pid")
+        if os.path.exists(pid_file):
+            with open(pid_file) as handle:
+                pid = int(handle.read().strip() or 0)
+            if pid and group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
+                deadline = time.monotonic() + 5        # gone, so the port and pid are free
+                while group_alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+
+    def server_pid(self) -> int:
+        with open(os.path.join(self.logs, "server.pid")) as handle:
+            return int(handle.read())
+
+    def fake(self, *args: str) -> list[str]:
+        return [sys.executable, FAKE, "--port", str(self.port), "--latency-s", "0.01", *args]
+
+    def start(self, *args: str, server: list[str], env: dict | None = None, timeout=90,
+              script: str = START):
+        command = ["bash", script, "--base-url", self.url, "--log-dir", self.logs, *args, "--",
+                   *server]
+        return self.run_process(command, env=dict({"START_POLL_S": "0.2",
+                                                   "START_STOP_GRACE_S": "3"}, **(env or {})),
+                                timeout=timeout, records=self.records())
+
+    def records(self) -> str:
+        if not os.path.isdir(self.logs):
+            return os.path.join(self.tmp, "none")
+        found = sorted(f for f in os.listdir(self.logs) if f.startswith("warmup-"))
+        return os.path.join(self.logs, found[-1]) if found else os.path.join(self.tmp, "none")
+
+    def start_log(self) -> str:
+        with open(os.path.join(self.logs, "start.log"), encoding="utf-8") as handle:
+            return handle.read()
 
 
 def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) -> dict:

@@ -14,9 +14,11 @@ import unittest
 from support import (LAUNCH, WARMUP, HelperCase, read_records, request_record,
                      run_record, summary_record)
 import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+import launcher  # noqa: E402
+import ready  # noqa: E402
 import qualify  # noqa: E402
 import records  # noqa: E402
-from test_start import StartCase
+from support import StartCase
 
 GREEDY = kinds.KINDS["greedy"]
 ANSWER = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
@@ -93,9 +95,8 @@ class TestCustomPlan(HelperCase):
         self.assertEqual(shown.code, 0)
         self.assertIn("verdict: custom plan, not the contract's (exit 0; tokens 2; waves B1)",
                       shown.stdout)
-        fields = self.run_argv(["report", self.records_path, "--fields",
-                                "verdict,differences"], main=qualify.main)
-        self.assertEqual(fields.stdout.strip(), "custom tokens_2;waves_B1")
+        facts = launcher.judged(self.records_path, {})
+        self.assertEqual((facts["verdict"], facts["differences"]), ("custom", "tokens 2; waves B1"))
 
     def test_the_environment_makes_a_custom_plan_too(self):
         server = self.start_fake()
@@ -128,11 +129,9 @@ class TestCustomPlan(HelperCase):
                                         self.records_path, "--rounds", "2"],
                                        main=qualify.main).code, 0)
         ready_file = os.path.join(self.tmp, "ready")
-        written = self.run_argv(["ready", "--write", "--ready-file", ready_file, "--records",
-                                 self.records_path], main=qualify.main)
-        self.assertEqual(written.code, 1)
-        self.assertIn("the warm-up's records are not a warm-up's (mode 'probe')",
-                      written.stderr)
+        code, line = ready.write_ready(ready_file, self.records_path, None)
+        self.assertEqual(code, 1)
+        self.assertIn("the warm-up's records are not a warm-up's (mode 'probe')", line)
         self.assertFalse(os.path.exists(ready_file))
 
     def test_json_is_one_whole_object_however_long(self):

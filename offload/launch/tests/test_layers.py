@@ -23,7 +23,8 @@ LAYERS = {
     "kinds": 2.2,
     "vllm_client": 3,
     "evidence": 4, "readback": 4,
-    "warmup": 5, "qualify": 5, "gate": 5, "procs": 5, "report": 5, "probe": 5, "ready": 5,
+    "warmup": 5, "qualify": 5, "gate": 5, "report": 5, "probe": 5, "ready": 5,
+    "launcher": 6,
 }
 MAX_LINES = 900
 

@@ -11,7 +11,7 @@ import sys
 from support import QUALIFY, HelperCase, read_records
 import kinds as paths  # noqa: E402  (support puts offload/launch on sys.path)
 from fake_vllm import TEXT_MARKER
-from test_start import StartCase
+from support import StartCase
 
 
 class TestPaths(HelperCase):
@@ -55,9 +55,10 @@ class TestPaths(HelperCase):
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["requests_per_engine"], plan["requests_total"]), (30, 60))
         shown = subprocess.run([sys.executable, QUALIFY, "report", self.records_path,
-                                "--fields", "verdict,evidence"], capture_output=True,
-                               text=True, timeout=30)
-        self.assertEqual((shown.returncode, shown.stdout), (0, "pass complete\n"))
+                                "--json"], capture_output=True, text=True, timeout=30)
+        doc = json.loads(shown.stdout)
+        self.assertEqual((shown.returncode, doc["verdict"], doc["evidence"]),
+                         (0, "pass", "complete"))
 
     def test_without_paths_the_ten_requests_are_unchanged(self):
         server = self.start_fake()
@@ -160,4 +161,3 @@ class TestStartPassesTheChunk(StartCase):
         self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6001)
 
 
-del StartCase            # imported to build on, not to run twice

@@ -12,7 +12,7 @@ import unittest
 
 from support import FAKE, QUALIFY, HelperCase, SilentServer, free_port
 import ready as readiness  # noqa: E402  (support puts offload/launch on sys.path)
-from test_start import StartCase
+from support import StartCase
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -126,9 +126,9 @@ class TestReadyRefuses(HelperCase):
         server = self.start_fake(fault="one_token", fault_match="-B4-0")
         self.assertEqual(self.run_helper(server).code, 1)
         path = os.path.join(self.tmp, "ready")
-        shown = ready(path, "--write", "--records", self.records_path)
-        self.assertEqual(shown.returncode, 1)
-        self.assertIn("not written: the warm-up's records show fail", shown.stderr)
+        code, line = readiness.write_ready(path, self.records_path, None)
+        self.assertEqual(code, 1)
+        self.assertIn("not written: the warm-up's records show fail", line)
         self.assertFalse(os.path.exists(path))
 
 
@@ -181,7 +181,6 @@ class TestTextfile(HelperCase):
         self.assertEqual(found["offload_warmup_last_run_success"][()], 1.0, "kept beside")
 
 
-del StartCase            # imported to build on, not to run twice
 
 
 if __name__ == "__main__":

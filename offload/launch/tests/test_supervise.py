@@ -11,7 +11,8 @@ import time
 import unittest
 
 from support import FAKE, START, free_port
-from test_start import StartCase
+from launcher import Log, Server, Settings, flag_value, logged_chunk
+from support import StartCase
 
 SUPERVISING = "supervising server process group"
 
@@ -83,12 +84,9 @@ class TestOneAddress(StartCase):
                 self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
 
     def test_the_last_chunk_flag_counts_as_vllm_s_parser_takes_it(self):
-        shown = subprocess.run(["bash", "-c", f'source "{START}"; flag_value '
-                                '--max-num-batched-tokens "$@"', "bash", "serve",
-                                "--max-num-batched-tokens", "4096", "m",
-                                "--max-num-batched-tokens=16384"],
-                               capture_output=True, text=True, timeout=30)
-        self.assertEqual(shown.stdout.strip(), "16384")
+        self.assertEqual(flag_value("--max-num-batched-tokens", [
+            "serve", "--max-num-batched-tokens", "4096", "m", "--max-num-batched-tokens=16384"]),
+            "16384")
 
     def test_the_chunk_from_this_start_s_server_log(self):
         # vLLM 0.32's lines, as a real server printed them (a spec-decoding server without
@@ -101,12 +99,10 @@ class TestOneAddress(StartCase):
             handle.write("(APIServer pid=1) WARNING 12-02 01:33:55 [vllm.py:2276] "
                          "max_num_scheduled_tokens is set to 2048 based on the speculative "
                          "decoding settings.\n")
+        settings = Settings(["--log-dir", self.logs, "--", "vllm"], {})
+        server = Server(settings, Log(self.logs))
         for start_offset, chunk in ((offset, "2048"), (10 ** 6, "")):
-            shown = subprocess.run(["bash", "-c", f'source "{START}"; log_dir="$1"; '
-                                    f'log_offset="$2"; chunk_tokens_logged', "bash",
-                                    self.logs, str(start_offset)],
-                                   capture_output=True, text=True, timeout=30)
-            self.assertEqual(shown.stdout.strip(), chunk)
+            self.assertEqual(logged_chunk(server.logged_since(start_offset)), chunk)
 
     def test_one_address_written_two_ways_is_fine(self):
         result = self.start("--no-warmup", server=[*self.fake(), "--host", "0.0.0.0"])

@@ -9,7 +9,7 @@ import sys
 
 from support import QUALIFY, REPO, WARMUP, HelperCase, SilentServer
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
-from test_start import StartCase
+from support import StartCase
 
 
 class TestReportJudgesEvidence(HelperCase):
@@ -51,8 +51,7 @@ class TestReportJudgesEvidence(HelperCase):
         self.assertEqual((doc["verdict"], doc["exit_code"], doc["evidence"]),
                          ("incomplete", 1, "incomplete"))
         self.assertEqual(doc["runs"][0]["claimed"], "pass")
-        self.assertEqual(self.report(self.records_path, "--fields", "verdict,evidence").stdout,
-                         "incomplete incomplete\n")
+
 
     def test_a_complete_run_is_complete(self):
         self.passing_records()
@@ -144,7 +143,6 @@ class TestStartSaysItWaits(StartCase):
         self.assertIn("--start-guard-s must be a whole number", flagged.stderr)
 
 
-del StartCase            # imported to build on, not to run twice
 
 
 if __name__ == "__main__":

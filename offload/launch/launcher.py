@@ -1,0 +1,863 @@
+"""start.sh's launcher: start a vLLM server, guard its readiness, warm it up, report.
+
+  main() -> Settings.parse() (flags over START_* variables, all checked before launch)
+         -> refuse_a_running_server() -> Server.launch() (own session and process group,
+            output appended to server.log) -> wait_ready() (GET /health in-process)
+         -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
+            run_gate() (under coreutils timeout), verdicts from report.build_report(),
+            the ready file from ready.write_ready() -> OK or WARN
+         -> with --supervise, supervise(): stay the server's parent until it ends
+
+start.sh execs this file. The server is followed by its process group (a server that
+forks and exits is still followed); a zombie counts as gone. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    from ready import EXIT_NO_ANSWER, check_health, write_ready
+    from transport import Clock, UsageError
+    from vllm_client import parse_base_url
+except ImportError as exc:           # a module of the folder is missing: one line, no trace
+    print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
+          f"back as one folder; restore the whole folder", file=sys.stderr)
+    sys.exit(2)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WRAPPER = os.path.join(HERE, "warmup_serve.sh")
+QUALIFY = os.path.join(HERE, "qualify.py")
+TAIL_LINES = 20
+KILL_AFTER_S = 5
+PROBE_TIMEOUT_S = 2.0
+COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
+# How vLLM 0.32 says its prefill chunk at start (the only place it does).
+CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_tokens=|"
+                         r"max_num_scheduled_tokens is set to )([0-9]{1,7})")
+SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
+WHOLE = r"[1-9][0-9]{0,%d}"
+NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
+DIGITS = re.compile(r"[0-9]{1,10}")          # str.isdigit() would take "²"
+
+HELP = """\
+usage: start.sh [options] -- <server command and its arguments>
+
+Start the server in the background (own process group, output to LOG_DIR/server.log),
+wait for GET /health = 200 within the start guard, run the warm-up
+(offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
+The server keeps running. start.sh refuses to start when something already answers at
+the base URL: it reports only on a server it launched and still sees running (its
+process group: a server that forks and exits is still followed).
+
+options (environment variable in brackets):
+  --base-url URL      where the server answers, passed to the warm-up and the gate as
+                      is (as WARMUP_BASE_URL, out of their command lines); user:pass@
+                      in it is sent as Basic auth and never shown
+                      [START_BASE_URL, default http://127.0.0.1:8000]
+  --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
+  --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
+  --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
+                      the contract's plan; removed at every start. It names the server
+                      it vouches for (its process start, model): `qualify.py ready
+                      --ready-file PATH` says whether it is still true (a readiness
+                      probe); its folder must exist [START_READY_FILE]
+  --textfile PATH     the warm-up and the gate also publish their result there for
+                      monitoring (node_exporter's textfile collector, *.prom), as
+                      WARMUP_TEXTFILE [START_TEXTFILE]
+  --no-warmup         start and guard only [START_WARMUP=0]
+  --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
+  --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
+                      [START_GATE_HARD_S, 180]
+  --supervise         a container's entry point: after the warm-up stay the server's
+                      parent, pass TERM and INT on to its process group (KILL after
+                      START_STOP_GRACE_S), reap what it leaves, and exit with the
+                      server's status when it ends [START_SUPERVISE=1]
+  -h, --help          this text
+  START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
+  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
+  WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
+  unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url, and
+  WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens,
+  else from the server log's "Chunked prefill is enabled with max_num_batched_tokens=N",
+  when the variable is not set.
+
+Read the records before releasing HOLD, after OK as after WARN.
+
+exit status:
+  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
+  N    with --supervise: the server's own exit status once it ended
+  1    server not started or not trustworthy: something already answered at the base
+       URL, a live server.pid, the server exited (also during the warm-up), or it
+       missed the start guard (its process group is stopped)
+  2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
+       nothing was launched
+  130  interrupted by INT (the server was stopped)
+  143  interrupted by TERM (the server was stopped)"""
+
+
+class Usage(Exception):
+    """A usage error: nothing has been launched (exit 2)."""
+
+
+class Exit(Exception):
+    """Leave main() with this status (after an ERROR, or a signal)."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
+
+
+class Interrupted(Exception):
+    """TERM or INT while starting: the server it launched is stopped."""
+
+    def __init__(self, name: str, code: int):
+        super().__init__(name)
+        self.name, self.code = name, code
+
+
+# ---------------------------------------------------------------------------
+# Pure helpers: the command line as it may be shown, and what it says.
+# ---------------------------------------------------------------------------
+
+def is_secret_flag(flag: str) -> bool:
+    """--api-key, --hf-token, any flag ending in -key, -token, -secret or -password (also
+    with _): its value is hidden. --max-num-batched-tokens and --ssl-keyfile are not."""
+    return SECRET_FLAG.fullmatch(flag) is not None
+
+
+def redacted_command(command: list[str]) -> str:
+    """The command as it may be logged: secret flags' values hidden (`--api-key VALUE` and
+    `--api-key=VALUE`), everything else as given."""
+    shown, hide = [], False
+    for arg in command:
+        name = arg.partition("=")[0]
+        if hide:
+            shown.append("[redacted]")
+            hide = False
+        elif arg.startswith("-") and "=" in arg and is_secret_flag(name):
+            shown.append(name + "=[redacted]")
+        else:
+            shown.append(arg)
+            hide = arg.startswith("-") and is_secret_flag(arg)
+    return " ".join(shown)
+
+
+def flag_value(flag: str, command: list[str]) -> str:
+    """A server flag's value (--port N or --port=N), the last one counting; '' if none."""
+    value, take = "", False
+    for arg in command:
+        if take:
+            value, take = arg, False
+        if arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+        elif arg == flag:
+            take = True
+    return value
+
+
+def address_problem(target, command: list[str]) -> str | None:
+    """Why --base-url and the server command's --port / --host cannot be one address (a
+    mismatch would only show as the start guard running out); None when they can be."""
+    port, host = flag_value("--port", command), flag_value("--host", command)
+    if port and port != str(target.port):
+        return (f"--base-url {target.display} names port {target.port}, the server command "
+                f"--port {port}: make them one address")
+    same = {host, target.host} <= {"127.0.0.1", "localhost"} or host == target.host
+    if host and host not in ("0.0.0.0", "::", "[::]") and not same:
+        return (f"--base-url {target.display} names host {target.host}, the server command "
+                f"--host {host}: make them one address")
+    return None
+
+
+def logged_chunk(text: str) -> str:
+    """The prefill chunk vLLM logged at start ("Chunked prefill is enabled with
+    max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
+    found = CHUNK_LINES.findall(text)
+    return found[-1] if found else ""
+
+
+def exit_status(wait_status: int) -> int:
+    """A waitpid status as a shell shows it: the exit code, or 128 + the signal."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return code if code >= 0 else 128 - code
+
+
+# ---------------------------------------------------------------------------
+# Processes: /proc, because a zombie holds no port and may never be reaped.
+# ---------------------------------------------------------------------------
+
+def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int] | None:
+    """(state, process group) from /proc/PID/stat; None when there is no such process."""
+    try:
+        with open(os.path.join(proc, pid, "stat"), "rb") as handle:
+            line = handle.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
+    if len(fields) < 3 or not DIGITS.fullmatch(fields[2]):
+        return None
+    return fields[0], int(fields[2])
+
+
+def signalable(pid: int) -> bool:
+    """Whether kill(pid, 0) reaches a process (or a group, for a negative pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_alive(pid: int, proc: str = "/proc") -> bool:
+    """The process exists and is not a zombie (without /proc, kill -0 decides)."""
+    if not signalable(pid):
+        return False
+    stat = proc_stat(str(pid), proc)
+    return stat[0] != "Z" if stat else not os.path.isdir(proc)
+
+
+def group_alive(pgid: int, proc: str = "/proc") -> bool:
+    """Some member of the process group exists and is not a zombie."""
+    if not signalable(-pgid):
+        return False
+    if not os.path.isdir(proc):
+        return True                              # without /proc, trust kill -0
+    for name in os.listdir(proc):
+        stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
+        if stat is not None and stat[1] == pgid and stat[0] != "Z":
+            return True
+    return False
+
+
+# ---------------------------------------------------------------------------
+# Settings: environment first, then flags; every one checked before launch.
+# ---------------------------------------------------------------------------
+
+class Settings:
+    """start.sh's settings, checked; the server command after --."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.env = env
+        get = env.get
+        self.base_url = get("START_BASE_URL", "http://127.0.0.1:8000")
+        self.guard_s = get("START_GUARD_S", "600")
+        self.log_dir = get("START_LOG_DIR", "./logs")
+        self.ready_file = get("START_READY_FILE", "")
+        self.textfile = get("START_TEXTFILE", "")
+        self.warmup = get("START_WARMUP", "1")
+        self.gate = get("START_GATE", "0")
+        self.supervise = get("START_SUPERVISE", "0")
+        self.gate_hard_s = get("START_GATE_HARD_S", "180")
+        self.poll_s = get("START_POLL_S", "1")
+        self.say_s = get("START_SAY_S", "30")
+        self.stop_grace_s = get("START_STOP_GRACE_S", "10")
+        self.source = {"base_url": "START_BASE_URL", "guard_s": "START_GUARD_S",
+                       "gate_hard_s": "START_GATE_HARD_S"}
+        self.command: list[str] = []
+        self.help = False
+        self._parse(argv)
+
+    VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
+              "--ready-file": "ready_file", "--textfile": "textfile",
+              "--gate-hard-s": "gate_hard_s"}
+    SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
+                "--gate": ("gate", "1")}
+
+    def _parse(self, argv: list[str]) -> None:
+        args = list(argv)
+        while args:
+            arg = args.pop(0)
+            if arg in ("-h", "--help"):
+                self.help = True
+                return
+            if arg == "--":
+                self.command = args
+                return
+            if arg in self.SWITCHES:
+                name, value = self.SWITCHES[arg]
+                setattr(self, name, value)
+            elif arg in self.VALUED:
+                if not args:
+                    raise Usage(f"{arg} needs a value")
+                setattr(self, self.VALUED[arg], args.pop(0))
+                self.source[self.VALUED[arg]] = arg
+            else:
+                raise Usage(f"unknown option '{arg}' (the server command goes after --)")
+
+    def check(self) -> None:
+        """Every value checked, the folders tried; Usage naming the first bad one."""
+        if not self.command:
+            raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
+        whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
+        if not NUMBER.fullmatch(self.poll_s):
+            raise Usage(f"START_POLL_S must be a number of seconds, got '{self.poll_s}'")
+        whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
+              prefix="must be ")
+        if not re.fullmatch(r"0|" + WHOLE % 4, self.stop_grace_s):
+            raise Usage(f"START_STOP_GRACE_S must be whole seconds from 0 to 99999, got "
+                        f"'{self.stop_grace_s}'")
+        for name in ("warmup", "gate", "supervise"):
+            if getattr(self, name) not in ("0", "1"):
+                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
+        if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
+            raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
+                        f"got '{self.gate_hard_s}'")
+        if not re.match(r"https?://", self.base_url):
+            raise Usage(f"{self.source['base_url']} must start with http:// or https://")
+        self._check_log_dir()
+        if self.ready_file:
+            self._check_ready_file()
+        if self.textfile:
+            check_file_place("--textfile", self.textfile)
+        try:
+            self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
+        except UsageError as exc:
+            raise Usage(str(exc)) from None
+        why = address_problem(self.target, self.command)
+        if why:
+            raise Usage(why)
+
+    def _check_log_dir(self) -> None:
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+        except OSError:
+            raise Usage(f"cannot create --log-dir '{self.log_dir}'; choose a writable folder") \
+                from None
+        try:
+            with open(os.path.join(self.log_dir, "start.log"), "a"):
+                pass
+        except OSError:
+            raise Usage(f"cannot write start.log in --log-dir '{self.log_dir}'; choose a "
+                        f"writable folder") from None
+        server_log = os.path.join(self.log_dir, "server.log")
+        if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
+            raise Usage(f"cannot write server.log in --log-dir '{self.log_dir}'; choose a "
+                        f"writable folder")
+
+    def _check_ready_file(self) -> None:
+        path = self.ready_file
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            raise Usage(f"--ready-file '{path}': folder '{folder}' does not exist; create it "
+                        f"first")
+        if os.path.isdir(path):
+            raise Usage(f"--ready-file '{path}' is a folder")
+        check_file_place("--ready-file", path)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise Usage(f"--ready-file '{path}': cannot write in folder '{folder}'")
+
+    def server_env(self) -> dict:
+        """What the warm-up and the gate get: WARMUP_* unchanged, the base URL (out of any
+        command line: ps shows those), the textfile, the chunk from the command."""
+        env = dict(self.env, WARMUP_BASE_URL=self.base_url)
+        if self.textfile:
+            env["WARMUP_TEXTFILE"] = self.textfile
+        chunk = flag_value("--max-num-batched-tokens", self.command)  # the last one counts
+        if not env.get("WARMUP_CHUNK_TOKENS") and chunk:
+            env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
+        return env
+
+
+def whole(value: str, digits: int, source: str, what: str,
+          prefix: str = "must be a whole number of ") -> None:
+    """Usage unless value is a whole decimal number without a leading zero."""
+    if not re.fullmatch(WHOLE % digits, value):
+        raise Usage(f"{source} {prefix}{what}, got '{value}'")
+
+
+def check_file_place(option: str, path: str) -> None:
+    """Usage when a file start.sh writes or removes has no folder, or something other
+    than a regular file (a device, FIFO or link) is there."""
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        raise Usage(f"{option} '{path}': its folder does not exist; create it first")
+    if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+        raise Usage(f"{option} '{path}' is not a regular file (a device, FIFO or link)")
+
+
+# ---------------------------------------------------------------------------
+# The start log, and the server it launched.
+# ---------------------------------------------------------------------------
+
+class Log:
+    """One UTC-timestamped line per step, to start.log and the terminal."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, "start.log")
+
+    def __call__(self, text: str, stream=None) -> None:
+        line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text
+        # A full disk or a terminal that went away (| head -1) must not end the launcher:
+        # the server it launched must still be followed or stopped.
+        try:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        except OSError:
+            pass
+        stream = stream or sys.stdout
+        try:
+            print(line, file=stream, flush=True)
+        except (OSError, ValueError):
+            silence(stream)
+
+    def error(self, text: str) -> None:
+        self("ERROR: " + text, sys.stderr)
+
+
+def silence(stream) -> None:
+    """A stream whose reader went away writes to /dev/null from now on (exit flushes it)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+class Server:
+    """The launched server: its pid is its process group (its own session)."""
+
+    def __init__(self, settings: Settings, log: Log):
+        self.settings, self.log = settings, log
+        self.server_log = os.path.join(settings.log_dir, "server.log")
+        self.pid = 0
+        self.status: int | None = None      # the launched pid's exit status, once reaped
+        self.launched_at = 0.0
+        self.log_offset = 0
+        self.popen = None                   # kept: a dropped Popen would reap our pid
+
+    def launch(self) -> None:
+        """Start the command in a new session, its output appended to server.log."""
+        self.log_offset = size_of(self.server_log)
+        command = self.settings.command
+        with open(self.server_log, "ab") as out:
+            try:
+                self.popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
+                                              stderr=subprocess.STDOUT, start_new_session=True)
+                self.pid = self.popen.pid
+            except OSError as exc:          # as setsid(1) says it, and exits 126 / 127
+                out.write(f"start.sh: failed to execute {command[0]}: "
+                          f"{exc.strerror}\n".encode())
+                self.status = 127 if isinstance(exc, FileNotFoundError) else 126
+        self.launched_at = time.monotonic()
+        if self.pid:
+            with open(os.path.join(self.settings.log_dir, "server.pid"), "w") as handle:
+                handle.write(f"{self.pid}\n")
+        self.log(f"launch pid {self.pid or 'none'} (process group {self.pid or 'none'}): "
+                 f"{redacted_command(command)}")
+
+    def since_launch(self) -> int:
+        return int(time.monotonic() - self.launched_at)
+
+    def reap(self, pid: int = -1) -> int:
+        """Collect exited children without waiting (as PID 1, orphans too); the launched
+        pid's status is kept. The number collected."""
+        collected = 0
+        while True:
+            try:
+                found, status = os.waitpid(pid if pid > 0 else -1, os.WNOHANG)
+            except ChildProcessError:
+                return collected
+            if found == 0:
+                return collected
+            collected += 1
+            if found == self.pid and self.status is None:
+                self.status = exit_status(status)
+                self.popen.returncode = self.status
+            if pid > 0:
+                return collected
+
+    def alive(self) -> bool:
+        """The launched pid runs, or once it has exited, a process of its group (a server
+        that forks and exits leaves its group running, which is then followed)."""
+        if not self.pid:
+            return False
+        if self.status is None:
+            self.reap(self.pid)
+            if self.status is None:
+                return True
+            if group_alive(self.pid):
+                self.log(f"launched pid {self.pid} exited with status {self.status} but its "
+                         f"process group is still running: the server daemonized; start.sh "
+                         f"tracks process group {self.pid}")
+        return group_alive(self.pid)
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        """TERM the process group, KILL it after the grace period."""
+        if not self.pid or not signalable(-self.pid):
+            return
+        self.kill(signal.SIGTERM)
+        grace = int(self.settings.stop_grace_s)
+        started = time.monotonic()
+        while group_alive(self.pid):
+            self.reap(self.pid)
+            if time.monotonic() - started >= grace:
+                self.log(f"server group {self.pid} still alive after {grace} s: KILL")
+                self.kill(signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        self.log(f"server process group {self.pid} stopped")
+
+    def tail(self) -> None:
+        """The end of server.log on stderr, for an ERROR about the server."""
+        try:
+            with open(self.server_log, "rb") as handle:
+                lines = handle.read()[-256 << 10:].decode("utf-8", "replace").splitlines()
+        except OSError:
+            lines = []
+        shown = "\n".join(lines[-TAIL_LINES:])
+        print(f"---- last {TAIL_LINES} lines of {self.server_log} ----\n{shown}\n----",
+              file=sys.stderr, flush=True)
+
+    def gone(self, when: str) -> Exit:
+        """ERROR for a server that is gone, with the end of its log: Exit(1)."""
+        status = "unknown" if self.status is None else self.status
+        hint = (" (a server that detaches into a new session cannot be followed: run it in "
+                "the foreground)") if status == 0 else ""
+        self.log.error(f"server exited with status {status} after {self.since_launch()} s, "
+                       f"{when}; nothing of its process group {self.pid or 'none'} is left"
+                       f"{hint}")
+        self.tail()
+        return Exit(1)
+
+    def logged_since(self, offset: int) -> str:
+        """What server.log gained since offset (this start's part only)."""
+        try:
+            with open(self.server_log, "rb") as handle:
+                handle.seek(offset)
+                return handle.read(64 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+# ---------------------------------------------------------------------------
+# The steps.
+# ---------------------------------------------------------------------------
+
+def health(settings: Settings, timeout_s: float) -> int:
+    """One GET /health: 0 for 200, 1 another answer, EXIT_NO_ANSWER none."""
+    timeout_s = max(timeout_s, 0.1)
+    return check_health(settings.target, Clock.start(timeout_s, timeout_s))[0]
+
+
+def refuse_a_running_server(settings: Settings, log: Log) -> None:
+    """Exit(1) when server.pid names a live process, or something answers already."""
+    pid_file = os.path.join(settings.log_dir, "server.pid")
+    if os.path.isfile(pid_file):
+        with open(pid_file, "rb") as handle:
+            old = re.sub(rb"[^0-9]", b"", handle.read(64)).decode()[:10]
+        if old and 0 < int(old) < 1 << 22 and (process_alive(int(old)) or
+                                               group_alive(int(old))):
+            log.error(f"{pid_file} names pid {old}, which is still alive: a server may "
+                      f"already run here. Stop it (kill -TERM -- -{old}) or remove the file "
+                      f"if that pid is not the server.")
+            raise Exit(1)
+        log(f"stale {pid_file} (pid {old or 'none'} is gone): replacing it")
+    if health(settings, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
+        log.error(f"something already answers at {settings.target.display}/health before "
+                  f"launch: start.sh reports only on a server it starts. Stop that server, "
+                  f"or choose another --base-url.")
+        raise Exit(1)
+
+
+def wait_ready(settings: Settings, server: Server, log: Log) -> None:
+    """Poll /health until 200; Exit(1) when the server is gone or the guard expires."""
+    url, guard = settings.target.display, int(settings.guard_s)
+    said = time.monotonic()
+    while True:
+        if not server.alive():
+            raise server.gone(f"before {url}/health answered 200")
+        left = guard - (time.monotonic() - server.launched_at)
+        if time.monotonic() - said >= int(settings.say_s):
+            said = time.monotonic()
+            log(f"waiting for {url}/health: {server.since_launch()} s of the {guard} s start "
+                f"guard; server process group {server.pid} is running")
+        if left <= 0:
+            log.error(f"server not ready: {url}/health did not answer 200 within the {guard} "
+                      f"s start guard (is --base-url the server's address?)")
+            server.tail()
+            server.stop()
+            raise Exit(1)
+        if health(settings, min(left, 5.0)) == 0:
+            if not server.alive():
+                raise server.gone(f"when {url}/health answered 200 (that answer came from "
+                                  f"another process)")
+            log(f"ready after {server.since_launch()} s ({url}/health = 200)")
+            return
+        time.sleep(float(settings.poll_s))
+
+
+class Steps:
+    """The foreground step (warm-up, gate) as a child a signal can stop."""
+
+    child: subprocess.Popen | None = None
+
+    @classmethod
+    def run(cls, command: list[str], env: dict) -> int:
+        cls.child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        try:
+            return exit_status_of(cls.child.wait())
+        finally:
+            cls.child = None if cls.child.returncode is not None else cls.child
+
+    @classmethod
+    def stop(cls) -> None:
+        """TERM the running step and give it 5 s to end."""
+        child = cls.child
+        if child is None or child.returncode is not None:
+            return
+        child.terminate()
+        try:
+            child.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def exit_status_of(returncode: int) -> int:
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def judged(records: str, defaults: dict) -> dict:
+    """What a records file shows, as qualify.py report judges it (report.start_facts);
+    the defaults where it cannot be read."""
+    from readback import load_records
+    from report import build_report, start_facts
+    try:
+        found, issues = load_records(records)
+    except OSError:
+        return defaults
+    return start_facts(build_report(found, issues, records))
+
+
+def stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+def run_warmup(settings: Settings, server: Server, log: Log, env: dict) -> dict:
+    """The warm-up through warmup_serve.sh, and what its records show."""
+    records = os.path.join(settings.log_dir, f"warmup-{stamp()}.jsonl")
+    started, offset = time.monotonic(), size_of(server.server_log)
+    log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
+    status = Steps.run(["bash", WRAPPER, "--records", records], env)
+    run = judged(records, {"verdict": "none", "cache_check": "-", "differences": "-"})
+    compiles = sum(1 for line in server.logged_since(offset).splitlines()
+                   if COMPILE_LINES.search(line))
+    run.update(records=records, status=status, compiles=compiles)
+    log(f"warm-up ended: exit {status}, verdict {run['verdict']}, "
+        f"{int(time.monotonic() - started)} s, {compiles} compile lines in server.log during it")
+    return run
+
+
+def run_gate(settings: Settings, log: Log, env: dict) -> dict:
+    """The quality gate under its hard bound, and what its records show."""
+    records = os.path.join(settings.log_dir, f"gate-{stamp()}.jsonl")
+    started = time.monotonic()
+    log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
+        f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
+    status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
+                        sys.executable, QUALIFY, "gate", "--records", records], env)
+    gate = judged(records, {"verdict": "none", "identifiers_alone": "?",
+                            "identifiers_batched": "?", "worst_cer": "n/a"})
+    gate.update(records=records, status=status)
+    log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
+        f"{int(time.monotonic() - started)} s")
+    return gate
+
+
+def gate_figures(gate: dict) -> str:
+    """Identifiers and worst CER as the OK and WARN lines show them."""
+    alone, batched = gate["identifiers_alone"], gate["identifiers_batched"]
+    shapes = f"{alone} alone and batched" if alone == batched else f"{alone} alone, {batched} batched"
+    return f"identifiers {shapes}, worst CER {gate['worst_cer']}"
+
+
+def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None):
+    """The ready file from the records that show the pass (ready.write_ready)."""
+    code, line = write_ready(settings.ready_file, records, gate_records)
+    if code == 0:
+        log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
+            f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
+    else:
+        log(f"WARN: the ready file {settings.ready_file} was not written: "
+            f"{line.removeprefix('not written: ')}")
+
+
+def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict) -> None:
+    """Warm-up (and gate), then OK or WARN; the server must still run after them."""
+    run = run_warmup(settings, server, log, env)
+    records = run["records"]
+    notes = f"{run['compiles']} compile lines during warm-up"
+    if run["cache_check"] == "not_made":
+        notes += "; B1 cache check not made: the server does not report cached tokens"
+    inspect = f"inspect before releasing HOLD ({notes})"
+    if run["status"] == 0 and run["verdict"] == "custom":
+        log(f"WARN: warm-up passed a custom plan, not the contract's ({run['differences']}); no "
+            f"ready file; records: {records} — {inspect}")
+        return
+    if run["status"] != 0 or run["verdict"] != "pass":
+        if not server.alive():
+            raise server.gone("during the warm-up")
+        log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}); "
+            f"records: {records} — {inspect}")
+        return
+    gate_records = None
+    if settings.gate == "1":
+        gate = run_gate(settings, log, env)
+        if not server.alive():
+            raise server.gone("during the warm-up and gate")
+        gate_records = gate["records"]
+        records = f"{records} and {gate_records}"
+        if gate["status"] != 0 or gate["verdict"] != "pass":
+            log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
+                f"{gate['verdict']}; {gate_figures(gate)}); records: {records} — {inspect}")
+            return
+    elif not server.alive():
+        raise server.gone("during the warm-up")
+    if settings.ready_file:
+        write_ready_file(settings, log, run["records"], gate_records)
+    passed = f"gate passed ({gate_figures(gate)})" if gate_records else ""
+    log(f"OK: warm-up passed{', ' + passed if passed else ''}; records: {records} — read "
+        f"them before releasing HOLD ({notes})")
+
+
+# ---------------------------------------------------------------------------
+# Signals, supervision, main().
+# ---------------------------------------------------------------------------
+
+def interrupt_while_starting() -> None:
+    """TERM/INT while starting raise Interrupted (exit 143 / 130)."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        name, code = ("TERM", 143) if signum == signal.SIGTERM else ("INT", 130)
+        raise Interrupted(name, code)
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def supervise(settings: Settings, server: Server, log: Log) -> int:
+    """Stay the server's parent until it ends (a container's entry point); its status.
+    TERM and INT go to its group, which is KILLed when still alive after the grace; every
+    child is reaped, so orphans handed to a PID 1 launcher are too."""
+    asked: list = []                        # (signal name, when), from the handler
+
+    def pass_on(signum, frame):
+        asked.append((signal.Signals(signum).name[3:], time.monotonic()))
+        server.kill(signum)
+    signal.signal(signal.SIGTERM, pass_on)
+    signal.signal(signal.SIGINT, pass_on)
+    log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
+        f"it; start.sh ends with the server's status")
+    told, killed = 0, False
+    grace = int(settings.stop_grace_s)
+    while True:
+        server.reap()
+        while told < len(asked):
+            log(f"{asked[told][0]} received: passed on to server process group {server.pid}")
+            told += 1
+        if not server.alive():
+            break
+        if asked and not killed and time.monotonic() - asked[0][1] >= grace:
+            log(f"server group {server.pid} still alive {grace} s after the signal: KILL")
+            server.kill(signal.SIGKILL)
+            killed = True
+        time.sleep(0.1)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    status = 1 if server.status is None else server.status
+    log(f"server ended with status {'unknown' if server.status is None else status}: "
+        f"start.sh exits with it")
+    return status
+
+
+def usage_error(problem: str) -> int:
+    print(f"start.sh: {problem}\nstart.sh: see start.sh --help", file=sys.stderr)
+    return 2
+
+
+def start(settings: Settings, log: Log) -> int:
+    """Launch, guard, warm up: the exit status."""
+    server = Server(settings, log)
+    env = settings.server_env()
+    refuse_a_running_server(settings, log)
+    interrupt_while_starting()
+    try:
+        server.launch()
+        wait_ready(settings, server, log)
+        if not env.get("WARMUP_CHUNK_TOKENS"):
+            chunk = logged_chunk(server.logged_since(server.log_offset))
+            if chunk:
+                env["WARMUP_CHUNK_TOKENS"] = chunk   # B1 must be longer than the chunk
+                log(f"prefill chunk {chunk} tokens (from server.log): B1 is sized past it")
+        if settings.warmup == "0":
+            log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
+        else:
+            warm_up_and_report(settings, server, log, env)
+    except Interrupted as signalled:
+        log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
+                  f"launched")
+        Steps.stop()
+        server.stop()
+        return signalled.code
+    except (OSError, ValueError) as exc:    # a step that cannot run (no bash, no timeout)
+        log.error(f"start.sh cannot go on: {type(exc).__name__}: {exc}; stopping the server "
+                  f"it launched")
+        Steps.stop()
+        server.stop()
+        return 1
+    if settings.textfile and settings.warmup == "1":
+        log(f"results published for monitoring in {settings.textfile}")
+    if settings.supervise == "1":
+        return supervise(settings, server, log)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    log(f"exit 0: server process group {server.pid} keeps running")
+    return 0
+
+
+def main(argv: list[str] | None = None, env: dict | None = None) -> int:
+    """start.sh's exit status (see HELP)."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        settings = Settings(argv, dict(os.environ if env is None else env))
+        if settings.help:
+            print(HELP)
+            return 0
+        settings.check()
+    except Usage as exc:
+        return usage_error(str(exc))
+    if settings.ready_file:
+        try:
+            os.remove(settings.ready_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
+                               f"({exc.strerror})")
+    try:
+        return start(settings, Log(settings.log_dir))
+    except Exit as exc:
+        return exc.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
