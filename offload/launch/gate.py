@@ -1,6 +1,7 @@
 """The quality gate: can the served model copy text exactly?
 
-  gate_main()          options -> RunSettings and a Gate; runframe.run_session runs it
+  gate_main()          vllm_client.server_main(): options -> build_gate() -> a Gate, run by
+                       runframe.run_session (or --dry-run)
     Gate.steps()       learn_server(); each probe alone, then all in one batch, on every
                        engine, each batch behind the guard (vllm_client.guarded_batch)
       gate_record()    read_answer() -> score_answer() in memory -> counts and distances
@@ -22,14 +23,14 @@ from dataclasses import dataclass
 
 from readback import exit_status
 from records import as_list, gate_line, gate_summary_line
-from runframe import (EXIT_FAIL, EXIT_PASS, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
-                      emit, parse_or_explain, run_session, run_settings, usage_error, whole)
+from runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
+                      emit, whole)
 from transport import REDACTIONS, UsageError, clean_text, decode_json
 from kinds import COPY_SEED as GATE_SEED
 from kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
                          answer_record, connection_from, diagnose_http_error, read_slot,
-                         slot_timing, template_kwargs_type)
+                         server_main, slot_timing, template_kwargs_type)
 
 PROG = "qualify.py gate"
 
@@ -685,22 +686,21 @@ def build_gate_parser() -> argparse.ArgumentParser:
 
 def gate_main(argv: list[str]) -> int:
     """qualify.py gate: every probe alone, then all in one batch; exit 0 only if all pass."""
-    parser = build_gate_parser()
-    args = parse_or_explain(parser, argv)
+    return server_main(build_gate_parser(), argv, PROG, "gate", build_gate)
+
+
+def build_gate(args: argparse.Namespace, settings: RunSettings):
+    """The parsed options -> (the Gate, its dry run); UsageError naming a bad value."""
     if args.chat_template_kwargs is not None and args.endpoint != "chat":
-        usage_error(parser, args.json, "--chat-template-kwargs needs --endpoint chat")
+        raise UsageError("--chat-template-kwargs needs --endpoint chat")
     options = GateOptions(args.endpoint, args.max_tokens, args.max_cer,
                           args.chat_template_kwargs, args.max_typos)
-    settings = run_settings(args, PROG, "gate")
-    try:
-        connection = connection_from(args)
-    except UsageError as exc:
-        usage_error(parser, args.json, str(exc))
-    per_engine = len(PROBES) * len(SHAPES)
-    if args.dry_run:
+    connection = connection_from(args)
+
+    def dry_run():
         emit(f"gate plan for {connection.target.display}: {len(IDENTIFIERS)} identifiers and "
-             f"2 passages, each alone then all in one batch ({per_engine} requests per "
-             f"engine) on {ENDPOINTS[args.endpoint]}; greedy, max_tokens {args.max_tokens}, "
-             f"max CER {args.max_cer:g}; deadline {settings.deadline_s:g} s")
-        return EXIT_PASS
-    return run_session(settings, Gate(connection, options, settings))
+             f"2 passages, each alone then all in one batch ({len(PROBES) * len(SHAPES)} "
+             f"requests per engine) on {ENDPOINTS[args.endpoint]}; greedy, max_tokens "
+             f"{args.max_tokens}, max CER {args.max_cer:g}; deadline "
+             f"{settings.deadline_s:g} s")
+    return Gate(connection, options, settings), dry_run

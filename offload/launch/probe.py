@@ -1,6 +1,7 @@
 """qualify.py probe: did the warm-up work? Time to first token, first round against later.
 
-  probe_main()           options -> RunSettings and a WarmthProbe -> runframe.run_session
+  probe_main()           vllm_client.server_main(): options -> build_probe() -> a WarmthProbe,
+                         run by runframe.run_session (or --dry-run)
     WarmthProbe.steps()  learn_server(); rounds of single, burst3, burst4 (and long)
                          streamed requests, each round behind the guard (guarded_batch)
       probe_record()     one streamed answer: first-token and end times, counts, no text
@@ -21,12 +22,12 @@ from dataclasses import dataclass
 from kinds import B1_FLOOR, KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
 from records import probe_line
-from runframe import (EXIT_PASS, Run, RunSettings, add_run_options, emit,
-                      parse_or_explain, run_session, run_settings, usage_error, whole)
+from runframe import (Run, RunSettings, add_run_options, argument_type, emit, flag_or_env,
+                      whole)
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                          add_server_options, answer_record, connection_from, read_slot,
-                         slot_timing, template_kwargs_type)
+                         server_main, slot_timing, template_kwargs_type)
 
 PROG = "qualify.py probe"
 
@@ -226,7 +227,9 @@ def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: S
     }
 
 
-PROBE_EPILOG = ENVIRONMENT_HELP + """
+PROBE_EPILOG = ENVIRONMENT_HELP + """\
+  WARMUP_PATHS        default for --paths
+
 exit status:
   0    every streamed request was answered completely (usage, [DONE], its tokens), in
        time; says nothing about warmth: the ratios are measurements, not a verdict
@@ -260,10 +263,11 @@ def build_probe_parser() -> argparse.ArgumentParser:
                         help="also a long request of N prompt tokens (more than 4096), "
                              "sized once with /tokenize, a new nonce every round "
                              "(default: none)")
-    parser.add_argument("--paths", metavar="LIST", default="none",
+    parser.add_argument("--paths", metavar="LIST", type=argument_type(parse_paths),
+                        default=None,
                         help="also measure other request kinds, each an item at depth 1 "
                              f"({', '.join(PATH_NAMES)}, all or none), to see which a warm-up "
-                             "left cold (default: %(default)s)")
+                             "left cold (default: $WARMUP_PATHS, else none)")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds")
     parser.add_argument("--dry-run", action="store_true",
@@ -274,28 +278,23 @@ def build_probe_parser() -> argparse.ArgumentParser:
 def probe_main(argv: list[str]) -> int:
     """qualify.py probe: the same connection options, guards, bounds and records as the
     warm-up."""
-    parser = build_probe_parser()
-    args = parse_or_explain(parser, argv)
+    return server_main(build_probe_parser(), argv, PROG, "probe", build_probe)
+
+
+def build_probe(args: argparse.Namespace, settings: RunSettings):
+    """The parsed options -> (the WarmthProbe, its dry run); UsageError naming a bad value."""
     if args.long_tokens and args.long_tokens < B1_FLOOR:
-        usage_error(parser, args.json,
-                    f"--long-tokens must be more than {B1_FLOOR - 1}")
-    settings = run_settings(args, PROG, "probe")
-    try:
-        try:
-            paths = parse_paths(args.paths)
-        except ValueError as exc:
-            raise UsageError(f"--paths: {exc}")
-        options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
-                               tokens=args.tokens, priority=args.priority, paths=paths,
-                               template_kwargs=args.chat_template_kwargs)
-        connection = connection_from(args)
-    except UsageError as exc:
-        usage_error(parser, args.json, str(exc))
-    if args.dry_run:
+        raise UsageError(f"--long-tokens must be more than {B1_FLOOR - 1}")
+    options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
+                           tokens=args.tokens, priority=args.priority,
+                           paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
+                           template_kwargs=args.chat_template_kwargs)
+    connection = connection_from(args)
+
+    def dry_run():
         long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
         kinds = "".join(f", {k.name}" for k in kinds_of(options.paths))
         emit(f"probe plan for {connection.target.display}: {args.rounds} rounds of single, "
              f"burst3, burst4{long} (streamed){kinds}; {args.tokens} tokens each, every "
              f"prompt new; deadline {settings.deadline_s:g} s")
-        return EXIT_PASS
-    return run_session(settings, WarmthProbe(connection, options, settings))
+    return WarmthProbe(connection, options, settings), dry_run

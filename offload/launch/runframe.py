@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 from records import FORMAT, field_problems
 from textfile import publish, result_samples
-from transport import (CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text,
-                       start_quiet, writable)
+from transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
+                       sanitize_text, start_quiet, writable)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -545,6 +545,31 @@ def add_run_options(parser: argparse.ArgumentParser, deadline_s: float = 90.0) -
                              "(node_exporter's textfile collector), written atomically; the "
                              "last success's time is kept when a run fails (default: "
                              "$WARMUP_TEXTFILE)")
+
+
+def argument_type(parse):
+    """An argparse type over a parser that raises ValueError."""
+    def checked(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    checked.__name__ = parse.__name__
+    return checked
+
+
+def flag_or_env(flag, name: str, parse, default):
+    """An option's value: the flag's, else the environment variable's (parsed, and named
+    when bad), else the default. The one reader of a WARMUP_* default."""
+    if flag is not None:
+        return flag
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return parse(text)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise UsageError(f"{name}: {exc}")
 
 
 def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:

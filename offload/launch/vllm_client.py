@@ -33,7 +33,8 @@ from dataclasses import dataclass, field, replace
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from records import label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
-                      late_problem, seconds)
+                      late_problem, parse_or_explain, run_session, run_settings, seconds,
+                      usage_error)
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
                        __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
@@ -828,6 +829,26 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
                              "refuses; within the deadline (default: %(default)g)")
     parser.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="NAME",
                         help="environment variable holding the API key (default: %(default)s)")
+
+
+def server_main(parser: argparse.ArgumentParser, argv: list[str], prog: str, mode: str,
+                build) -> int:
+    """The one main of the programs that talk to a server (warm-up, probe, gate): parse
+    the options, make the run's settings, build(args, settings) -> (program, dry_run)
+    (UsageError: exit 2 naming it), then print the dry run or run the program."""
+    try:
+        args = parse_or_explain(parser, argv)
+        settings = run_settings(args, prog, mode)
+        try:
+            program, dry_run = build(args, settings)
+        except UsageError as exc:
+            usage_error(parser, args.json, str(exc))
+    except SystemExit as exc:             # argparse: --help, --version, a usage error
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.dry_run:
+        dry_run()
+        return EXIT_PASS
+    return run_session(settings, program)
 
 
 def connection_from(args: argparse.Namespace) -> Connection:

@@ -8,7 +8,8 @@ and writes JSON Lines records that an operator reads before releasing producers.
 
 The run, in order (each step is a function or method right below):
 
-  main()                options -> RunSettings and a WarmUp (--dry-run prints the plan)
+  main()                vllm_client.server_main(): options -> build_warmup() -> a WarmUp
+                        (--dry-run prints the plan)
   runframe.run_session  records open, signals handled, exactly one summary, exit code
     WarmUp.steps()      the warm-up's steps:
       learn_server()      model, context length, engines (vllm_client)
@@ -37,9 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's 
 try:
     import runframe
     from evidence import Evidence, EvidenceOptions, cross_check, engine_shares
-    from runframe import (EXIT_PASS, EXIT_USAGE,
-                          Run, RunSettings, add_run_options, emit, parse_or_explain,
-                          run_session, run_settings, seconds, usage_error, whole)
+    from runframe import (Run, RunSettings, add_run_options, argument_type, emit,
+                          flag_or_env, seconds, whole)
     from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
                        b1_floor, contract_differences, judge, kinds_of, parse_paths,
                        request_id)
@@ -47,8 +47,8 @@ try:
     from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                              add_server_options, answer_record, connection_from,
-                             format_engines, read_slot, release_skew_ms, routed, slot_timing,
-                             template_kwargs_type)
+                             format_engines, read_slot, release_skew_ms, routed, server_main,
+                             slot_timing, template_kwargs_type)
     from vllm_metrics import (counter_deltas, engine_deltas, spec_figures,
                               tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
@@ -68,13 +68,8 @@ def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
     """The warm-up's command line; returns the exit status."""
     if argv is None:
         runframe.as_program()
-    try:
-        parsed = parse_settings(sys.argv[1:] if argv is None else argv, prog)
-    except SystemExit as exc:             # argparse: --help, --version, a usage error
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if parsed is None:
-        return EXIT_PASS
-    return run_session(*parsed)
+    return server_main(build_parser(prog), sys.argv[1:] if argv is None else argv, prog,
+                       "warmup", build_warmup)
 
 
 # ---------------------------------------------------------------------------
@@ -550,17 +545,6 @@ runs six at once). Readiness is not warm-up success: read the
 records before releasing producers. The contract: CONTRACT.md beside this file.
 """
 
-def argument_type(parse):
-    """An argparse type over a parser that raises ValueError."""
-    def checked(text: str):
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc))
-    checked.__name__ = parse.__name__
-    return checked
-
-
 def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -626,53 +610,30 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     return parser
 
 
-def parse_settings(argv: list[str], prog: str) -> tuple[RunSettings, WarmUp] | None:
-    """The command line -> the run's settings and its WarmUp; None after a dry run (printed
-    here). A usage error exits 2 through the parser (with --json, a JSON object first)."""
-    parser = build_parser(prog)
-    args = parse_or_explain(parser, argv)
-    settings = run_settings(args, prog, "warmup")
-    try:
-        check_deadline(settings.deadline_s)
-        chunk = flag_or_env(args.chunk_tokens, "WARMUP_CHUNK_TOKENS",
-                            whole(1, MAX_B1_TOKENS - 1), 4096)
-        if args.b1_tokens is not None and args.b1_tokens <= chunk:
-            raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
-                             f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
-                             f"longer; leave --b1-tokens out to size it past the chunk")
-        chunk_source = "--chunk-tokens" if args.chunk_tokens is not None else \
-            "WARMUP_CHUNK_TOKENS" if os.environ.get("WARMUP_CHUNK_TOKENS") else "assumed"
-        plan = Plan(waves=flag_or_env(args.waves, "WARMUP_WAVES", parse_waves, DEFAULT_WAVES),
-                    tokens=flag_or_env(args.tokens, "WARMUP_TOKENS", whole(2, 4096), 32),
-                    priority=args.priority, b1_tokens=args.b1_tokens or 5000,
-                    gauge_interval_ms=args.gauge_interval_ms, chunk_tokens=chunk,
-                    chunk_source=chunk_source,
-                    paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
-                    template_kwargs=args.chat_template_kwargs)
-        connection = connection_from(args)
-        evidence = EvidenceOptions(
-            metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
-            status_files=tuple(args.status_file), status_wait_s=args.status_wait_s)
-    except UsageError as exc:
-        usage_error(parser, args.json, str(exc))
-    if args.dry_run:
-        dry_run(plan, settings, connection, args.json)
-        return None
-    return settings, WarmUp(connection, plan, settings, evidence)
-
-
-def flag_or_env(flag, name: str, parse, default):
-    """An option's value: the flag's, else the environment variable's (parsed, and named
-    when bad), else the default."""
-    if flag is not None:
-        return flag
-    text = os.environ.get(name)
-    if not text:
-        return default
-    try:
-        return parse(text)
-    except (ValueError, argparse.ArgumentTypeError) as exc:
-        raise UsageError(f"{name}: {exc}")
+def build_warmup(args: argparse.Namespace, settings: RunSettings):
+    """The parsed options -> (the WarmUp, its dry run); UsageError naming a bad value."""
+    check_deadline(settings.deadline_s)
+    chunk = flag_or_env(args.chunk_tokens, "WARMUP_CHUNK_TOKENS",
+                        whole(1, MAX_B1_TOKENS - 1), 4096)
+    if args.b1_tokens is not None and args.b1_tokens <= chunk:
+        raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
+                         f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
+                         f"longer; leave --b1-tokens out to size it past the chunk")
+    chunk_source = "--chunk-tokens" if args.chunk_tokens is not None else \
+        "WARMUP_CHUNK_TOKENS" if os.environ.get("WARMUP_CHUNK_TOKENS") else "assumed"
+    plan = Plan(waves=flag_or_env(args.waves, "WARMUP_WAVES", parse_waves, DEFAULT_WAVES),
+                tokens=flag_or_env(args.tokens, "WARMUP_TOKENS", whole(2, 4096), 32),
+                priority=args.priority, b1_tokens=args.b1_tokens or 5000,
+                gauge_interval_ms=args.gauge_interval_ms, chunk_tokens=chunk,
+                chunk_source=chunk_source,
+                paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
+                template_kwargs=args.chat_template_kwargs)
+    connection = connection_from(args)
+    evidence = EvidenceOptions(
+        metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
+        status_files=tuple(args.status_file), status_wait_s=args.status_wait_s)
+    return (WarmUp(connection, plan, settings, evidence),
+            lambda: dry_run(plan, settings, connection, args.json))
 
 
 def check_deadline(deadline_s: float) -> None:

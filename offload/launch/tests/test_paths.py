@@ -91,6 +91,21 @@ class TestPaths(HelperCase):
                 self.assertEqual(result.code, 2)
                 self.assertIn(f"{source}: unknown path 'nope'", result.stderr)
 
+    def test_every_program_reads_warmup_paths(self):
+        qualify_main = __import__("qualify").main
+        for name, argv in (("warm-up", ["--dry-run"]), ("probe", ["probe", "--dry-run"])):
+            with self.subTest(name):
+                main = qualify_main if argv[0] == "probe" else None
+                shown = self.run_argv(argv, env={"WARMUP_PATHS": "stream"}, main=main)
+                self.assertEqual(shown.code, 0, shown.stderr)
+                self.assertIn("stream", shown.stdout)
+                bad = self.run_argv(argv, env={"WARMUP_PATHS": "nope"}, main=main)
+                self.assertEqual(bad.code, 2)
+                self.assertIn("WARMUP_PATHS: unknown path 'nope'", bad.stderr)
+                given = self.run_argv([*argv, "--paths", "none"], env={"WARMUP_PATHS": "nope"},
+                                      main=main)
+                self.assertEqual(given.code, 0, "the flag wins over the variable")
+
     def test_the_probe_finds_a_cold_path_and_the_warm_up_removes_it(self):
         cold = self.start_fake(cold_s=0.5, cold_paths=("logprobs",), latency_s=0.02)
         probe = self.run_argv(["probe", "--base-url", cold.url, "--records", self.records_path,
