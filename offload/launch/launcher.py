@@ -14,6 +14,7 @@ forks and exits is still followed); a zombie counts as gone. Standard library on
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import signal
@@ -21,17 +22,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    from ready import EXIT_NO_ANSWER, check_health, write_ready
-    from transport import Clock, UsageError
-    from vllm_client import parse_base_url
-except ImportError as exc:           # a module of the folder is missing: one line, no trace
-    print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
-          f"back as one folder; restore the whole folder", file=sys.stderr)
-    sys.exit(2)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
 TAIL_LINES = 20
@@ -245,23 +237,22 @@ def group_alive(pgid: int, proc: str = "/proc") -> bool:
 class Settings:
     """start.sh's settings, checked; the server command after --."""
 
+    DEFAULTS = {                          # setting: (its variable, its default)
+        "base_url": ("START_BASE_URL", "http://127.0.0.1:8000"),
+        "guard_s": ("START_GUARD_S", "600"), "log_dir": ("START_LOG_DIR", "./logs"),
+        "ready_file": ("START_READY_FILE", ""), "textfile": ("START_TEXTFILE", ""),
+        "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),
+        "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
+        "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
+        "stop_grace_s": ("START_STOP_GRACE_S", "10"),
+    }
+
     def __init__(self, argv: list[str], env: dict):
         self.env = env
-        get = env.get
-        self.base_url = get("START_BASE_URL", "http://127.0.0.1:8000")
-        self.guard_s = get("START_GUARD_S", "600")
-        self.log_dir = get("START_LOG_DIR", "./logs")
-        self.ready_file = get("START_READY_FILE", "")
-        self.textfile = get("START_TEXTFILE", "")
-        self.warmup = get("START_WARMUP", "1")
-        self.gate = get("START_GATE", "0")
-        self.supervise = get("START_SUPERVISE", "0")
-        self.gate_hard_s = get("START_GATE_HARD_S", "180")
-        self.poll_s = get("START_POLL_S", "1")
-        self.say_s = get("START_SAY_S", "30")
-        self.stop_grace_s = get("START_STOP_GRACE_S", "10")
-        self.source = {"base_url": "START_BASE_URL", "guard_s": "START_GUARD_S",
-                       "gate_hard_s": "START_GATE_HARD_S"}
+        self.source = {}                  # where each value came from: a variable, a flag
+        for name, (variable, default) in self.DEFAULTS.items():
+            setattr(self, name, env.get(variable, default))
+            self.source[name] = variable
         self.command: list[str] = []
         self.help = False
         self._parse(argv)
@@ -318,6 +309,8 @@ class Settings:
             self._check_ready_file()
         if self.textfile:
             check_file_place("--textfile", self.textfile)
+        from transport import UsageError
+        from vllm_client import parse_base_url
         try:
             self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
         except UsageError as exc:
@@ -554,7 +547,9 @@ def size_of(path: str) -> int:
 # ---------------------------------------------------------------------------
 
 def health(settings: Settings, timeout_s: float) -> int:
-    """One GET /health: 0 for 200, 1 another answer, EXIT_NO_ANSWER none."""
+    """One GET /health: 0 for 200, 1 another answer, ready.EXIT_NO_ANSWER none."""
+    from ready import check_health
+    from transport import Clock
     timeout_s = max(timeout_s, 0.1)
     return check_health(settings.target, Clock.start(timeout_s, timeout_s))[0]
 
@@ -572,6 +567,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
                       f"if that pid is not the server.")
             raise Exit(1)
         log(f"stale {pid_file} (pid {old or 'none'} is gone): replacing it")
+    from ready import EXIT_NO_ANSWER
     if health(settings, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
         log.error(f"something already answers at {settings.target.display}/health before "
                   f"launch: start.sh reports only on a server it starts. Stop that server, "
@@ -692,6 +688,7 @@ def gate_figures(gate: dict) -> str:
 
 def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None):
     """The ready file from the records that show the pass (ready.write_ready)."""
+    from ready import write_ready
     code, line = write_ready(settings.ready_file, records, gate_records)
     if code == 0:
         log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
@@ -837,6 +834,13 @@ def start(settings: Settings, log: Log) -> int:
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
+    try:                 # every module of the folder it uses, before anything is launched
+        for module in ("ready", "report"):        # they import the rest
+            importlib.import_module(module)
+    except ImportError as exc:                 # one line, no trace, nothing launched
+        print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "
+              f"rolled back as one folder; restore the whole folder", file=sys.stderr)
+        return 2
     try:
         settings = Settings(argv, dict(os.environ if env is None else env))
         if settings.help:

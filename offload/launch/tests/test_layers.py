@@ -90,7 +90,8 @@ class TestLayers(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             folder = copy_product(os.path.join(tmp, "launch"), leave_out=("runframe.py",))
             for command in (["warmup.py", "--dry-run"], ["qualify.py", "report", "x"],
-                            ["qualify.py", "gate", "--dry-run"]):
+                            ["qualify.py", "gate", "--dry-run"],
+                            ["launcher.py", "--", "true"]):
                 with self.subTest(command=command[0]):
                     proc = subprocess.run([sys.executable, os.path.join(folder, command[0]),
                                            *command[1:]], capture_output=True, text=True,
