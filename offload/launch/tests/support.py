@@ -279,6 +279,13 @@ class StartCase(HelperCase):
             return handle.read()
 
 
+def run_script(*argv: str, env: dict | None = None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+    """A product script (warmup.py, qualify.py) as a process, its output as text."""
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ, **(env or {})))
+
+
 def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) -> dict:
     """A run record of format 2 announcing `requests` requests (the contract's plan)."""
     base = dict(CONTRACT_PLAN) if mode == "warmup" else {"tokens": 32, "max_tokens": 2048,

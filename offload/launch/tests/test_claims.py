@@ -1,7 +1,8 @@
 """Say only what is true: documents against the code, messages against behaviour.
 
-The exit-code tables of the README, CONTRACT.md and --help are checked against the
-code's constants; the rest drives each claim through a real run or process.
+The exit-code tables of CONTRACT.md and --help are checked against the code's
+constants, and every table is in CONTRACT.md once; the rest drives each claim (every
+exit says what it read, a long batch says it still runs) through a real run or process.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import sys
 import time
 import unittest
 
-from support import FAKE, LAUNCH, REPO, HelperCase, warmup
-import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+from support import FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
-import runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import kinds  # noqa: E402
+import runframe  # noqa: E402
+import transport  # noqa: E402
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
 
@@ -221,6 +223,61 @@ class TestMessages(HelperCase):
         self.assertNotIn("Traceback", proc.stderr)
         self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
         self.assertIn(f"cannot listen on 127.0.0.1:{port}", proc.stderr)
+
+
+class TestEveryExitSaysWhatItRead(HelperCase):
+    def run_program(self, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
+                              timeout=30, env=dict(os.environ, **(env or {})))
+
+    def test_json_prints_its_object_when_records_cannot_be_written(self):
+        server = self.start_fake()
+        unwritable = os.path.join(self.tmp, "dir")
+        os.makedirs(unwritable)
+        for argv in ([WARMUP], [QUALIFY, "probe"], [QUALIFY, "gate"]):
+            with self.subTest(argv[-1]):
+                proc = self.run_program(*argv, "--base-url", server.url, "--records",
+                                        unwritable, "--json")
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                doc = json.loads(proc.stdout)
+                self.assertEqual((doc["verdict"], doc["exit_code"]), ("fail", 2))
+                self.assertIn("cannot write records", doc["problems"][0])
+
+    def test_a_bad_variable_is_named_as_the_variable(self):
+        for name, value, flag in (("WARMUP_ENGINES", "zero", "--engines"),
+                                  ("WARMUP_BASE_URL", "ftp://nowhere", "--base-url")):
+            with self.subTest(name):
+                proc = self.run_program(WARMUP, "--dry-run", env={name: value})
+                self.assertEqual(proc.returncode, 2)
+                self.assertIn(name, proc.stderr)
+                self.assertNotIn(f"argument {flag}", proc.stderr)
+                given = self.run_program(WARMUP, "--dry-run", flag, value)
+                self.assertEqual(given.returncode, 2)
+                self.assertIn(flag, given.stderr)
+
+    def test_usage_counts_that_are_text_are_named_not_quoted(self):
+        counts, problems = __import__("vllm_client").read_usage(
+            {"prompt_tokens": "MARKER-IN-A-COUNT" * 3, "completion_tokens": [1]})
+        self.assertEqual(problems, [
+            "usage prompt_tokens is not a count: a string of 51 characters",
+            "usage completion_tokens is not a count: a JSON array"])
+        self.assertIsNone(counts["prompt_tokens"])
+
+
+class TestSaysItIsStillWorking(HelperCase):
+    def test_a_long_batch_says_it_is_still_running(self):
+        silent = SilentServer()
+        self.addCleanup(silent.stop)
+        target = transport.parse_url(silent.url)
+        clock = transport.Clock.start(1.0, 1.0)
+        said = []
+        done = transport.exchange_batch(target, clock, [transport.Exchange(b"x"),
+                                                        transport.Exchange(b"y")],
+                                        lambda s, n: said.append((s, n)), every_s=0.3)
+        self.assertTrue(all(ex.error is not None for ex in done))
+        self.assertGreaterEqual(len(said), 2, said)
+        self.assertEqual([n for _, n in said], [0] * len(said))
+        self.assertEqual(sorted(said), said, "said in order, as time went on")
 
 
 if __name__ == "__main__":

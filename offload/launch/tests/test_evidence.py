@@ -1,4 +1,6 @@
-"""Per-wave evidence: what each wave did inside the engine, from its counters and gauges."""
+"""What the evidence shows (evidence.py, vllm_metrics.py): counter and status-file deltas,
+each wave's counters and gauges, and what decides a run (foreign work, the lock, /health,
+the textfile found unwritable first, wall-clock wave times and the drafted length)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import sys
 import time
 import unittest
 
-from support import QUALIFY, HelperCase, SilentServer
-import transport  # noqa: E402  (support puts offload/launch on sys.path)
+from support import QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
+import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import transport  # noqa: E402
 import vllm_client  # noqa: E402
 import vllm_metrics  # noqa: E402
 
@@ -23,6 +26,9 @@ def summed(waves: list[dict]) -> dict:
                 total[key] = total.get(key, 0.0) + value
     return total
 
+
+SERIES = 'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"}'
+UTC_MS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 class TestWaveEvidence(HelperCase):
     def test_per_wave_deltas_add_up_to_the_whole_run(self):
@@ -155,6 +161,153 @@ class TestSampler(unittest.TestCase):
         self.assertFalse(vllm_metrics.is_count_series("vllm:h_created", types))
         self.assertFalse(vllm_metrics.is_count_series("vllm:g", {"vllm:g": "gauge"}))
         self.assertTrue(vllm_metrics.is_count_series("untyped_total", {}))
+
+
+class TestCounterDeltas(unittest.TestCase):
+    def test_deltas_by_label_set_with_absent_and_reset_counters(self):
+        before = {SERIES: 4.0, "vllm:prompt_tokens_total": 100.0, "gone_total": 5.0,
+                  "reset_total": 9.0}
+        after = {SERIES: 14.0, "vllm:prompt_tokens_total": 5100.0, "new_total": 3.0,
+                 "reset_total": 1.0}
+        deltas = vllm_metrics.counter_deltas(before, after)
+        self.assertEqual(deltas[SERIES], 10.0)
+        self.assertEqual(deltas["vllm:prompt_tokens_total"], 5000.0)
+        self.assertIsNone(deltas["gone_total"])
+        self.assertIsNone(deltas["new_total"])
+        self.assertIsNone(deltas["reset_total"])
+        self.assertTrue(all(v is None for v in vllm_metrics.counter_deltas(None, after).values()))
+
+    def test_counters_are_total_series_only(self):
+        samples = transport.parse_prometheus(
+            'vllm:num_requests_running{engine="0"} 0\n'
+            'vllm:generation_tokens_total{engine="0"} 7\n'
+            'vllm:generation_tokens_total{engine="1"} 3\n').samples
+        self.assertEqual(vllm_client.counters(samples),
+                         {'vllm:generation_tokens_total{engine="0"}': 7.0,
+                          'vllm:generation_tokens_total{engine="1"}': 3.0})
+
+    def test_highlights_name_absent_counters_as_null(self):
+        shown = evidence.highlighted({SERIES: 10.0, "other_total": 1.0})
+        self.assertEqual(shown[SERIES], 10.0)
+        self.assertNotIn("other_total", shown)
+        self.assertIsNone(shown["vllm:generation_tokens_total"])
+        self.assertIsNone(shown["vllm:spec_decode_*"])
+        with_spec = evidence.highlighted({"vllm:spec_decode_num_drafts_total": 7.0})
+        self.assertNotIn("vllm:spec_decode_*", with_spec)
+
+    def test_cross_check_fails_on_more_than_recorded_and_warns_on_less(self):
+        requests = [{"completion_tokens": 32, "http_status": 200}] * 10
+        good = {'vllm:generation_tokens_total{engine="0"}': 300.0,
+                'vllm:generation_tokens_total{engine="1"}': 20.0, SERIES: 10.0}
+        self.assertEqual(evidence.cross_check(good, requests), ([], []))
+        more = dict(good, **{'vllm:generation_tokens_total{engine="1"}': 52.0})
+        problems, warnings = evidence.cross_check(more, requests)
+        self.assertEqual(warnings, [])
+        self.assertIn("generation tokens delta 352 exceeds the records' 320 completion tokens: "
+                      "foreign or concurrent work", problems[0])
+        less = dict(good, **{SERIES: 9.0})
+        self.assertIn("request success delta 9 is below the records' 10",
+                      evidence.cross_check(less, requests)[1][0])
+        self.assertIn("absent", evidence.cross_check({}, requests)[1][0])
+
+
+class TestStatusDelta(unittest.TestCase):
+    def test_numeric_fields_only_and_identity_checked(self):
+        before = {"pid": 10, "session": "a", "steps": 5, "workers": {"drafted_requests": 2},
+                  "ready": True, "name": "w"}
+        after = {"pid": 10, "session": "a", "steps": 9, "workers": {"drafted_requests": 12},
+                 "ready": False, "name": "w"}
+        result = evidence.status_delta(before, after)
+        self.assertEqual(result["state"], "valid")
+        self.assertEqual(result["delta"], {"steps": 4, "workers.drafted_requests": 10})
+        changed = evidence.status_delta(before, dict(after, pid=11))
+        self.assertEqual(changed["state"], "invalid")
+        self.assertIn("pid changed (10 -> 11)", changed["why"])
+        missing = evidence.status_delta(None, after, "before: missing")
+        self.assertEqual((missing["state"], missing["delta"]), ("incomplete", None))
+
+
+class TestEvidenceDecides(HelperCase):
+    def test_two_helpers_at_one_server_never_both_pass(self):
+        # The first runs four waves of 1 s each; the others start once its B1 was sent,
+        # while it holds the lock (about 3 s; a quiet machine starts one in 0.2 s).
+        server = self.start_fake(latency_s=1.0)
+        procs = []
+        for n, host in enumerate(("127.0.0.1", "127.0.0.1", "localhost")):
+            if n == 1:
+                self.wait_for_completions(server, 1)
+            records_path = os.path.join(self.tmp, f"r{n}.jsonl")
+            procs.append((subprocess.Popen(
+                [sys.executable, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
+                 "--records", records_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True), records_path))
+        codes = []
+        for proc, _ in procs:
+            proc.communicate(timeout=60)
+            codes.append(proc.returncode)
+        said = [read_records(path)[0][-1]["problems"] for _, path in procs]
+        locked = ["another helper" in " ".join(problems) for problems in said]
+        self.assertEqual(locked, [False, True, True], f"localhost is the same address: {said}")
+        self.assertEqual(codes, [0, 3, 3])
+
+    def test_a_lock_folder_that_cannot_be_used_is_named(self):
+        server = self.start_fake()
+        result = self.run_helper(server, env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
+        self.assertEqual(result.code, 2)
+        self.assertIn("point WARMUP_LOCK_DIR at a folder", result.summary["problems"][0])
+        self.assertEqual(server.state.requests, [])
+
+    def test_an_unhealthy_server_is_refused(self):
+        server = self.start_fake(health_delay_s=600)
+        result = self.run_helper(server)
+        self.assertEqual((result.code, result.summary["verdict"]), (3, "refused"))
+        self.assertIn("/health answered HTTP 503", result.summary["problems"][0])
+        self.assertEqual(server.state.completions(), [])
+
+    def test_an_unwritable_textfile_is_found_before_anything_is_sent(self):
+        server = self.start_fake()
+        for textfile, said in ((os.path.join(self.tmp, "no", "x.prom"), "No such file"),
+                               (self.records_path, "it is the records file")):
+            with self.subTest(said=said):
+                result = self.run_helper(server, "--textfile", textfile)
+                self.assertEqual(result.code, 2)
+                self.assertIn(f"cannot publish to --textfile {textfile}: {said}",
+                              result.stderr)
+                self.assertEqual(server.state.requests, [])
+
+    def test_waves_carry_wall_clock_times_and_the_drafted_length(self):
+        server = self.start_fake(spec_k=5)
+        started = time.time()
+        result = self.run_helper(server)
+        self.assertRegex(result.kind("run")[0]["started_at"], UTC_MS)
+        for wave in result.kind("wave"):
+            self.assertRegex(wave["released_at"], UTC_MS)
+            self.assertLessEqual(wave["released_at"], wave["last_answer_at"])
+            self.assertEqual(wave["spec_decode"]["drafted_length"], 5.0)
+        self.assertLessEqual(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started - 1)),
+                             result.kind("wave")[0]["released_at"])
+        held = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B4=5"],
+                             main=qualify.main)
+        self.assertEqual(held.code, 0, held.stdout)
+        self.assertIn("expect-k B4: drafted length 5, k 5: holds", held.stdout)
+        flagged = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B3=4"],
+                                main=qualify.main)
+        self.assertEqual(flagged.code, 1)
+        self.assertIn("expect-k B3: drafted length 5, k 4: DIFFERS", flagged.stdout)
+
+    def test_a_wave_named_twice_is_a_usage_error(self):
+        shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B1=1"],
+                              main=qualify.main)
+        self.assertEqual(shown.code, 2)
+        self.assertIn("names B1 twice", shown.stderr)
+
+    def test_without_speculative_counters_k_is_not_observed(self):
+        server = self.start_fake(speculative=False)
+        self.assertEqual(self.run_helper(server).code, 0)
+        shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5"],
+                              main=qualify.main)
+        self.assertEqual(shown.code, 1)
+        self.assertIn("expect-k B1: drafted length not observed", shown.stdout)
 
 
 if __name__ == "__main__":

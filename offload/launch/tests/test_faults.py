@@ -70,7 +70,7 @@ MATRIX = [
     ("`--base-url` with credentials", "0", "works; credentials appear nowhere",
      "test_faults.TestFaults.test_credentials_in_url"),
     ("generated text / token ids carry a marker", "0", "the marker appears nowhere: stdout, "
-     "stderr, records, start log", "test_start.TestStart.test_passing_start"),
+     "stderr, records, start log", "test_launcher.TestStart.test_passing_start"),
     ("a gauge line that cannot be read exactly (float timestamp, exemplar, CR or BOM)", "3",
      "`… cannot be read exactly`, naming the line; no completion sent",
      "test_hostile.TestHostile.test_guard_fails_closed_on_unreadable_gauge_lines"),

@@ -1,4 +1,4 @@
-"""The quality gate (issue 11): the scorers called directly, and whole gates against the fake.
+"""The quality gate (gate.py): the scorers called directly, and whole gates against the fake.
 
 Run: python3 -m unittest discover -s offload/launch/tests -p 'test_gate.py' -v
 """

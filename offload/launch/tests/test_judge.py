@@ -1,30 +1,24 @@
-"""One judge, one record schema: what makes an answer pass, the contract's plan against a
-custom one, the report judging records again, and what the evidence decides."""
+"""One judge, one record schema (kinds.py, records.py): what makes an answer pass, the
+contract's plan against a custom one, B1's floor, and the records table of CONTRACT.md."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
-import subprocess
-import sys
-import time
 import unittest
 
-from support import (LAUNCH, WARMUP, HelperCase, read_records, request_record,
-                     run_record, summary_record)
+from support import LAUNCH, HelperCase, request_record, run_record, summary_record
 import kinds  # noqa: E402  (support puts offload/launch on sys.path)
 import launcher  # noqa: E402
-import ready  # noqa: E402
 import qualify  # noqa: E402
+import ready  # noqa: E402
 import records  # noqa: E402
-from support import StartCase
 
 GREEDY = kinds.KINDS["greedy"]
 ANSWER = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
           "prompt_tokens": 5000, "cached_tokens": 0, "completion_tokens": 32,
           "finish_reason": "length", "stop_reason": None}
-UTC_MS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
 
 
 class TestTheJudge(unittest.TestCase):
@@ -149,17 +143,6 @@ class TestCustomPlan(HelperCase):
         self.assertTrue(result.summary["contract"])
 
 
-class TestStartWarnsOnACustomPlan(StartCase):
-    def test_warn_and_no_ready_file(self):
-        result = self.start("--ready-file", self.ready, server=self.fake(),
-                            env={"WARMUP_TOKENS": "2", "WARMUP_WAVES": "1"})
-        self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("WARN: warm-up passed a custom plan, not the contract's (tokens 2; "
-                      "waves B1); no ready file", result.stdout)
-        self.assertNotIn("OK:", result.stdout)
-        self.assertFalse(os.path.exists(self.ready))
-
-
 class TestB1(HelperCase):
     def test_a_smaller_chunk_never_lowers_the_floor(self):
         server = self.start_fake(max_model_len=3032)
@@ -186,81 +169,6 @@ class TestB1(HelperCase):
         self.assertFalse(any("prefill chunk" in w for w in given.summary["warnings"]))
 
 
-class TestStartFindsTheChunk(StartCase):
-    def test_from_the_server_log_when_the_command_does_not_say(self):
-        # The fake logs vLLM's start line; its command line names no chunk here.
-        result = self.start(server=self.fake("--max-model-len", "32768"),
-                            env={"WARMUP_CHUNK_TOKENS": ""})
-        self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("prefill chunk 4096 tokens (from server.log)", result.stdout)
-        warmed = [name for name in os.listdir(self.logs) if name.startswith("warmup-")]
-        found, _ = read_records(os.path.join(self.logs, warmed[0]))
-        run = [r for r in found if r["record"] == "run"][0]
-        self.assertEqual((run["plan"]["chunk_tokens"], run["plan"]["chunk_source"]),
-                         (4096, "WARMUP_CHUNK_TOKENS"))
-
-
-class TestReportJudgesAgain(HelperCase):
-    def warmed(self) -> list[dict]:
-        server = self.start_fake()
-        self.assertEqual(self.run_helper(server).code, 0)
-        found, _ = read_records(self.records_path)
-        return found
-
-    def report(self, found: list[dict], *args: str):
-        with open(self.records_path, "w") as handle:
-            handle.writelines(json.dumps(r) + "\n" for r in found)
-        return self.run_argv(["report", self.records_path, *args], main=qualify.main)
-
-    def test_an_edited_record_is_named_with_its_rule(self):
-        found = self.warmed()
-        target = next(i for i, r in enumerate(found)
-                      if r["record"] == "request" and r["wave"] == "B2" and r["index"] == 1)
-        for field, value, rule in (("completion_tokens", 1, "one-token response"),
-                                   ("finish_reason", "stop", "finish_reason 'stop', expected"),
-                                   ("stop_reason", 2, "stop_reason 2, expected null"),
-                                   ("prompt_tokens", "many", None)):
-            with self.subTest(field=field):
-                edited = list(found)
-                edited[target] = dict(found[target], **{field: value})
-                shown = self.report(edited)
-                self.assertEqual(shown.code, 1, shown.stdout)
-                self.assertIn("B2#1: the record says ok, but", shown.stdout)
-                if rule:
-                    self.assertIn(rule, shown.stdout)
-        self.assertEqual(self.report(found).code, 0, "the file as written passes")
-
-    def test_a_usage_value_that_is_no_count_is_judged_the_same_again(self):
-        server = self.start_fake()
-        self.assertEqual(self.run_helper(server).code, 0)
-        found, _ = read_records(self.records_path)
-        target = next(i for i, r in enumerate(found) if r["record"] == "request")
-        failed = dict(found[target], reasoning_tokens=None, ok=False,
-                      usage_problems=["usage reasoning_tokens is not a count: str of 1"],
-                      problems=["usage reasoning_tokens is not a count: str of 1"])
-        shown = self.report(found[:target] + [failed] + found[target + 1:])
-        self.assertEqual(shown.code, 1)
-        self.assertNotIn("the record says not ok, but its fields pass", shown.stdout)
-
-    def test_ok_is_never_what_decides(self):
-        found = self.warmed()
-        target = next(i for i, r in enumerate(found) if r["record"] == "request")
-        edited = list(found)
-        edited[target] = dict(found[target], ok=False)
-        shown = self.report(edited)
-        self.assertEqual(shown.code, 1)
-        self.assertIn("B1#0: the record says not ok, but its fields pass", shown.stdout)
-
-    def test_records_off_their_declaration_or_of_another_format(self):
-        found = self.warmed()
-        requests = [i for i, r in enumerate(found) if r["record"] == "request"]
-        edited = list(found)
-        edited[requests[0]] = {k: v for k, v in found[requests[0]].items() if k != "usage"}
-        self.assertIn("request record without usage", self.report(edited).stdout)
-        edited = [dict(r, format=1) if r["record"] == "run" else r for r in found]
-        self.assertIn("the run record is of format 1, not 2", self.report(edited).stdout)
-
-
 class TestRecordsSchema(unittest.TestCase):
     def contract_table(self) -> dict[str, set]:
         with open(os.path.join(LAUNCH, "CONTRACT.md"), encoding="utf-8") as handle:
@@ -283,89 +191,6 @@ class TestRecordsSchema(unittest.TestCase):
         said = records.field_problems(dict(request_record("r", 0), ok="yes", extra=1))
         self.assertEqual(said, ["request record's ok is not bool",
                                 "request record with an undeclared field 'extra'"])
-
-
-class TestEvidenceDecides(HelperCase):
-    def test_two_helpers_at_one_server_never_both_pass(self):
-        # The first runs four waves of 1 s each; the others start once its B1 was sent,
-        # while it holds the lock (about 3 s; a quiet machine starts one in 0.2 s).
-        server = self.start_fake(latency_s=1.0)
-        procs = []
-        for n, host in enumerate(("127.0.0.1", "127.0.0.1", "localhost")):
-            if n == 1:
-                self.wait_for_completions(server, 1)
-            records_path = os.path.join(self.tmp, f"r{n}.jsonl")
-            procs.append((subprocess.Popen(
-                [sys.executable, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
-                 "--records", records_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True), records_path))
-        codes = []
-        for proc, _ in procs:
-            proc.communicate(timeout=60)
-            codes.append(proc.returncode)
-        said = [read_records(path)[0][-1]["problems"] for _, path in procs]
-        locked = ["another helper" in " ".join(problems) for problems in said]
-        self.assertEqual(locked, [False, True, True], f"localhost is the same address: {said}")
-        self.assertEqual(codes, [0, 3, 3])
-
-    def test_a_lock_folder_that_cannot_be_used_is_named(self):
-        server = self.start_fake()
-        result = self.run_helper(server, env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
-        self.assertEqual(result.code, 2)
-        self.assertIn("point WARMUP_LOCK_DIR at a folder", result.summary["problems"][0])
-        self.assertEqual(server.state.requests, [])
-
-    def test_an_unhealthy_server_is_refused(self):
-        server = self.start_fake(health_delay_s=600)
-        result = self.run_helper(server)
-        self.assertEqual((result.code, result.summary["verdict"]), (3, "refused"))
-        self.assertIn("/health answered HTTP 503", result.summary["problems"][0])
-        self.assertEqual(server.state.completions(), [])
-
-    def test_an_unwritable_textfile_is_found_before_anything_is_sent(self):
-        server = self.start_fake()
-        for textfile, said in ((os.path.join(self.tmp, "no", "x.prom"), "No such file"),
-                               (self.records_path, "it is the records file")):
-            with self.subTest(said=said):
-                result = self.run_helper(server, "--textfile", textfile)
-                self.assertEqual(result.code, 2)
-                self.assertIn(f"cannot publish to --textfile {textfile}: {said}",
-                              result.stderr)
-                self.assertEqual(server.state.requests, [])
-
-    def test_waves_carry_wall_clock_times_and_the_drafted_length(self):
-        server = self.start_fake(spec_k=5)
-        started = time.time()
-        result = self.run_helper(server)
-        self.assertRegex(result.kind("run")[0]["started_at"], UTC_MS)
-        for wave in result.kind("wave"):
-            self.assertRegex(wave["released_at"], UTC_MS)
-            self.assertLessEqual(wave["released_at"], wave["last_answer_at"])
-            self.assertEqual(wave["spec_decode"]["drafted_length"], 5.0)
-        self.assertLessEqual(time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started - 1)),
-                             result.kind("wave")[0]["released_at"])
-        held = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B4=5"],
-                             main=qualify.main)
-        self.assertEqual(held.code, 0, held.stdout)
-        self.assertIn("expect-k B4: drafted length 5, k 5: holds", held.stdout)
-        flagged = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B3=4"],
-                                main=qualify.main)
-        self.assertEqual(flagged.code, 1)
-        self.assertIn("expect-k B3: drafted length 5, k 4: DIFFERS", flagged.stdout)
-
-    def test_a_wave_named_twice_is_a_usage_error(self):
-        shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B1=1"],
-                              main=qualify.main)
-        self.assertEqual(shown.code, 2)
-        self.assertIn("names B1 twice", shown.stderr)
-
-    def test_without_speculative_counters_k_is_not_observed(self):
-        server = self.start_fake(speculative=False)
-        self.assertEqual(self.run_helper(server).code, 0)
-        shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5"],
-                              main=qualify.main)
-        self.assertEqual(shown.code, 1)
-        self.assertIn("expect-k B1: drafted length not observed", shown.stdout)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 
-from support import QUALIFY, HelperCase, read_records
-import kinds as paths  # noqa: E402  (support puts offload/launch on sys.path)
 from fake_vllm import TEXT_MARKER
-from support import StartCase
+from support import QUALIFY, HelperCase
+import kinds  # noqa: E402  (support puts offload/launch on sys.path)
 
 
 class TestPaths(HelperCase):
@@ -128,17 +126,17 @@ class TestPaths(HelperCase):
                          "warmed: no request of the probe paid the cold cost")
 
     def test_structured_output_is_held_to_its_own_rule(self):
-        kind = paths.KINDS["json-schema"]
+        kind = kinds.KINDS["json-schema"]
         ok = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
               "completion_tokens": 9, "finish_reason": "stop", "stop_reason": None}
-        self.assertEqual(paths.judge(ok, kind, 32), [])
+        self.assertEqual(kinds.judge(ok, kind, 32), [])
         empty = dict(ok, completion_tokens=0)
-        self.assertIn("expected 1 to 32", paths.judge(empty, kind, 32)[0])
-        plain = paths.KINDS["sampled"]
-        self.assertIn("completion_tokens 9, expected 32", paths.judge(ok, plain, 32))
-        lp = paths.KINDS["logprobs"]
+        self.assertIn("expected 1 to 32", kinds.judge(empty, kind, 32)[0])
+        plain = kinds.KINDS["sampled"]
+        self.assertIn("completion_tokens 9, expected 32", kinds.judge(ok, plain, 32))
+        lp = kinds.KINDS["logprobs"]
         full = dict(ok, completion_tokens=32, finish_reason="length", logprobs_count=None)
-        self.assertEqual(paths.judge(full, lp, 32),
+        self.assertEqual(kinds.judge(full, lp, 32),
                          ["no log-probabilities in the answer"])
 
 
@@ -160,19 +158,5 @@ class TestChunk(HelperCase):
         self.assertIn("context too small", result.stdout)
         self.assertIn("B1 needs more than 6000", result.stdout)
         self.assertEqual(server.state.completions(), [])
-
-
-class TestStartPassesTheChunk(StartCase):
-    def test_start_sh_reads_the_chunk_from_the_server_command(self):
-        result = self.start(server=self.fake("--max-model-len", "8192",
-                                             "--max-num-batched-tokens=6000"))
-        self.assertEqual(result.code, 0, result.stderr)
-        records, _ = read_records(self.records())
-        b1 = [r for r in records if r["record"] == "request"][0]
-        self.assertGreater(b1["prompt_tokens"], 6000)
-        run = [r for r in records if r["record"] == "run"][0]
-        self.assertEqual(run["plan"]["chunk_tokens"], 6000)
-        self.assertTrue(re.search(r"max-num-batched-tokens=6000", self.start_log()))
-        self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6001)
 
 

@@ -1,5 +1,5 @@
-"""Readiness that stays true: the ready file names its server, `qualify.py ready` checks it,
-and the result is published as a textfile for monitoring."""
+"""Readiness that stays true (ready.py): the ready file names its server, `qualify.py
+ready` checks it, its edges; and the result published as a textfile (textfile.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ import sys
 import time
 import unittest
 
-from support import FAKE, QUALIFY, HelperCase, SilentServer, free_port
+from support import (FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
+                     read_records, run_script)
 import ready as readiness  # noqa: E402  (support puts offload/launch on sys.path)
-from support import StartCase
+import textfile  # noqa: E402
+import transport  # noqa: E402
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
 except ImportError:                      # installed by .ci/run for this check only
     text_string_to_metric_families = None
+
+
 
 
 def ready(path: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -181,6 +185,41 @@ class TestTextfile(HelperCase):
         self.assertEqual(found["offload_warmup_last_run_success"][()], 1.0, "kept beside")
 
 
+class TestTextfileCarriesSafely(unittest.TestCase):
+    def test_carried_samples_are_escaped_and_a_damaged_file_is_dropped(self):
+        before = [("offload_gate_x", {"shape": 'al"one\nx'}, float("inf"), "h"),
+                  ("offload_warmup_last_success_timestamp_seconds", {}, 5.0, "h")]
+        text = textfile.render(textfile.merged("offload_warmup", [], before))
+        self.assertIn('offload_gate_x{shape="al\\"one\\nx"} +Inf', text)
+        self.assertEqual(len(text.strip().splitlines()), 6)
+        parsed = transport.parse_prometheus(text)
+        self.assertEqual(parsed.bad_lines, [])
+
+
+class TestReadyEdges(HelperCase):
+    def test_an_invalid_base_url_is_not_a_ready_file(self):
+        path = os.path.join(self.tmp, "ready")
+        with open(path, "w") as handle:
+            json.dump({"kind": "offload-ready/1", "base_url": "ftp://x", "model": "m",
+                       "process_start_time_seconds": 1.0}, handle)
+        shown = run_script(QUALIFY, "ready", "--ready-file", path)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("is not a ready file", shown.stderr)
+
+    def test_no_ready_file_that_could_never_be_checked(self):
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server).code, 0)
+        records, _ = read_records(self.records_path)
+        with open(self.records_path, "w") as handle:
+            for record in records:
+                if record["record"] == "run":
+                    record["process_start_time_seconds"] = None
+                handle.write(json.dumps(record) + "\n")
+        path = os.path.join(self.tmp, "ready")
+        code, line = readiness.write_ready(path, self.records_path, None)
+        self.assertEqual(code, 1)
+        self.assertIn("could never be checked", line)
+        self.assertFalse(os.path.exists(path))
 
 
 if __name__ == "__main__":

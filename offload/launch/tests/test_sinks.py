@@ -3,7 +3,9 @@
 A marker, control characters, a bidi override and the API key are planted in every
 server field the code reads (model id, version, error message and param, finish and stop
 reasons, usage values, /metrics labels and lines, /tokenize's context); our prompt text
-is echoed back. Neither sink may show any of it raw.
+is echoed back. Neither sink may show any of it raw. Also: a key split or cut by the
+server is still redacted, server text in odd fields is not kept, and the atomic writer
+only ever replaces a regular file.
 """
 
 from __future__ import annotations
@@ -11,14 +13,15 @@ from __future__ import annotations
 import io
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
 import unittest
 
-from hostile import (MODEL, HostileServer, completion_with, error_answer, json_answer,
+from hostile import (MODEL, HostileServer, completion_with, error_answer, http, json_answer,
                      metrics_answer, metrics_text, model_entry, models_doc)
-from support import API_KEY, WARMUP, read_records
+from support import API_KEY, WARMUP, HelperCase, read_records, run_script
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402
 
@@ -119,6 +122,66 @@ class TestSinks(unittest.TestCase):
         self.assertEqual(shown.count("\n"), 2, "our own line break is kept, theirs are not")
         for bad in ("\x1b", "s3cr3t", "alpha beta", "\u202e"):
             self.assertNotIn(bad, shown)
+
+
+class TestWriter(HelperCase):
+    def test_only_a_regular_file_is_ever_replaced(self):
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        target = os.path.join(self.tmp, "precious")
+        with open(target, "w") as handle:
+            handle.write("keep me")
+        link = os.path.join(self.tmp, "link")
+        os.symlink(target, link)
+        for path in (fifo, link, self.tmp):
+            with self.subTest(path=os.path.basename(path)):
+                self.assertIn("not a regular file", transport.write_atomically(path, "x"))
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        self.assertTrue(os.path.islink(link))
+        with open(target) as handle:
+            self.assertEqual(handle.read(), "keep me")
+        fresh = os.path.join(self.tmp, "fresh")
+        self.assertIsNone(transport.write_atomically(fresh, "new"))
+        self.assertEqual([n for n in os.listdir(self.tmp) if n.endswith(".tmp")], [])
+
+
+class TestSecrets(HelperCase):
+    def test_a_key_split_or_cut_by_the_server_is_still_redacted(self):
+        key = "sk-live-QwErTyUiOpAsDfGhJkLzXc"
+        server = HostileServer({"/v1/completions": lambda req: json_answer(
+            {"error": {"message": f"auth failed for {key[:18]}\u200b{key[18:]}; invalid key "
+                                  f"provided: {key[:20]}...", "type": "x", "param": None,
+                       "code": 500}}, 500)}).start()
+        self.addCleanup(server.stop)
+        proc = run_script(WARMUP, "--base-url", server.url, "--records", self.records_path,
+                   "--deadline-s", "20", env={"VLLM_API_KEY": key})
+        _, text = read_records(self.records_path)
+        for where in (proc.stdout, proc.stderr, text):
+            self.assertNotIn(key[:12], where.replace("\u200b", ""))
+        self.assertIn("[redacted]", text)
+
+    def test_a_short_key_does_not_rewrite_our_own_words(self):
+        server = self.start_fake(api_key="ok")
+        result = self.run_helper(server, env={"VLLM_API_KEY": "ok"})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertEqual(result.summary["requests_ok"], 10)
+        self.assertNotIn("Traceback", result.stderr)
+
+
+class TestServerTextInOddFields(HelperCase):
+    def test_a_finish_reason_object_and_speculative_field_names_are_not_kept(self):
+        marker = "GENTEXT-H0ST1LE"
+        server = HostileServer({"/v1/completions": lambda req: http(200, completion_with(
+            req, choices=[{"index": 0, "text": "x", "finish_reason": {"text": marker},
+                           "stop_reason": None}],
+            metrics={"speculative_decoding": {marker: 1, "num_drafts": 3}}))}).start()
+        self.addCleanup(server.stop)
+        proc = run_script(WARMUP, "--base-url", server.url, "--records", self.records_path,
+                   "--deadline-s", "20")
+        _, text = read_records(self.records_path)
+        for where in (proc.stdout, proc.stderr, text):
+            self.assertNotIn(marker, where)
+        self.assertIn("<dict>", text)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,7 @@
-"""start.sh as a real process, with the fake server (itself a real process) as the server.
+"""start.sh and its launcher (launcher.py): the pure parts called directly, the rest as
+real processes with the fake server (itself a real process) as the server; as a
+container's entry point (--supervise); one address; the chunk it passes on; a custom plan
+WARNed; the odd paths it refuses.
 
 Every test stops every process it started: the server's process group is killed at
 cleanup from the pid start.sh recorded.
@@ -8,18 +11,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 import unittest
 
-from support import QUALIFY, START, WRAPPER, HelperCase, SilentServer, StartCase, \
-    copy_product, gate_record, product_files, read_records, run_record, \
-    summary_record
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
-from launcher import group_alive, redacted_command
+from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, StartCase,
+                     copy_product, free_port, gate_record, product_files, read_records,
+                     run_record, summary_record)
+from launcher import (Log, Server, Settings, flag_value, group_alive,  # noqa: E402
+                      logged_chunk, redacted_command)
+
+SUPERVISING = "supervising server process group"
 
 
 class TestStart(StartCase):
@@ -614,6 +622,219 @@ class TestWrapper(HelperCase):
         self.assertIn("plan for", result.stdout)
         self.assertEqual(sorted(os.listdir(folder)),
                          sorted(["__pycache__"] + [os.path.basename(f) for f in product_files()]))
+
+
+class TestSupervise(StartCase):
+    def supervised(self, *launcher: str, server: list[str] | None = None) -> subprocess.Popen:
+        """start.sh --supervise against the fake, as a process; running until it logs that
+        it supervises (60 s at most; a quiet machine needs about 1 s)."""
+        command = [*launcher, "bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                   "--supervise", "--", *(server or self.fake())]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, START_POLL_S="0.2",
+                                                    START_STOP_GRACE_S="3"),
+                                start_new_session=True)
+        self.addCleanup(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        deadline = time.monotonic() + 60
+        while SUPERVISING not in self.start_log() and time.monotonic() < deadline:
+            self.assertIsNone(proc.poll(), "start.sh ended before it supervised")
+            time.sleep(0.05)
+        self.assertIn(SUPERVISING, self.start_log())
+        return proc
+
+    def start_log(self) -> str:
+        try:
+            with open(os.path.join(self.logs, "start.log")) as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return ""
+
+    def test_term_reaches_the_server_and_its_status_is_start_sh_s(self):
+        proc = self.supervised()
+        server = self.server_pid()
+        os.kill(proc.pid, signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=30), 0, "the fake ends gracefully on TERM: 0")
+        self.assertIn("TERM received: passed on to server process group", self.start_log())
+        self.assertIn("server ended with status 0: start.sh exits with it", self.start_log())
+        self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
+
+    def test_a_server_killed_from_outside_ends_start_sh_at_once(self):
+        proc = self.supervised()
+        os.kill(self.server_pid(), signal.SIGKILL)
+        started = time.monotonic()
+        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
+        self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
+
+    @unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
+                         "needs unshare and root for a new PID namespace")
+    def test_as_pid_1_of_a_pid_namespace(self):
+        proc = self.supervised("unshare", "-pf", "--mount-proc")
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        self.assertEqual(len(children), 1, "start.sh runs as the namespace's PID 1")
+        os.kill(int(children[0]), signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=30), 0)
+        self.assertIn("TERM received: passed on", self.start_log())
+
+
+    @unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
+                         "needs unshare and root for a new PID namespace")
+    def test_as_pid_1_it_reaps_orphans_and_ends_with_a_killed_server(self):
+        # The server leaves an orphan (a subshell's background sleep), which the kernel
+        # hands to PID 1: start.sh must reap it, and end when the server is killed.
+        fake = " ".join(f"'{arg}'" for arg in self.fake())
+        proc = self.supervised("unshare", "-pf", "--mount-proc", server=[
+            "bash", "-c", f"(sleep 0.3 &); exec {fake}"])
+        (pid_1,) = children_of(proc.pid)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                state(pid) == "Z" or name_of(pid) == "sleep" for pid in children_of(pid_1)):
+            time.sleep(0.05)
+        left = children_of(pid_1)
+        self.assertEqual([name_of(pid) for pid in left], [os.path.basename(sys.executable)],
+                         "only the server is left: the orphan ran and was reaped")
+        os.kill(left[0], signal.SIGKILL)
+        started = time.monotonic()
+        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
+        self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids whose parent is pid (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return sorted(found)
+
+
+def state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "gone"
+
+
+def name_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "gone"
+
+
+class TestOneAddress(StartCase):
+    def test_a_port_or_host_other_than_the_base_url_s_is_a_usage_error(self):
+        other = str(free_port())
+        for server, said in (
+                ([sys.executable, FAKE, "--port", other], f"the server command --port {other}"),
+                ([sys.executable, FAKE, f"--port={self.port}", "--host", "10.1.2.3"],
+                 "names host 127.0.0.1, the server command --host 10.1.2.3")):
+            with self.subTest(said=said):
+                result = self.start(server=server)
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn(said, result.stderr)
+                self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+
+    def test_the_last_chunk_flag_counts_as_vllm_s_parser_takes_it(self):
+        self.assertEqual(flag_value("--max-num-batched-tokens", [
+            "serve", "--max-num-batched-tokens", "4096", "m", "--max-num-batched-tokens=16384"]),
+            "16384")
+
+    def test_the_chunk_from_this_start_s_server_log(self):
+        # vLLM 0.32's lines, as a real server printed them (a spec-decoding server without
+        # --max-num-batched-tokens says only the second); an earlier start's line is past.
+        os.makedirs(self.logs)
+        with open(os.path.join(self.logs, "server.log"), "w") as handle:
+            handle.write("INFO [scheduler.py:307] Chunked prefill is enabled with "
+                         "max_num_batched_tokens=8192.\n")
+            offset = handle.tell()
+            handle.write("(APIServer pid=1) WARNING 12-02 01:33:55 [vllm.py:2276] "
+                         "max_num_scheduled_tokens is set to 2048 based on the speculative "
+                         "decoding settings.\n")
+        settings = Settings(["--log-dir", self.logs, "--", "vllm"], {})
+        server = Server(settings, Log(self.logs))
+        for start_offset, chunk in ((offset, "2048"), (10 ** 6, "")):
+            self.assertEqual(logged_chunk(server.logged_since(start_offset)), chunk)
+
+    def test_one_address_written_two_ways_is_fine(self):
+        result = self.start("--no-warmup", server=[*self.fake(), "--host", "0.0.0.0"])
+        self.assertEqual(result.code, 0, result.stderr)
+
+
+class TestStartRefusesOddPaths(StartCase):
+    def test_a_fifo_ready_file_is_refused_and_left_alone(self):
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        for option in ("--ready-file", "--textfile"):
+            with self.subTest(option):
+                result = self.start(option, fifo, server=["true"], timeout=30)
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn("is not a regular file", result.stderr)
+                self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode), "never removed")
+
+
+class TestStartSaysItWaits(StartCase):
+    def test_start_says_it_waits_for_health(self):
+        result = self.start("--no-warmup", server=self.fake("--health-delay-s", "1.6"),
+                            env={"START_SAY_S": "1"}, timeout=60)
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertRegex(result.stdout, r"waiting for http://127\.0\.0\.1:\d+/health: \d+ s of "
+                                        r"the 600 s start guard; server process group \d+ is "
+                                        r"running")
+
+    def test_a_bad_start_variable_is_named(self):
+        result = self.start(server=self.fake(), env={"START_GUARD_S": "soon"}, timeout=30)
+        self.assertEqual(result.code, 2)
+        self.assertIn("START_GUARD_S must be a whole number", result.stderr)
+        flagged = self.start("--start-guard-s", "soon", server=self.fake(), timeout=30)
+        self.assertIn("--start-guard-s must be a whole number", flagged.stderr)
+
+
+class TestStartWarnsOnACustomPlan(StartCase):
+    def test_warn_and_no_ready_file(self):
+        result = self.start("--ready-file", self.ready, server=self.fake(),
+                            env={"WARMUP_TOKENS": "2", "WARMUP_WAVES": "1"})
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("WARN: warm-up passed a custom plan, not the contract's (tokens 2; "
+                      "waves B1); no ready file", result.stdout)
+        self.assertNotIn("OK:", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+
+
+class TestStartFindsTheChunk(StartCase):
+    def test_from_the_server_log_when_the_command_does_not_say(self):
+        # The fake logs vLLM's start line; its command line names no chunk here.
+        result = self.start(server=self.fake("--max-model-len", "32768"),
+                            env={"WARMUP_CHUNK_TOKENS": ""})
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("prefill chunk 4096 tokens (from server.log)", result.stdout)
+        warmed = [name for name in os.listdir(self.logs) if name.startswith("warmup-")]
+        found, _ = read_records(os.path.join(self.logs, warmed[0]))
+        run = [r for r in found if r["record"] == "run"][0]
+        self.assertEqual((run["plan"]["chunk_tokens"], run["plan"]["chunk_source"]),
+                         (4096, "WARMUP_CHUNK_TOKENS"))
+
+
+class TestStartPassesTheChunk(StartCase):
+    def test_start_sh_reads_the_chunk_from_the_server_command(self):
+        result = self.start(server=self.fake("--max-model-len", "8192",
+                                             "--max-num-batched-tokens=6000"))
+        self.assertEqual(result.code, 0, result.stderr)
+        records, _ = read_records(self.records())
+        b1 = [r for r in records if r["record"] == "request"][0]
+        self.assertGreater(b1["prompt_tokens"], 6000)
+        run = [r for r in records if r["record"] == "run"][0]
+        self.assertEqual(run["plan"]["chunk_tokens"], 6000)
+        self.assertTrue(re.search(r"max-num-batched-tokens=6000", self.start_log()))
+        self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6001)
 
 
 if __name__ == "__main__":
