@@ -268,6 +268,16 @@ class StartCase(HelperCase):
                                                    "START_STOP_GRACE_S": "3"}, **(env or {})),
                                 timeout=timeout, records=self.records())
 
+    def refused(self, *args: str, env: dict | None = None) -> Result:
+        """launcher.main() in this process, for a start refused before anything is launched
+        (a usage error): its exit code and output; the environment is this test's plus env."""
+        import launcher
+        out, err = io.StringIO(), io.StringIO()
+        started = time.monotonic()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = launcher.main(list(args), dict(os.environ, **(env or {})))
+        return Result(code, out.getvalue(), err.getvalue(), [], time.monotonic() - started, "")
+
     def records(self) -> str:
         if not os.path.isdir(self.logs):
             return os.path.join(self.tmp, "none")

@@ -236,8 +236,8 @@ time.sleep(0.8)
         for option, path in cases:
             with self.subTest(option=option, path=path):
                 args = ["--log-dir", self.logs, option, path]
-                result = self.run_process(["bash", START, "--base-url", self.url, *args, "--",
-                                           "bash", "-c", f"touch {marker}"], timeout=30)
+                result = self.refused("--base-url", self.url, *args, "--", "bash", "-c",
+                                      f"touch {marker}")
                 self.assertEqual(result.code, 2, result.stdout + result.stderr)
                 self.assertIn(f"'{path}'", result.stderr)
                 self.assertFalse(os.path.exists(marker), "nothing may be launched")
@@ -351,8 +351,7 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                           (["--base-url", "http://admin:Hunter2secret/x@127.0.0.1:9", "--",
                             "true"], {})):
             with self.subTest(args=args, env=env):
-                result = self.run_process(["bash", START, "--log-dir", self.logs, *args],
-                                          env=env, timeout=30)
+                result = self.refused("--log-dir", self.logs, *args, env=env)
                 self.assertEqual(result.code, 2, result.stderr)
                 self.assertIn("start.sh:", result.stderr)
                 self.assertNotIn("Hunter2secret", result.stdout + result.stderr)
@@ -738,7 +737,8 @@ class TestOneAddress(StartCase):
                 ([sys.executable, FAKE, f"--port={self.port}", "--host", "10.1.2.3"],
                  "names host 127.0.0.1, the server command --host 10.1.2.3")):
             with self.subTest(said=said):
-                result = self.start(server=server)
+                result = self.refused("--base-url", self.url, "--log-dir", self.logs, "--",
+                                      *server)
                 self.assertEqual(result.code, 2, result.stderr)
                 self.assertIn(said, result.stderr)
                 self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
@@ -791,10 +791,10 @@ class TestStartSaysItWaits(StartCase):
                                         r"running")
 
     def test_a_bad_start_variable_is_named(self):
-        result = self.start(server=self.fake(), env={"START_GUARD_S": "soon"}, timeout=30)
+        result = self.refused("--", *self.fake(), env={"START_GUARD_S": "soon"})
         self.assertEqual(result.code, 2)
         self.assertIn("START_GUARD_S must be a whole number", result.stderr)
-        flagged = self.start("--start-guard-s", "soon", server=self.fake(), timeout=30)
+        flagged = self.refused("--start-guard-s", "soon", "--", *self.fake())
         self.assertIn("--start-guard-s must be a whole number", flagged.stderr)
 
 
