@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the warm-up helper's own cost, side by side with the alternatives, in one run.
 
-    python3 bench/run.py [--quick] [--no-sdk]
+    python3 bench/run.py [--quick] [--results PATH]
 
 The helper runs as in production: through offload/launch/warmup_serve.sh (bash and
 coreutils `timeout` around `python3 -I -S`, the helper imported with cached bytecode).
@@ -11,9 +11,8 @@ instead, so the shell's cost is on both sides of every ratio. Everything talks t
 every server and process started here is stopped here. Prints the machine and a table
 of ratios with their targets. Not a test: CI does not run it. Bounded to 3 minutes.
 
-Unless --no-sdk is given, one row compares with importing the `openai` SDK: the first
-run creates a virtual environment in the temporary folder and installs `openai` into
-it with pip (it says so first); later runs reuse it.
+The table goes to stdout and to bench/RESULTS.md (--results), with the machine and the
+date: the figures live there, written by this program, never by hand.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ import sys
 import tempfile
 import threading
 import time
-import venv
 from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,7 +44,7 @@ sys.path.insert(0, LAUNCH)
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import transport  # noqa: E402
-import prompts  # noqa: E402
+import kinds  # noqa: E402
 import vllm_client  # noqa: E402
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
@@ -64,8 +62,8 @@ ENGINES_TARGET = 1.2
 # What any HTTP client over sockets that reads JSON imports: the floor under a helper's
 # start-up, whatever else it drops.
 FLOOR = "json, socket, threading"
-SDK_HOME = os.path.join(tempfile.gettempdir(), "offload-bench-openai-venv")
-SDK_SIZE = "about 70 MB on disk with pip and its dependencies, pydantic and httpx among them"
+READY_TARGET = 1.3
+RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
 # The wrapper's python arguments; the copy replaces them with the baseline's.
 WRAPPER_PY_ARGS = '-I -S -c "${RUN_HELPER}"'
 COPY_PY_ARGS = '${BENCH_FLAGS} -c "${BENCH_CODE}"'
@@ -311,12 +309,14 @@ def bytecode_cached() -> bool:
 
 
 # ---------------------------------------------------------------------------
-# Start-up (issue 9.7).
+# Start-up.
 # ---------------------------------------------------------------------------
 
 def bench_ready(runs: int, tmp: str) -> dict:
-    """What a readiness probe costs: `python3 qualify.py ready` against a warmed fake (one
-    /health, one /metrics), against `python3 -c pass`, median wall time and peak RSS."""
+    """What a readiness probe costs: `python3 -I -S qualify.py ready` against a warmed fake
+    (one /health, one /metrics), against `python3 -I -S -c pass` and against importing
+    what any socket client reading JSON imports; median wall times and the peak RSS."""
+    import ready
     server = FakeServer(FakeConfig()).start()
     try:
         records = os.path.join(tmp, "ready-records.jsonl")
@@ -324,20 +324,42 @@ def bench_ready(runs: int, tmp: str) -> dict:
         done = run_timed([PYTHON, WARMUP, "--base-url", server.url, "--records", records])
         if done.code != 0:
             raise BenchError(f"the warm-up before the ready bench failed: {done.error}")
-        wrote = run_timed([PYTHON, QUALIFY, "ready", "--write", "--ready-file", ready_file,
-                           "--records", records])
-        if wrote.code != 0:
-            raise BenchError(f"qualify.py ready --write failed: {wrote.error}")
-        commands = {"ready": ([PYTHON, QUALIFY, "ready", "--ready-file", ready_file],
-                              base_env()),
-                    "pass": ([PYTHON, "-c", "pass"], base_env())}
+        code, line = ready.write_ready(ready_file, records, None)
+        if code != 0:
+            raise BenchError(f"the ready file was not written: {line}")
+        probe = [PYTHON, "-I", "-S", QUALIFY, "ready", "--ready-file", ready_file]
+        commands = {"ready": (probe, base_env()),
+                    "pass": ([PYTHON, "-I", "-S", "-c", "pass"], base_env()),
+                    "floor": ([PYTHON, "-I", "-S", "-c", "import socket, json"], base_env())}
         medians = interleaved_medians(commands, runs)
-        peak = run_peak([PYTHON, QUALIFY, "ready", "--ready-file", ready_file], base_env())
+        peak = run_peak(probe, base_env())
         if peak.code != 0:
             raise BenchError(f"qualify.py ready said not ready: {peak.error}")
         return dict(medians, rss_kib=peak.peak_kib)
     finally:
         server.stop()
+
+
+def bench_sizes(tmp: str) -> dict[str, int]:
+    """Bytes of records a warm-up writes: the contract's, and with --paths all."""
+    sizes = {}
+    server = FakeServer(FakeConfig()).start()
+    try:
+        for name, extra in (("default", []), ("--paths all", ["--paths", "all"])):
+            records = os.path.join(tmp, f"size-{len(sizes)}.jsonl")
+            done = run_timed([PYTHON, WARMUP, "--base-url", server.url, "--records", records,
+                              *extra])
+            if done.code != 0:
+                raise BenchError(f"the {name} warm-up for the size row failed: {done.error}")
+            sizes[name] = os.path.getsize(records)
+    finally:
+        server.stop()
+    return sizes
+
+
+def size_rows(sizes: dict[str, int]) -> list[str]:
+    return [row(f"records: a {name} warm-up against the fake", f"{size / 1024:.1f} KiB",
+                "-", "-", None) for name, size in sizes.items()]
 
 
 def bench_startup(shapes: Shapes, runs: int) -> dict:
@@ -586,7 +608,7 @@ def listen_overflows() -> int:
 
 
 def engines_row(result: dict, runs: int) -> str:
-    """The N-engine / 1-engine row (issue 10)."""
+    """The N-engine / 1-engine row."""
     ratio = result["many"] / result["one"]
     skew = ("" if result["b4_skew_ms"] is None else
             f"; B4 released {4 * ENGINES} requests within {result['b4_skew_ms']:.2f} ms "
@@ -715,8 +737,8 @@ def bench_skew_threads(server: FakeServer, runs: int) -> list[float]:
     for r in range(runs):
         for depth in (2, 3, 4):
             def one(index, depth=depth, r=r):
-                body = prompts.completion_body("fake-model", f"naive {r} {depth} {index}",
-                                                   f"naive-{r}-B{depth}-{index}", 32, 0)
+                body = kinds.completion_body("fake-model", f"naive {r} {depth} {index}",
+                                               f"naive-{r}-B{depth}-{index}", 32, 0)
                 transport.fetch(target, clock, "POST", "/v1/completions", body)
             threads = [threading.Thread(target=one, args=(i,)) for i in range(depth)]
             for t in threads:
@@ -765,7 +787,7 @@ def skew_rows(helper: list[float], naive: list[float], curl: list[float] | None)
 
 
 # ---------------------------------------------------------------------------
-# Deadline precision, and the openai SDK (issue 12.11).
+# Deadline precision.
 # ---------------------------------------------------------------------------
 
 def bench_deadline(shapes: Shapes, deadline_s: float, runs: int, start_s: float,
@@ -787,42 +809,6 @@ def bench_deadline(shapes: Shapes, deadline_s: float, runs: int, start_s: float,
                              f"got {done.code}: {done.error}")
         late.append(done.wall - deadline_s - start_s)
     return late
-
-
-def ensure_sdk(deadline: float) -> tuple[str | None, str]:
-    """(python, note): a venv with openai, reused between bench runs; made once, saying
-    so first: what, where, how big."""
-    python = os.path.join(SDK_HOME, "bin", "python")
-    if os.path.exists(os.path.join(SDK_HOME, "ok")):
-        return python, f"openai in a venv reused from {SDK_HOME}"
-    left = deadline - time.monotonic() - 15
-    if left < 30:
-        return None, "skipped: not enough of the bench's time budget left to install openai"
-    progress(f"for one comparison row, installing the openai SDK: a virtual environment in "
-             f"{SDK_HOME}, then `pip install openai` from the configured package index "
-             f"({SDK_SIZE}); made once, reused by later runs; --no-sdk skips it")
-    shutil.rmtree(SDK_HOME, ignore_errors=True)
-    try:
-        venv.create(SDK_HOME, with_pip=True)
-        subprocess.run([python, "-m", "pip", "install", "--quiet", "openai"], check=True,
-                       timeout=left, capture_output=True)
-    except (subprocess.SubprocessError, OSError) as exc:
-        return None, f"skipped: openai could not be installed ({type(exc).__name__})"
-    open(os.path.join(SDK_HOME, "ok"), "w").close()
-    return python, f"openai installed in {SDK_HOME}"
-
-
-def sdk_row(shapes: Shapes, dry_s: float, runs: int, deadline: float) -> str:
-    """The wrapper's --dry-run against `import openai` through the same wrapping."""
-    python, note = ensure_sdk(deadline)
-    if python is None:
-        return row("start-up: vs `import openai`", note, "-", "≤ 0.33", None)
-    sdk = interleaved_medians({"import openai": shapes.wrapped("import openai", flags="",
-                                                               python=python)}, runs)
-    took = sdk["import openai"]
-    return row("start-up: `warmup_serve.sh --dry-run` vs wrapped `python3 -c \"import openai\"`",
-               f"{fmt_ms(dry_s)} vs {fmt_ms(took)} ({note})", f"{dry_s / took:.2f}", "≤ 0.33",
-               dry_s / took <= 1 / 3)
 
 
 # ---------------------------------------------------------------------------
@@ -865,7 +851,7 @@ def _over_budget(signum, frame):
 
 
 def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
-    """Every measure, in an order that leaves the optional SDK install for last."""
+    """Every measure, in turn; the rows of the table."""
     n = 3 if args.quick else 5
     reps = 10 if args.quick else 20
     rows = ["| measure | measured | ratio | target | |", "|---|---|---|---|---|"]
@@ -916,14 +902,15 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
                         "-", "≤ 500 ms", max(late) <= 0.5))
         progress(f"readiness probe: qualify.py ready, {reps} runs")
         ready = bench_ready(reps, tmp)
-        rows.append(row("readiness probe: `python3 qualify.py ready` (one /health, one "
-                        "/metrics) vs `python3 -c pass`",
+        ratio = ready["ready"] / ready["pass"]
+        rows.append(row("readiness probe: `python3 -I -S qualify.py ready` (one /health, one "
+                        "/metrics) vs `python3 -I -S -c pass`",
                         f"{fmt_ms(ready['ready'])} vs {fmt_ms(ready['pass'])}, peak "
-                        f"{mib(ready['rss_kib'])}", f"{ready['ready'] / ready['pass']:.2f}",
-                        "-", None))
-        if not args.no_sdk:
-            rows.append(sdk_row(shapes, start["wrapper --dry-run"], 5 if args.quick else 10,
-                                deadline))
+                        f"{mib(ready['rss_kib'])}; `import socket, json` alone: "
+                        f"{fmt_ms(ready['floor'])}", f"{ratio:.2f}", f"≤ {READY_TARGET}",
+                        ratio <= READY_TARGET))
+        progress("record sizes: a default warm-up and one with --paths all")
+        rows += size_rows(bench_sizes(tmp))
     return rows
 
 
@@ -932,14 +919,15 @@ def main(argv: list[str] | None = None) -> int:
     could not be made."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--no-sdk", action="store_true",
-                        help="skip the `import openai` row (and its one-time venv and pip "
-                             f"install in {SDK_HOME})")
+    parser.add_argument("--results", metavar="PATH", default=RESULTS,
+                        help="where the table is written as Markdown, with the machine and "
+                             "the date (default: bench/RESULTS.md); '-' for stdout only")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + BUDGET_S
     signal.signal(signal.SIGALRM, _over_budget)
     signal.alarm(BUDGET_S)
-    print(machine_line())
+    machine = machine_line()
+    print(machine)
     print(f"fake server: fixed {LATENCY_S * 1000:.0f} ms per completion, 127.0.0.1\n")
     try:
         rows = run_bench(args, deadline)
@@ -951,11 +939,27 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.alarm(0)
-    print("\n".join(rows))
     spent = BUDGET_S - (deadline - time.monotonic())
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(f"\nbench took {spent:.0f} s (budget {BUDGET_S} s); load average at the end {load}")
+    ended = f"bench took {spent:.0f} s (budget {BUDGET_S} s); load average at the end {load}"
+    print("\n".join(rows) + "\n\n" + ended)
+    if args.results != "-":
+        write_results(args.results, machine, rows, ended, args.quick)
+        print(f"written: {args.results}")
     return 0
+
+
+def write_results(path: str, machine: str, rows: list[str], ended: str, quick: bool) -> None:
+    """The figures of this run as bench/RESULTS.md: written by the bench, never by hand."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    command = "python3 bench/run.py" + (" --quick" if quick else "")
+    text = (f"# Benchmark results\n\nWritten by `{command}` on {when}; run it again to "
+            f"replace this file. Each ratio is measured in this one run, on this machine "
+            f"(figures from another machine are not comparable).\n\n{machine}  \n"
+            f"fake server: fixed {LATENCY_S * 1000:.0f} ms per completion, 127.0.0.1  \n"
+            f"{ended}\n\n" + "\n".join(rows) + "\n")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 if __name__ == "__main__":

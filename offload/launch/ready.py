@@ -25,7 +25,8 @@ from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
 from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
                        finite_number, open_regular, write_atomically)
 from vllm_client import base_url_from, parse_base_url
-from vllm_metrics import process_start, read_exposition, served_models
+from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
+                          served_models)
 
 PROG = "qualify.py"
 
@@ -90,7 +91,8 @@ def health_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------------------
 
 READY_KIND = "offload-ready/1"
-IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_")
+IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_",
+                  SLEEP_GAUGE)
 MAX_READY_BYTES = 64 << 10
 
 
@@ -116,7 +118,7 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
         "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
         "elapsed_s": summary.get("elapsed_s"), "records": warmup_path,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "gate": None,
+        "sleep_state": last.get("sleep_state"), "gate": None,
     }
     if gate_report is not None:
         gate_run = as_dict(gate_report["runs"][-1]["run"])
@@ -186,7 +188,7 @@ def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
                                       headers=basic_auth(target))
     if exposition is None:
         return EXIT_FAIL, f"not ready: /metrics did not answer as it should ({why})"
-    why = check_identity(doc, exposition.samples)
+    why = check_identity(doc, exposition.samples) or asleep_problem(exposition.samples)
     if why:
         return EXIT_FAIL, f"not ready: {why}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "

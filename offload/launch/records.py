@@ -30,7 +30,7 @@ DECLARED = {
            "model:str? max_model_len:int? engines:list? plan:dict versions:dict "
            "process_start_time_seconds:num? api_key_env:str api_key_set:bool pid:int",
     "gauges": "run_id:str wave:str at_s:num ok:bool samples:list fresh_engines:list "
-              "settle_s:num? problems:list",
+              "settle_s:num? problems:list ~sleep_state:dict?",
     "request": "run_id:str request_id:str request_kind:str wave:str ~path:str depth:int "
                "index:int engine:int? " + _ANSWER + " latency_s:num? sent_at_s:num? ok:bool "
                "problems:list metrics:dict? speculative_decoding:dict?",

@@ -299,6 +299,8 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         "evidence": "incomplete" if evidence else "complete",
         "evidence_problems": evidence, "differences": differences,
         "ends": ends,
+        # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
+        "sleep_state": as_dict((by_kind.get("gauges") or [{}])[-1]).get("sleep_state"),
     })
 
 

@@ -42,7 +42,7 @@ from transport import (REDACTIONS, Exchange, Response, Target, TransportError, U
                        positive_int, scrub, short_str)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                           busy_gauges, exposition_of, guard_problems, process_start,
-                          read_samples)
+                          read_samples, sleep_states)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
@@ -414,6 +414,7 @@ class ServerProgram(Program):
             "samples": [{"name": n, "labels": lab, "value": json_number(v)}
                         for n, lab, v in read.samples if n in GAUGES],
             "fresh_engines": read.fresh, "settle_s": settle_s, "problems": read.problems,
+            "sleep_state": sleep_states(read.samples) or None,
         })
         if not read.ok:
             waited_for = f" (still after {settle_s:g} s of settling)" if waited else ""

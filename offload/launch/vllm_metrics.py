@@ -10,6 +10,7 @@ Between the prompts and the vLLM client (transport <- runframe <- prompts <- vll
                        labelled: not worker RPC steps, not proof of graph capture)
   GaugeSampler         the request gauges read every 20 ms while a batch runs
   process_start(), served_models(), engines_in()   what identifies the server
+  sleep_states(), asleep_problem()   vllm:engine_sleep_state: is every engine awake?
 
 Standard library only.
 """
@@ -56,6 +57,39 @@ def served_models(samples: list) -> set[str]:
             if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
 
 
+SLEEP_GAUGE = "vllm:engine_sleep_state"
+SLEEP_LEVELS = {"weights_offloaded": "weights offloaded",       # sleep level 1
+                "discard_all": "weights and KV cache discarded"}  # sleep level 2
+
+
+def sleep_states(samples: list, engines: tuple | None = None) -> dict[str, str]:
+    """Each engine's state from vllm:engine_sleep_state (a 1 on sleep_state="awake" when
+    awake; else "weights_offloaded" or "discard_all" says the level): "awake", a level's
+    words, or "asleep" (neither level set, as after a KV cache release). {} when the server
+    publishes no such gauge. Only the given engines, when given. Pure; fails closed: an
+    engine without an awake sample of exactly 1 is not awake."""
+    seen: dict[str, dict] = {}
+    for name, labels, value in samples:
+        if name == SLEEP_GAUGE:
+            engine = clean_text(labels.get("engine", "0"), 8)
+            seen.setdefault(engine, {})[labels.get("sleep_state")] = value
+    states = {}
+    for engine, values in sorted(seen.items()):
+        if engines and not any(engine == str(e) for e in engines):
+            continue
+        levels = [words for key, words in SLEEP_LEVELS.items() if values.get(key) == 1]
+        states[engine] = "awake" if values.get("awake") == 1 else (levels or ["asleep"])[0]
+    return states
+
+
+def asleep_problem(samples: list, engines: tuple | None = None) -> str | None:
+    """Which engines sleep ("engine 0 is asleep (weights offloaded)"); None when every one
+    is awake or the server has no sleep gauge. Pure."""
+    asleep = [f"engine {engine} is asleep" + ("" if state == "asleep" else f" ({state})")
+              for engine, state in sleep_states(samples, engines).items() if state != "awake"]
+    return "; ".join(asleep) or None
+
+
 FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",
                   "vllm:generation_tokens_total")
 
@@ -94,6 +128,9 @@ def guard_problems(exposition: Exposition, engines: tuple | None = None
         if not engines and not series and not engine_never_ran(exposition.samples, None):
             problems.append(f"{gauge} is declared but has no sample, and the server has run "
                             f"requests: the guard cannot see its work")
+    asleep = asleep_problem(exposition.samples, engines)
+    if asleep:
+        problems.append(f"{asleep}: wake it (POST /wake_up), then run the warm-up again")
     return problems, fresh
 
 

@@ -88,6 +88,8 @@ class FakeConfig:
     cold_s: float = 0.0                   # extra time for the first request of each shape
     counter_skew: int = 0                 # generation tokens counted beyond those sent (foreign)
     copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
+    dev_mode: bool = False                # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
+    sleep_level: int | None = None        # asleep from the start at this level (None: awake)
 
 
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # vLLM 0.32, eager
@@ -253,6 +255,7 @@ class FakeState:
                       "vllm:spec_decode_num_accepted_tokens_total"]
         self.histograms: dict[int, list] = {e: [0.0] * (len(STEP_BUCKETS) + 2) for e in engines}
         self.completed = 0
+        self.sleep_level = config.sleep_level    # None: awake; 0, 1, 2: POST /sleep?level=
         for engine in engines:
             for name in names:
                 self.count(name, 0, engine=engine)
@@ -428,6 +431,8 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"version": VERSION})
         if self.path == "/metrics":
             return self.metrics()
+        if self.path == "/is_sleeping" and cfg.dev_mode:
+            return self.send_json(200, {"is_sleeping": self.state.sleep_level is not None})
         if not self.authorized():
             return
         if self.path == "/v1/models":
@@ -444,6 +449,8 @@ class Handler(BaseHTTPRequestHandler):
         self.note(body)
         if not self.authorized():
             return
+        if self.state.config.dev_mode and self.path.split("?")[0] in ("/sleep", "/wake_up"):
+            return self.sleep_route()
         if self.path == "/tokenize":
             if not self.state.config.tokenize:
                 return self.send_json(404, {"detail": "Not Found"})
@@ -461,6 +468,23 @@ class Handler(BaseHTTPRequestHandler):
                 return self.copy_request(body, chat=True)
             return self.completion(body, chat=True)
         self.send_json(404, {"detail": "Not Found"})
+
+    def sleep_route(self):
+        """POST /sleep?level=N (0 to 2, default 1) and POST /wake_up, as vLLM 0.32's dev
+        routes answer them; every engine sleeps and wakes together."""
+        path, _, query = self.path.partition("?")
+        if path == "/wake_up":
+            self.state.sleep_level = None
+            return self.send_json(200, {"status": "awake", "tags": None})
+        params = dict(p.partition("=")[::2] for p in query.split("&") if p)
+        level = params.get("level", "1")
+        if level not in ("0", "1", "2"):
+            return self.send_json(422, {"detail": [{
+                "type": "less_than_equal" if level.isdigit() else "int_parsing",
+                "loc": ["query", "level"], "msg": "Input should be a valid integer, between "
+                "0 and 2", "input": level}]})
+        self.state.sleep_level = int(level)
+        return self.send_json(200, {"status": "sleeping", "level": int(level)})
 
     def metrics(self):
         cfg, st = self.state.config, self.state
@@ -497,6 +521,18 @@ class Handler(BaseHTTPRequestHandler):
         lines += ["# HELP process_start_time_seconds Start time of the process since unix "
                   "epoch in seconds.", "# TYPE process_start_time_seconds gauge",
                   f"process_start_time_seconds {go_float(st.process_start)}"]
+        # Published by every vLLM 0.32, per engine: awake 1 while awake; asleep, the level's
+        # sample is 1 (level 0, a KV cache release, sets neither).
+        level = st.sleep_level
+        lines += ["# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine "
+                  "is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means "
+                  "sleep level 1; discard_all = 1 means sleep level 2.",
+                  "# TYPE vllm:engine_sleep_state gauge"]
+        for engine in engines:
+            for state, on in (("awake", level is None), ("discard_all", level == 2),
+                              ("weights_offloaded", level == 1)):
+                lines.append(f'vllm:engine_sleep_state{{engine="{engine}",model_name='
+                             f'"{cfg.model}",sleep_state="{state}"}} {float(on)}')
         lines += ["# TYPE vllm:num_requests_waiting_by_reason gauge",
                   f'vllm:num_requests_waiting_by_reason{{engine="0",model_name="{cfg.model}",'
                   f'reason="capacity"}} {float(cfg.waiting_by_reason)}']
@@ -945,6 +981,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="count a finished request out of the gauges this much later")
     parser.add_argument("--exit-after-s", type=float, default=0.0,
                         help="exit with status 3 this long after start (a dying server)")
+    parser.add_argument("--dev-mode", action="store_true",
+                        help="as VLLM_SERVER_DEV_MODE=1: POST /sleep?level=N, POST /wake_up "
+                             "and GET /is_sleeping answer (vllm:engine_sleep_state follows)")
+    parser.add_argument("--asleep", type=int, choices=(0, 1, 2), default=None,
+                        metavar="LEVEL", help="start asleep at this sleep level")
     parser.add_argument("--demo", action="store_true",
                         help="serve on a free port, run warmup_serve.sh against it, stop; "
                              "exits with the warm-up's status")
@@ -981,6 +1022,7 @@ def main(argv: list[str] | None = None) -> int:
                         health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,
                         cold_s=args.cold_s, engines=args.engines,
                         ignore_rank=args.ignore_rank, late_gauge_s=args.late_gauge_s,
+                        dev_mode=args.dev_mode, sleep_level=args.asleep,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
     try:

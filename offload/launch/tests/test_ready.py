@@ -29,6 +29,19 @@ def ready(path: str, *args: str, timeout: float = 30) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=timeout)
 
 
+def post(url: str) -> dict:
+    """POST with no body (vLLM's /sleep and /wake_up), the JSON answer."""
+    import http.client
+    import urllib.parse
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.request("POST", parts.path + ("?" + parts.query if parts.query else ""))
+        return json.loads(connection.getresponse().read())
+    finally:
+        connection.close()
+
+
 def families(text: str) -> dict:
     """name -> {labels as a sorted tuple: value}, through Prometheus' own parser."""
     found = {}
@@ -53,6 +66,29 @@ class TestReadyStaysTrue(StartCase):
                 return proc
             time.sleep(0.1)
         self.fail("the second fake server did not come up")
+
+    def test_ready_follows_sleep_and_wake(self):
+        server = self.start_fake(dev_mode=True)
+        self.assertEqual(self.run_helper(server).code, 0)
+        code, line = readiness.write_ready(self.ready, self.records_path, None)
+        self.assertEqual(code, 0, line)
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle)["sleep_state"], {"0": "awake"})
+        self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
+        for level, said in ((1, "engine 0 is asleep (weights offloaded)"),
+                            (2, "engine 0 is asleep (weights and KV cache discarded)")):
+            with self.subTest(level=level):
+                self.assertEqual(post(server.url + f"/sleep?level={level}"),
+                                 {"status": "sleeping", "level": level})
+                asleep = ready(self.ready, "--base-url", server.url)
+                self.assertEqual(asleep.returncode, 1)
+                self.assertEqual(asleep.stderr.strip(), f"not ready: {said}")
+                refused = self.run_helper(server)
+                self.assertEqual(refused.code, 3, refused.stdout)
+                self.assertIn(said, refused.stdout)
+                self.assertEqual(refused.kind("summary")[-1]["verdict"], "refused")
+                self.assertEqual(post(server.url + "/wake_up"), {"status": "awake", "tags": None})
+                self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
     def test_ready_follows_the_server_it_warmed(self):
         textfile = os.path.join(self.tmp, "offload.prom")

@@ -20,6 +20,7 @@ import transport  # noqa: E402  (support puts offload/launch on sys.path)
 import kinds  # noqa: E402  (support puts offload/launch on sys.path)
 import prompts  # noqa: E402
 import vllm_client  # noqa: E402
+import vllm_metrics  # noqa: E402
 from fake_vllm import tokenize
 
 GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
@@ -120,6 +121,33 @@ class TestGuard(unittest.TestCase):
         self.assertIn('vllm:num_requests_running{engine="1",model_name="m"} = 2.0', problems[0])
         nan = transport.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
         self.assertIn("vllm:num_requests_waiting = nan", vllm_client.guard_problems(nan)[0][0])
+
+    def test_a_sleeping_engine_refuses_by_name(self):
+        def text(*states):
+            lines = ["vllm:num_requests_running 0", "vllm:num_requests_waiting 0"]
+            for engine, awake, offloaded, discarded in states:
+                for state, value in (("awake", awake), ("weights_offloaded", offloaded),
+                                     ("discard_all", discarded)):
+                    lines.append(f'vllm:engine_sleep_state{{engine="{engine}",model_name="m",'
+                                 f'sleep_state="{state}"}} {value}')
+            return transport.parse_prometheus("\n".join(lines)).samples
+        states = vllm_metrics.sleep_states
+        self.assertEqual(states(text((0, 1, 0, 0), (1, 0, 1, 0))),
+                         {"0": "awake", "1": "weights offloaded"})
+        self.assertEqual(states(text((0, 0, 0, 1))), {"0": "weights and KV cache discarded"})
+        self.assertEqual(states(text((0, 0, 0, 0))), {"0": "asleep"}, "level 0: neither set")
+        self.assertEqual(states(text((0, 0.5, 0, 0))), {"0": "asleep"}, "fails closed")
+        self.assertEqual(states(text()), {}, "no gauge: judged as before")
+        self.assertEqual(states(text((0, 1, 0, 0), (1, 0, 1, 0)), engines=(0,)), {"0": "awake"})
+        self.assertEqual(vllm_metrics.asleep_problem(text((0, 0, 1, 0), (1, 0, 1, 0))),
+                         "engine 0 is asleep (weights offloaded); engine 1 is asleep "
+                         "(weights offloaded)")
+        problems, _ = vllm_client.guard_problems(transport.parse_prometheus("\n".join([
+            "vllm:num_requests_running 0", "vllm:num_requests_waiting 0",
+            'vllm:engine_sleep_state{engine="0",sleep_state="awake"} 0.0',
+            'vllm:engine_sleep_state{engine="0",sleep_state="discard_all"} 1.0'])))
+        self.assertEqual(problems, ["engine 0 is asleep (weights and KV cache discarded): wake "
+                                    "it (POST /wake_up), then run the warm-up again"])
 
     def test_missing_gauge_is_named(self):
         problems, _ = vllm_client.guard_problems(transport.parse_prometheus("vllm:num_requests_running 0"))
