@@ -142,6 +142,19 @@ class EvidenceOptions:
     metrics_targets: tuple = ()           # more Prometheus endpoints (Targets)
     status_files: tuple = ()
     status_wait_s: float = 15.0
+    healthy_at: float | None = None       # when /health first answered 200 (the launcher's)
+
+
+def time_to_warm(process_start: float | None, healthy_at: float | None,
+                 warm_at: float) -> dict:
+    """Server process start -> first /health 200 -> warm-up end, in seconds (Unix times
+    in); a phase is null when one of its times is unknown or it would be negative. Pure."""
+    def span(start, end):
+        return round(end - start, 3) if start is not None and end is not None and \
+            end >= start else None
+    return {"start_to_healthy_s": span(process_start, healthy_at),
+            "healthy_to_warm_s": span(healthy_at, warm_at),
+            "start_to_warm_s": span(process_start, warm_at)}
 
 
 class Evidence:

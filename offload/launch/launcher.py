@@ -575,8 +575,9 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
         raise Exit(1)
 
 
-def wait_ready(settings: Settings, server: Server, log: Log) -> None:
-    """Poll /health until 200; Exit(1) when the server is gone or the guard expires."""
+def wait_ready(settings: Settings, server: Server, log: Log) -> float:
+    """Poll /health until 200 (when: the Unix time returned); Exit(1) when the server is
+    gone or the guard expires."""
     url, guard = settings.target.display, int(settings.guard_s)
     said = time.monotonic()
     while True:
@@ -594,11 +595,12 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> None:
             server.stop()
             raise Exit(1)
         if health(settings, min(left, 5.0)) == 0:
+            healthy_at = time.time()
             if not server.alive():
                 raise server.gone(f"when {url}/health answered 200 (that answer came from "
                                   f"another process)")
             log(f"ready after {server.since_launch()} s ({url}/health = 200)")
-            return
+            return healthy_at
         time.sleep(float(settings.poll_s))
 
 
@@ -799,7 +801,7 @@ def start(settings: Settings, log: Log) -> int:
     interrupt_while_starting()
     try:
         server.launch()
-        wait_ready(settings, server, log)
+        env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
         if not env.get("WARMUP_CHUNK_TOKENS"):
             chunk = logged_chunk(server.logged_since(server.log_offset))
             if chunk:

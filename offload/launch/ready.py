@@ -118,7 +118,8 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
         "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
         "elapsed_s": summary.get("elapsed_s"), "records": warmup_path,
         "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "sleep_state": last.get("sleep_state"), "gate": None,
+        "sleep_state": last.get("sleep_state"), "time_to_warm": summary.get("time_to_warm"),
+        "gate": None,
     }
     if gate_report is not None:
         gate_run = as_dict(gate_report["runs"][-1]["run"])

@@ -47,7 +47,8 @@ DECLARED = {
                "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
                "~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
-               "~worst_typos:int? ~passages_ok:str ~preambles:list elapsed_s:num "
+               "~worst_typos:int? ~passages_ok:str ~preambles:list ~time_to_warm:dict "
+               "elapsed_s:num "
                "deadline_s:num problems:list records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
              "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list",

@@ -304,6 +304,15 @@ def build_run(records: list[dict], last: bool = True) -> dict:
     })
 
 
+def time_to_warm_line(phases: dict) -> str:
+    """'time to warm: process start -> healthy 36.2 s -> warm 4.1 s (40.3 s in all)'."""
+    def secs(name):
+        value = finite_number(phases.get(name))
+        return "unknown" if value is None else f"{value:.1f} s"
+    return (f"time to warm: process start -> healthy {secs('start_to_healthy_s')} -> warm "
+            f"{secs('healthy_to_warm_s')} ({secs('start_to_warm_s')} in all)")
+
+
 def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
     """A records file as one object: each run, the bad lines, and the last run's verdict.
     A file with no run record holds no run, whatever else it holds: exit 1."""
@@ -430,6 +439,8 @@ def format_run(run: dict) -> list[str]:
     if run["problems"]:
         lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run["problems"]]
     summary = as_dict(run["summary"])
+    if summary.get("time_to_warm"):
+        lines.append(time_to_warm_line(as_dict(summary["time_to_warm"])))
     lines += [f"note: {show(n, 300)}" for n in as_list(summary.get("notes"))]
     lines += [f"warning: {show(w, 300)}" for w in as_list(summary.get("warnings"))]
     if run["evidence_problems"]:

@@ -30,21 +30,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
-    from evidence import Evidence, EvidenceOptions, cross_check, engine_shares
+    from evidence import Evidence, EvidenceOptions, cross_check, engine_shares, time_to_warm
     from runframe import (Run, RunSettings, add_run_options, argument_type, emit,
                           flag_or_env, seconds, whole)
     from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
                        b1_floor, contract_differences, judge, kinds_of, parse_paths,
                        request_id)
     from prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
-    from transport import MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url
+    from records import as_dict
+    from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
+                           writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, server_main,
@@ -59,6 +63,13 @@ except ImportError as exc:           # a module of the folder is missing: one li
 DEFAULT_WAVES = (1, 2, 3, 4)
 MAX_WAVE_DEPTH = 64
 GREEDY = KINDS["greedy"]              # the contract's request: every wave sends it
+TIME_TO_WARM_HELP = {
+    "start_to_healthy_s": "The last run's server: its process start to its first /health "
+                          "200 (WARMUP_HEALTHY_AT, from start.sh).",
+    "healthy_to_warm_s": "The last run's server: its first /health 200 to the warm-up's end.",
+    "start_to_warm_s": "The last run's server: its process start (process_start_time_seconds) "
+                       "to the warm-up's end.",
+}
 MAX_B1_TOKENS = MAX_LONG_PROMPT_TOKENS
 SHORT_PROMPT_WORDS = 24
 MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
@@ -178,11 +189,13 @@ class WarmUp(ServerProgram):
     mode = "warmup"
 
     def __init__(self, connection: Connection, plan: Plan, settings: RunSettings,
-                 evidence: EvidenceOptions):
+                 evidence: EvidenceOptions, ready_file: str | None = None):
         super().__init__(connection)
         self.plan = plan
         self.settings = settings
         self.evidence = Evidence(evidence)
+        self.healthy_at = evidence.healthy_at
+        self.ready_file = ready_file          # rewritten after a contract pass, else removed
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
 
     def steps(self, run: Run) -> None:
@@ -236,14 +249,41 @@ class WarmUp(ServerProgram):
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
                       spec_decode=spec, contract=not differences,
                       plan_differences=differences,
-                      cache_check=cache_check(self.tally.requests))
+                      cache_check=cache_check(self.tally.requests),
+                      time_to_warm=time_to_warm(self.server.process_start, self.healthy_at,
+                                                time.time()))
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields
 
+    def after_summary(self, run: Run, summary: dict) -> None:
+        """With --ready-file: the ready file rewritten from these records when they show a
+        contract pass (as start.sh writes it), removed otherwise (a re-warm after a wake
+        that failed leaves no stale 'ready')."""
+        if not self.ready_file:
+            return None
+        from ready import write_ready
+        code, line = write_ready(self.ready_file, run.settings.records_path, None)
+        if code == 0:
+            run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
+                    f"{self.ready_file}` says while it stays true")
+            return None
+        removed = ""
+        if os.path.isfile(self.ready_file) and not os.path.islink(self.ready_file):
+            try:
+                os.remove(self.ready_file)
+                removed = "; the old one was removed"
+            except OSError as exc:
+                removed = f"; the old one could not be removed ({exc.strerror})"
+        run.say(f"ready file {self.ready_file} {line}{removed}")
+        return None
+
     def exported(self, run: Run, summary: dict) -> list[tuple]:
-        """Requests ok and failed in the last run, per engine (the engine index only)."""
-        samples = []
+        """Requests ok and failed in the last run, per engine (the engine index only), and
+        the time to warm: process start -> first /health 200 -> warm-up end."""
+        samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
+                   for phase, help_text in TIME_TO_WARM_HELP.items()
+                   if (value := as_dict(summary.get("time_to_warm")).get(phase)) is not None]
         for engine in self.server.engines:
             mine = [r for r in self.tally.requests if r["engine"] == engine]
             ok = sum(1 for r in mine if r["ok"])
@@ -518,6 +558,9 @@ EPILOG = ENVIRONMENT_HELP + """\
   WARMUP_PATHS        default for --paths
   WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
                       command's --max-num-batched-tokens)
+  WARMUP_READY_FILE   default for --ready-file
+  WARMUP_HEALTHY_AT   when /health first answered 200 (Unix time; start.sh sets it): the
+                      summary's time_to_warm then has all three phases
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
                       --deadline-s must be below it
   WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
@@ -603,6 +646,12 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
+    parser.add_argument("--ready-file", metavar="PATH",
+                        default=os.environ.get("WARMUP_READY_FILE") or None,
+                        help="after the run, write the ready file `qualify.py ready` checks "
+                             "when the records show a contract pass (as start.sh does), remove "
+                             "it otherwise: how to warm again after a wake (default: "
+                             "$WARMUP_READY_FILE)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")
@@ -631,9 +680,26 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
     connection = connection_from(args)
     evidence = EvidenceOptions(
         metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
-        status_files=tuple(args.status_file), status_wait_s=args.status_wait_s)
-    return (WarmUp(connection, plan, settings, evidence),
+        status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
+        healthy_at=flag_or_env(None, "WARMUP_HEALTHY_AT", unix_time, None))
+    if args.ready_file:
+        why = writable(args.ready_file)
+        if why:
+            raise UsageError(f"--ready-file {args.ready_file}: {why}; choose a writable file "
+                             f"in an existing folder")
+    return (WarmUp(connection, plan, settings, evidence, args.ready_file),
             lambda: dry_run(plan, settings, connection, args.json))
+
+
+def unix_time(text: str) -> float:
+    """A Unix time in seconds, after 2001 and finite (WARMUP_HEALTHY_AT)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 1e9 < value < 1e11:
+        raise ValueError(f"must be a Unix time in seconds, got {text[:40]!r}")
+    return value
 
 
 def check_deadline(deadline_s: float) -> None:

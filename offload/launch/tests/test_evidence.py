@@ -211,6 +211,18 @@ class TestCounterDeltas(unittest.TestCase):
         self.assertIn("absent", evidence.cross_check({}, requests)[1][0])
 
 
+class TestTimeToWarm(unittest.TestCase):
+    def test_three_phases_and_null_where_a_time_is_unknown_or_out_of_order(self):
+        self.assertEqual(evidence.time_to_warm(1000.0, 1036.25, 1040.5),
+                         {"start_to_healthy_s": 36.25, "healthy_to_warm_s": 4.25,
+                          "start_to_warm_s": 40.5})
+        self.assertEqual(evidence.time_to_warm(None, 1036.0, 1040.0),
+                         {"start_to_healthy_s": None, "healthy_to_warm_s": 4.0,
+                          "start_to_warm_s": None})
+        self.assertEqual(evidence.time_to_warm(1000.0, 990.0, 1040.0)["start_to_healthy_s"],
+                         None, "a clock that went backwards is no phase")
+
+
 class TestStatusDelta(unittest.TestCase):
     def test_numeric_fields_only_and_identity_checked(self):
         before = {"pid": 10, "session": "a", "steps": 5, "workers": {"drafted_requests": 2},

@@ -90,6 +90,23 @@ class TestReadyStaysTrue(StartCase):
                 self.assertEqual(post(server.url + "/wake_up"), {"status": "awake", "tags": None})
                 self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
+    def test_the_warm_up_rewrites_the_ready_file_or_removes_it(self):
+        server = self.start_fake()
+        passed = self.run_helper(server, "--ready-file", self.ready)
+        self.assertEqual(passed.code, 0, passed.stdout)
+        self.assertIn(f"ready file {self.ready} written", passed.stdout)
+        self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
+        with open(self.ready) as handle:
+            self.assertIsNone(json.load(handle)["time_to_warm"]["start_to_healthy_s"],
+                              "no launcher said when /health first answered")
+        custom = self.run_helper(server, "--ready-file", self.ready, "--tokens", "2")
+        self.assertEqual(custom.code, 0)
+        self.assertFalse(os.path.exists(self.ready), "a custom plan leaves no ready file")
+        self.assertIn("the old one was removed", custom.stdout)
+        bad = self.run_helper(server, "--dry-run", env={"WARMUP_HEALTHY_AT": "soon"})
+        self.assertEqual(bad.code, 2)
+        self.assertIn("WARMUP_HEALTHY_AT: must be a Unix time in seconds", bad.stderr)
+
     def test_ready_follows_the_server_it_warmed(self):
         textfile = os.path.join(self.tmp, "offload.prom")
         result = self.start("--ready-file", self.ready, "--textfile", textfile,
@@ -101,6 +118,21 @@ class TestReadyStaysTrue(StartCase):
                          ("offload-ready/1", "pass", "fake-model", self.url))
         self.assertIsInstance(doc["process_start_time_seconds"], float)
         self.assertTrue(os.path.exists(doc["records"]))
+        # The time to warm: process start -> first /health 200 (start.sh's) -> warm-up end.
+        phases = doc["time_to_warm"]
+        self.assertEqual(sorted(phases), ["healthy_to_warm_s", "start_to_healthy_s",
+                                          "start_to_warm_s"])
+        self.assertTrue(all(isinstance(v, float) and v >= 0 for v in phases.values()), phases)
+        self.assertAlmostEqual(phases["start_to_healthy_s"] + phases["healthy_to_warm_s"],
+                               phases["start_to_warm_s"], delta=0.01)
+        with open(textfile) as handle:
+            published = {name: value for name, labels, value in
+                         transport.parse_prometheus(handle.read()).samples if not labels}
+        for phase, value in phases.items():
+            self.assertEqual(published[f"offload_warmup_{phase[:-2]}_seconds"], value)
+        report = run_script(QUALIFY, "report", doc["records"])
+        self.assertRegex(report.stdout, r"time to warm: process start -> healthy \d+\.\d s -> "
+                                        r"warm \d+\.\d s \(\d+\.\d s in all\)")
         shown = ready(self.ready)
         self.assertEqual(shown.returncode, 0, shown.stderr)
         self.assertIn("ready: ", shown.stdout)
