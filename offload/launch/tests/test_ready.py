@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -289,6 +290,74 @@ class TestReadyEdges(HelperCase):
         self.assertIn("could never be checked", line)
         self.assertFalse(os.path.exists(path))
 
+
+
+NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+
+
+class TestNodeExporter(HelperCase):
+    """The textfiles as a fleet reads them: Debian's prometheus-node-exporter, its textfile
+    collector only, on 127.0.0.1 (.ci/run installs it; in CI this test never skips)."""
+
+    def setUp(self):
+        super().setUp()
+        if NODE_EXPORTER is None:
+            if os.environ.get("CI") == "true":
+                self.fail("prometheus-node-exporter is not installed: .ci/run installs it")
+            self.skipTest("prometheus-node-exporter is not installed (.ci/run installs it)")
+
+    def scrape(self, folder: str) -> str:
+        port = free_port()
+        proc = subprocess.Popen([NODE_EXPORTER, "--collector.disable-defaults",
+                                 "--collector.textfile",
+                                 f"--collector.textfile.directory={folder}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(proc.wait, 10)
+        self.addCleanup(proc.kill)
+        target = transport.parse_url(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                response = transport.fetch(target, transport.Clock.start(5, 5), "GET",
+                                           "/metrics")
+                if response.status == 200:
+                    return response.body.decode("utf-8")
+            except transport.TransportError:
+                pass
+            self.assertIsNone(proc.poll(), "node_exporter ended before it answered")
+            time.sleep(0.1)
+        self.fail("node_exporter did not answer on /metrics")
+
+    def test_every_offload_family_is_read_without_a_scrape_error(self):
+        folder = os.path.join(self.tmp, "textfile")
+        os.mkdir(folder)
+        server = self.start_fake(engines=2)
+        warm = os.path.join(folder, "warmup.prom")
+        self.assertEqual(self.run_helper(server, "--textfile", warm).code, 0)
+        broken = self.start_fake(fault="one_token", fault_match="-B2-")
+        self.assertEqual(self.run_helper(broken, "--textfile", warm).code, 1, "a failed run")
+        for command, name in (("gate", "gate.prom"), ("probe", "probe.prom")):
+            done = subprocess.run([sys.executable, QUALIFY, command, "--base-url", server.url,
+                                   "--records", os.path.join(self.tmp, f"{command}.jsonl"),
+                                   "--textfile", os.path.join(folder, name)],
+                                  capture_output=True, text=True, timeout=120)
+            self.assertEqual(done.returncode, 0, done.stderr)
+        scraped = self.scrape(folder)
+        samples = {(name, tuple(sorted(labels.items()))): value for name, labels, value in
+                   transport.parse_prometheus(scraped).samples}
+        self.assertEqual(samples[("node_textfile_scrape_error", ())], 0.0, scraped[-2000:])
+        for mode in ("warmup", "gate", "probe"):
+            for family in ("last_run_timestamp_seconds", "last_run_success",
+                           "last_run_duration_seconds", "last_run_exit_code"):
+                with self.subTest(mode=mode, family=family):
+                    self.assertIn((f"offload_{mode}_{family}", ()), samples)
+        self.assertEqual(samples[("offload_warmup_last_run_success", ())], 0.0)
+        self.assertIn(("offload_warmup_last_success_timestamp_seconds", ()), samples,
+                      "the last success is kept through the failed run")
+        self.assertEqual(samples[("offload_warmup_requests", (("result", "failed"),))], 2.0)
+        self.assertEqual(samples[("offload_gate_identifiers_exact", (("shape", "batched"),))],
+                         12.0, "six identifiers on each of two engines")
 
 if __name__ == "__main__":
     unittest.main()
