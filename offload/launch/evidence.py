@@ -19,7 +19,8 @@ from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
 from vllm_client import ENGINE_HEADER, Tally
-from vllm_metrics import counter_deltas, metrics_source, read_counters, series_sum, went_down
+from vllm_metrics import (changed_only, counter_deltas, metrics_source, read_counters, series_sum,
+                          went_down)
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 
@@ -197,7 +198,7 @@ class Evidence:
         for source, where, path in sources:
             before, why_before = befores.get(source, (None, "not read before the first wave"))
             after, why_after = read_counters(where, run.clock, path)
-            deltas = counter_deltas(before, after)
+            deltas = changed_only(counter_deltas(before, after))
             why = why_before or why_after
             record = {"record": "metrics", "run_id": run.settings.run_id, "source": source,
                       "state": "incomplete" if why else "complete",

@@ -67,6 +67,9 @@ options (environment variable in brackets):
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
+  --keep N            keep the records of the last N warm-ups (and gates) in the log
+                      folder, removing older ones, each named in start.log; 0 keeps
+                      every one [START_KEEP, 10]
   --supervise         a container's entry point: after the warm-up stay the server's
                       parent, pass TERM and INT on to its process group (KILL after
                       START_STOP_GRACE_S), reap what it leaves, and exit with the
@@ -244,7 +247,7 @@ class Settings:
         "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),
         "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
         "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
-        "stop_grace_s": ("START_STOP_GRACE_S", "10"),
+        "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
     }
 
     def __init__(self, argv: list[str], env: dict):
@@ -259,7 +262,7 @@ class Settings:
 
     VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
               "--ready-file": "ready_file", "--textfile": "textfile",
-              "--gate-hard-s": "gate_hard_s"}
+              "--gate-hard-s": "gate_hard_s", "--keep": "keep"}
     SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
                 "--gate": ("gate", "1")}
 
@@ -296,6 +299,9 @@ class Settings:
         if not re.fullmatch(r"0|" + WHOLE % 4, self.stop_grace_s):
             raise Usage(f"START_STOP_GRACE_S must be whole seconds from 0 to 99999, got "
                         f"'{self.stop_grace_s}'")
+        if not re.fullmatch(r"0|" + WHOLE % 4, self.keep):
+            raise Usage(f"{self.source['keep']} must be a whole number of runs from 0 to "
+                        f"99999, got '{self.keep}'")
         for name in ("warmup", "gate", "supervise"):
             if getattr(self, name) not in ("0", "1"):
                 raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
@@ -681,6 +687,29 @@ def run_gate(settings: Settings, log: Log, env: dict) -> dict:
     return gate
 
 
+RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z\.jsonl")
+
+
+def prune_records(folder: str, keep: int) -> list[str]:
+    """The records files of all but the newest `keep` warm-ups (and gates) in the folder,
+    removed (regular files named as start.sh names them, never a link); their names."""
+    if keep == 0:
+        return []
+    removed = []
+    for kind in ("warmup", "gate"):
+        names = sorted(n for n in os.listdir(folder) if RECORDS_NAME.fullmatch(n)
+                       and n.startswith(kind + "-"))
+        for name in names[:-keep]:
+            path = os.path.join(folder, name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                try:
+                    os.remove(path)
+                    removed.append(name)
+                except OSError:
+                    pass
+    return removed
+
+
 def gate_figures(gate: dict) -> str:
     """Identifiers and worst CER as the OK and WARN lines show them."""
     alone, batched = gate["identifiers_alone"], gate["identifiers_batched"]
@@ -701,6 +730,17 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
 
 
 def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict) -> None:
+    """Warm-up (and gate), then OK or WARN, then the oldest records pruned (--keep)."""
+    try:
+        report_run(settings, server, log, env)
+    finally:
+        removed = prune_records(settings.log_dir, int(settings.keep))
+        if removed:
+            log(f"removed {len(removed)} records file(s) older than the last "
+                f"{settings.keep} runs (--keep): {', '.join(removed)}")
+
+
+def report_run(settings: Settings, server: Server, log: Log, env: dict) -> None:
     """Warm-up (and gate), then OK or WARN; the server must still run after them."""
     run = run_warmup(settings, server, log, env)
     records = run["records"]

@@ -5,7 +5,8 @@ Between the prompts and the vLLM client (transport <- runframe <- prompts <- vll
 
   guard_problems()     are both request gauges there, readable, and 0 on every engine?
   counters()           every counting series (counters, histogram buckets, count, sum;
-                       never *_created), keyed by name and labels; counter_deltas()
+                       never *_created), keyed by name and labels; counter_deltas(),
+                       changed_only() (what records keep)
   spec_figures()       acceptance rate, mean acceptance length, by position (derived,
                        labelled: not worker RPC steps, not proof of graph capture)
   GaugeSampler         the request gauges read every 20 ms while a batch runs
@@ -257,6 +258,14 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
         ok = b is not None and a is not None and math.isfinite(a - b) and a >= b
         deltas[key] = json_number(a - b) if ok else None
     return deltas
+
+
+def changed_only(deltas: dict) -> dict:
+    """The deltas as records keep them: a histogram's or summary's bucket, _count or _sum
+    that did not change is left out (its absence means no change); every counter, 0 or
+    not, stays (the checks read a 0 as work not done). Pure."""
+    return {key: value for key, value in deltas.items()
+            if value != 0 or not series_name(key).endswith(FAMILY_SUFFIXES)}
 
 
 def metrics_source(target: Target, path: str = "") -> str:

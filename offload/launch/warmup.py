@@ -53,7 +53,7 @@ try:
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, server_main,
                              slot_timing, template_kwargs_type)
-    from vllm_metrics import (counter_deltas, engine_deltas, spec_figures,
+    from vllm_metrics import (changed_only, counter_deltas, engine_deltas, spec_figures,
                               tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
@@ -393,8 +393,8 @@ class WarmUp(ServerProgram):
         after, why = self.counters_after(run, name)
         if before is None or after is None:
             return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
-        return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
-                           if v is not None or (k in before and k in after)},
+        return {"deltas": changed_only({k: v for k, v in counter_deltas(before, after).items()
+                                        if v is not None or (k in before and k in after)}),
                 "went_down": went_down(before, after), "why": None}
 
     def request_record(self, run: Run, depth: int, slot: Slot, first: bool,

@@ -47,6 +47,13 @@ class TestWaveEvidence(HelperCase):
                     self.assertFalse([k for k in wave["counters"] if "_created" in k])
                     self.assertTrue(any("iteration_tokens_total_bucket" in k
                                         for k in wave["counters"]))
+                    unchanged = [k for k, v in wave["counters"].items()
+                                 if v == 0 and k.split("{")[0].endswith(("_bucket", "_count",
+                                                                         "_sum"))]
+                    self.assertEqual(unchanged, [], "an unchanged bucket is left out")
+                    self.assertTrue(any(k.startswith("vllm:request_success_total") and v == 0
+                                        for k, v in wave["counters"].items()),
+                                    "a counter that did not move stays, as 0")
                     spec = wave["spec_decode"]
                     self.assertEqual(spec["mean_acceptance_length"],
                                      round(1 + spec["accepted_tokens"] / spec["drafts"], 3))
@@ -209,6 +216,19 @@ class TestCounterDeltas(unittest.TestCase):
         self.assertIn("request success delta 9 is below the records' 10",
                       evidence.cross_check(less, requests)[1][0])
         self.assertIn("absent", evidence.cross_check({}, requests)[1][0])
+
+
+class TestChangedOnly(unittest.TestCase):
+    def test_unchanged_buckets_go_and_counters_stay(self):
+        deltas = {'vllm:iteration_tokens_total_bucket{engine="0",le="8.0"}': 0.0,
+                  'vllm:iteration_tokens_total_bucket{engine="0",le="16.0"}': 3.0,
+                  'vllm:iteration_tokens_total_count{engine="0"}': 0.0,
+                  'vllm:generation_tokens_total{engine="1"}': 0.0,
+                  'vllm:prompt_tokens_total{engine="0"}': None}
+        self.assertEqual(vllm_metrics.changed_only(deltas), {
+            'vllm:iteration_tokens_total_bucket{engine="0",le="16.0"}': 3.0,
+            'vllm:generation_tokens_total{engine="1"}': 0.0,
+            'vllm:prompt_tokens_total{engine="0"}': None})
 
 
 class TestTimeToWarm(unittest.TestCase):

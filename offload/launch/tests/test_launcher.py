@@ -51,6 +51,27 @@ class TestStart(StartCase):
             self.assertNotIn(TEXT_MARKER, output)
             self.assertNotIn(str(TOKEN_ID_MARKER), output)
 
+    def test_keep_removes_all_but_the_last_runs_records(self):
+        os.makedirs(self.logs)
+        old = [f"warmup-2026010{i}T000000Z.jsonl" for i in range(1, 6)]
+        for name in old + ["notes.jsonl", "gate-20260101T000000Z.jsonl"]:
+            with open(os.path.join(self.logs, name), "w") as handle:
+                handle.write("{}\n")
+        os.symlink(os.path.join(self.logs, "notes.jsonl"),
+                   os.path.join(self.logs, "warmup-20250101T000000Z.jsonl"))
+        result = self.start("--keep", "3", server=self.fake())
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        left = sorted(os.listdir(self.logs))
+        self.assertEqual([n for n in left if n.startswith("warmup-2026") and n in old],
+                         old[-2:], "the newest two old runs and this one are kept")
+        self.assertTrue(os.path.exists(self.records()), "this run's records are kept")
+        for kept in ("notes.jsonl", "gate-20260101T000000Z.jsonl",
+                     "warmup-20250101T000000Z.jsonl"):
+            self.assertIn(kept, left, "only records files, never a link, are removed")
+        self.assertIn(f"removed 3 records file(s) older than the last 3 runs (--keep): "
+                      f"{', '.join(old[:3])}", self.start_log())
+        self.assertEqual(self.refused("--keep", "-1", "--", "true").code, 2)
+
     def test_failing_warmup_warns_and_still_succeeds(self):
         with open(self.ready, "w") as handle:
             handle.write("old")
