@@ -102,45 +102,34 @@ class Usage(Exception):
 
 
 class Exit(Exception):
-    """Leave main() with this status (after an ERROR, or a signal)."""
+    """Leave main() with this status (after an ERROR)."""
 
-    def __init__(self, code: int):
+    def __init__(self, code: int, name: str = ""):
         super().__init__(code)
-        self.code = code
+        self.code, self.name = code, name
 
 
-class Interrupted(Exception):
-    """TERM or INT while starting: the server it launched is stopped."""
-
-    def __init__(self, name: str, code: int):
-        super().__init__(name)
-        self.name, self.code = name, code
+class Interrupted(Exit):
+    """TERM or INT while starting (its name): the server it launched is stopped."""
 
 
 # ---------------------------------------------------------------------------
 # Pure helpers: the command line as it may be shown, and what it says.
 # ---------------------------------------------------------------------------
 
-def is_secret_flag(flag: str) -> bool:
-    """--api-key, --hf-token, any flag ending in -key, -token, -secret or -password (also
-    with _): its value is hidden. --max-num-batched-tokens and --ssl-keyfile are not."""
-    return SECRET_FLAG.fullmatch(flag) is not None
-
-
 def redacted_command(command: list[str]) -> str:
-    """The command as it may be logged: secret flags' values hidden (`--api-key VALUE` and
-    `--api-key=VALUE`), everything else as given."""
+    """The command as it may be logged: the values of secret flags (--api-key, --hf-token,
+    any flag ending in -key, -token, -secret or -password, also with _; not
+    --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE` and
+    `--api-key=VALUE`; everything else as given."""
     shown, hide = [], False
     for arg in command:
-        name = arg.partition("=")[0]
+        name, equals, _ = arg.partition("=")
+        secret = arg.startswith("-") and SECRET_FLAG.fullmatch(name) is not None
         if hide:
             shown.append("[redacted]")
-            hide = False
-        elif arg.startswith("-") and "=" in arg and is_secret_flag(name):
-            shown.append(name + "=[redacted]")
-        else:
-            shown.append(arg)
-            hide = arg.startswith("-") and is_secret_flag(arg)
+        shown += [] if hide else [name + "=[redacted]" if secret and equals else arg]
+        hide = secret and not equals and not hide
     return " ".join(shown)
 
 
@@ -178,10 +167,9 @@ def logged_chunk(text: str) -> str:
     return found[-1] if found else ""
 
 
-def exit_status(wait_status: int) -> int:
-    """A waitpid status as a shell shows it: the exit code, or 128 + the signal."""
-    code = os.waitstatus_to_exitcode(wait_status)
-    return code if code >= 0 else 128 - code
+def shell_status(returncode: int) -> int:
+    """A child's return code as a shell shows it: the exit code, or 128 + the signal."""
+    return returncode if returncode >= 0 else 128 - returncode
 
 
 # ---------------------------------------------------------------------------
@@ -454,23 +442,21 @@ class Server:
     def since_launch(self) -> int:
         return int(time.monotonic() - self.launched_at)
 
-    def reap(self, pid: int = -1) -> int:
+    def reap(self, pid: int = -1) -> None:
         """Collect exited children without waiting (as PID 1, orphans too); the launched
-        pid's status is kept. The number collected."""
-        collected = 0
+        pid's status is kept."""
         while True:
             try:
-                found, status = os.waitpid(pid if pid > 0 else -1, os.WNOHANG)
+                found, status = os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                return collected
+                return
             if found == 0:
-                return collected
-            collected += 1
+                return
             if found == self.pid and self.status is None:
-                self.status = exit_status(status)
+                self.status = shell_status(os.waitstatus_to_exitcode(status))
                 self.popen.returncode = self.status
             if pid > 0:
-                return collected
+                return
 
     def alive(self) -> bool:
         """The launched pid runs, or once it has exited, a process of its group (a server
@@ -618,26 +604,17 @@ class Steps:
     @classmethod
     def run(cls, command: list[str], env: dict) -> int:
         cls.child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-        try:
-            return exit_status_of(cls.child.wait())
-        finally:
-            cls.child = None if cls.child.returncode is not None else cls.child
+        return shell_status(cls.child.wait())
 
     @classmethod
     def stop(cls) -> None:
-        """TERM the running step and give it 5 s to end."""
-        child = cls.child
-        if child is None or child.returncode is not None:
-            return
-        child.terminate()
-        try:
-            child.wait(5)
-        except subprocess.TimeoutExpired:
-            pass
-
-
-def exit_status_of(returncode: int) -> int:
-    return returncode if returncode >= 0 else 128 - returncode
+        """TERM the running step, if any, and give it 5 s to end."""
+        if cls.child is not None and cls.child.poll() is None:
+            cls.child.terminate()
+            try:
+                cls.child.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
 
 
 def judged(records: str, defaults: dict) -> dict:
@@ -788,7 +765,7 @@ def interrupt_while_starting() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         name, code = ("TERM", 143) if signum == signal.SIGTERM else ("INT", 130)
-        raise Interrupted(name, code)
+        raise Interrupted(code, name)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
 
