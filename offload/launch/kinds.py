@@ -26,7 +26,8 @@ from transport import clean_text
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
-SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 7}
+SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 40}
+SEED = 7
 LOGPROBS = 5
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
                                            "name": {"type": "string"}},
@@ -114,16 +115,34 @@ def chat_stream_body(model, prompt, rid, tokens, priority, template_kwargs):
     return streamed(chat_body(model, prompt, rid, tokens, priority, template_kwargs))
 
 
+# Sampling takes separate paths in vLLM's sampler: seeded, unseeded top-p/top-k, and plain
+# temperature (GPU reports name each); the `sampled` path sends one of each.
 @kind("sampled", COMPLETIONS, path="sampled")
 def sampled_body(model, prompt, rid, tokens, priority, template_kwargs):
     """A sampled completion: temperature 0.8, top_p 0.95, top_k 40, a fixed seed."""
+    return dict(unseeded_body(model, prompt, rid, tokens, priority, template_kwargs),
+                seed=SEED)
+
+
+@kind("sampled-unseeded", COMPLETIONS, path="sampled")
+def unseeded_body(model, prompt, rid, tokens, priority, template_kwargs):
+    """The same top-p/top-k sampling without a seed."""
     return dict(completion_body(model, prompt, rid, tokens, priority), **SAMPLING)
+
+
+@kind("sampled-temperature", COMPLETIONS, path="sampled")
+def temperature_body(model, prompt, rid, tokens, priority, template_kwargs):
+    """Plain temperature sampling (0.8): no top-p, no top-k, no seed."""
+    return dict(completion_body(model, prompt, rid, tokens, priority),
+                temperature=SAMPLING["temperature"])
 
 
 @kind("logprobs", COMPLETIONS, Holds(logprobs=True), path="logprobs")
 def logprobs_body(model, prompt, rid, tokens, priority, template_kwargs):
-    """A completion with the top 5 log-probabilities of every token."""
-    return dict(completion_body(model, prompt, rid, tokens, priority), logprobs=LOGPROBS)
+    """A completion with the top 5 log-probabilities of every token and of every prompt
+    token (prompt_logprobs: a path of its own in vLLM; counted, never read)."""
+    return dict(completion_body(model, prompt, rid, tokens, priority), logprobs=LOGPROBS,
+                prompt_logprobs=LOGPROBS)
 
 
 @kind("logprobs-chat", CHAT, Holds(logprobs=True), path="logprobs")

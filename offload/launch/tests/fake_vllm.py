@@ -682,6 +682,13 @@ class Handler(BaseHTTPRequestHandler):
             doc = chat_doc(doc, body)
         elif body.get("logprobs"):
             doc["choices"][0]["logprobs"] = completion_logprobs(n_out)
+        if not chat and isinstance(body.get("prompt_logprobs"), int):
+            # vLLM's shape: None for the first prompt token, then token id -> Logprob
+            # (its decoded text: the marker, which must never reach a record).
+            doc["choices"][0]["prompt_logprobs"] = [None] + [
+                {str(TOKEN_ID_MARKER): {"logprob": -0.5, "rank": 1,
+                                        "decoded_token": TEXT_MARKER}}
+                for _ in range(min(reported_prompt, 64) - 1)]
         if "json" in kinds:
             chosen = doc["choices"][0]
             if chat:

@@ -19,8 +19,8 @@ class TestPaths(HelperCase):
                                  "--chat-template-kwargs", '{"enable_thinking": false}')
         self.assertEqual(result.code, 0, result.stdout)
         requests = result.requests
-        self.assertEqual(len(requests), 10 + 7 * (1 + 4))
-        self.assertEqual(result.summary["requests_total"], 45)
+        self.assertEqual(len(requests), 10 + 9 * (1 + 4))
+        self.assertEqual(result.summary["requests_total"], 55)
         self.assertEqual(set(result.summary["paths"].values()), {"ok"})
         run_id = result.kind("run")[0]["run_id"]
         for record in requests:
@@ -40,7 +40,20 @@ class TestPaths(HelperCase):
         self.assertTrue(sent and all(b["chat_template_kwargs"] == {"enable_thinking": False}
                                      for b in sent))
         waves = [w for w in result.kind("wave") if "path" in w]
-        self.assertEqual(len(waves), 14)
+        self.assertEqual(len(waves), 18)
+        bodies = {kind: next(b for b in (r["body"] for r in server.state.requests
+                                         if isinstance(r["body"], dict))
+                             if f"-{kind}-1-" in str(b.get("request_id")))
+                  for kind in ("sampled", "sampled-unseeded", "sampled-temperature")}
+        self.assertEqual((bodies["sampled"]["seed"], bodies["sampled"]["top_p"]), (7, 0.95))
+        self.assertNotIn("seed", bodies["sampled-unseeded"])
+        self.assertEqual(bodies["sampled-unseeded"]["top_k"], 40)
+        self.assertFalse({"seed", "top_p", "top_k"} & set(bodies["sampled-temperature"]))
+        self.assertEqual(bodies["sampled-temperature"]["temperature"], 0.8)
+        prompt_logprobs = [r["body"] for r in server.state.requests
+                           if isinstance(r["body"], dict) and "prompt_logprobs" in r["body"]]
+        self.assertTrue(prompt_logprobs and all(b["prompt_logprobs"] == 5
+                                                for b in prompt_logprobs))
         self.assertLess(result.summary["elapsed_s"], 90)
         self.assert_clean(server, result)
         self.assertNotIn(TEXT_MARKER, result.records_text, "logprobs are counted, never kept")
