@@ -549,10 +549,13 @@ def drafted_findings(waves: list[dict], expected: dict[str, int]) -> list[dict]:
             found.append({"wave": name, "holds": False, "said": "no wave record of it"})
         for wave in mine:
             where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
-            drafted = finite_number(as_dict(wave.get("spec_decode")).get("drafted_length"))
+            spec = as_dict(wave.get("spec_decode"))
+            drafted = finite_number(spec.get("drafted_length"))
             if drafted is None:
-                found.append({"wave": where, "holds": False, "said": "drafted length not "
-                              "observed (no speculative counters over the wave)"})
+                why = "no drafts over the wave: the proposer proposed nothing" \
+                    if spec.get("drafts") == 0 else "no speculative counters over the wave"
+                found.append({"wave": where, "holds": False,
+                              "said": f"drafted length not observed ({why})"})
                 continue
             holds = k - 1 < drafted <= k
             found.append({"wave": where, "holds": holds, "drafted_length": drafted,

@@ -260,12 +260,38 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
     return deltas
 
 
+_LE = re.compile(r',?le="([^"]*)"')
+
+
 def changed_only(deltas: dict) -> dict:
-    """The deltas as records keep them: a histogram's or summary's bucket, _count or _sum
-    that did not change is left out (its absence means no change); every counter, 0 or
-    not, stays (the checks read a 0 as work not done). Pure."""
-    return {key: value for key, value in deltas.items()
-            if value != 0 or not series_name(key).endswith(FAMILY_SUFFIXES)}
+    """The deltas as records keep them, losing nothing: a histogram's `_count` or `_sum`
+    that did not change is left out, and so is each bucket whose delta equals the next
+    lower bucket's (buckets are cumulative: no observation landed between them), so a
+    missing bucket's delta is the nearest lower kept one's, 0 below the first. Every
+    counter stays, 0 included (the checks read a 0 as work not done). Pure."""
+    kept, histograms = {}, {}
+    for key, value in deltas.items():
+        le = _LE.search(key) if series_name(key).endswith("_bucket") else None
+        if le is not None:
+            histograms.setdefault(_LE.sub("", key, count=1), []).append(
+                (bucket_bound(le.group(1)), key, value))
+        elif value != 0 or not series_name(key).endswith(FAMILY_SUFFIXES):
+            kept[key] = value
+    for buckets in histograms.values():
+        below = 0
+        for _, key, value in sorted(buckets, key=lambda b: b[0]):
+            if value != below:
+                kept[key] = value
+            below = value if value is not None else below
+    return dict(sorted(kept.items()))
+
+
+def bucket_bound(text: str) -> float:
+    """A bucket's `le` as a number (+Inf, or anything unreadable, last)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.inf
 
 
 def metrics_source(target: Target, path: str = "") -> str:

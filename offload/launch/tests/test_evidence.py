@@ -5,6 +5,7 @@ the textfile found unwritable first, wall-clock wave times and the drafted lengt
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -12,16 +13,38 @@ import unittest
 
 from support import QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import report  # noqa: E402
 import transport  # noqa: E402
 import vllm_client  # noqa: E402
 import vllm_metrics  # noqa: E402
 
 
-def summed(waves: list[dict]) -> dict:
-    """The per-wave counter deltas added up, series by series."""
+def expanded(kept: dict, keys: set) -> dict:
+    """Deltas as records keep them (vllm_metrics.changed_only) made whole again for these
+    series: a missing bucket has the delta of the nearest lower kept bucket of its
+    histogram, 0 below the first; any other missing series did not change."""
+    def group_and_bound(key):
+        found = re.search(r',?le="([^"]*)"', key)
+        if not found:
+            return None, None
+        return key.replace(found.group(0), "", 1), vllm_metrics.bucket_bound(found.group(1))
+    whole = {}
+    for key in keys:
+        if key in kept:
+            whole[key] = kept[key]
+            continue
+        group, bound = group_and_bound(key)
+        lower = [(b, kept[k]) for k in kept for g, b in [group_and_bound(k)]
+                 if group is not None and g == group and b < bound]
+        whole[key] = max(lower)[1] if lower else 0.0
+    return whole
+
+
+def summed(waves: list[dict], keys: set) -> dict:
+    """The per-wave counter deltas, made whole, added up series by series."""
     total: dict = {}
     for wave in waves:
-        for key, value in wave["counters"].items():
+        for key, value in expanded(wave["counters"], keys).items():
             if value is not None:
                 total[key] = total.get(key, 0.0) + value
     return total
@@ -40,9 +63,13 @@ class TestWaveEvidence(HelperCase):
                 waves = result.kind("wave")
                 self.assertEqual(len(waves), 4 * engines)
                 (metrics,) = result.kind("metrics")
-                whole = {k: v for k, v in metrics["deltas"].items() if v}
+                keys = set(metrics["deltas"]).union(*(w["counters"] for w in waves))
+                whole = {k: v for k, v in expanded(metrics["deltas"], keys).items() if v}
                 # No foreign traffic: the gaps between waves add nothing.
-                self.assertEqual({k: v for k, v in summed(waves).items() if v}, whole)
+                self.assertEqual({k: v for k, v in summed(waves, keys).items() if v}, whole)
+                buckets = [k for k in metrics["deltas"] if "iteration_tokens_total_bucket" in k]
+                self.assertLess(len(buckets), engines * 14, "a bucket like the one below it "
+                                                            "is left out")
                 for wave in waves:
                     self.assertFalse([k for k in wave["counters"] if "_created" in k])
                     self.assertTrue(any("iteration_tokens_total_bucket" in k
@@ -220,15 +247,17 @@ class TestCounterDeltas(unittest.TestCase):
 
 class TestChangedOnly(unittest.TestCase):
     def test_unchanged_buckets_go_and_counters_stay(self):
-        deltas = {'vllm:iteration_tokens_total_bucket{engine="0",le="8.0"}': 0.0,
-                  'vllm:iteration_tokens_total_bucket{engine="0",le="16.0"}': 3.0,
+        bucket = 'vllm:iteration_tokens_total_bucket{{engine="0",le="{}"}}'.format
+        deltas = {bucket("8.0"): 0.0, bucket("16.0"): 3.0, bucket("32.0"): 3.0,
+                  bucket("64.0"): 5.0, bucket("+Inf"): 5.0,
                   'vllm:iteration_tokens_total_count{engine="0"}': 0.0,
                   'vllm:generation_tokens_total{engine="1"}': 0.0,
                   'vllm:prompt_tokens_total{engine="0"}': None}
-        self.assertEqual(vllm_metrics.changed_only(deltas), {
-            'vllm:iteration_tokens_total_bucket{engine="0",le="16.0"}': 3.0,
-            'vllm:generation_tokens_total{engine="1"}': 0.0,
-            'vllm:prompt_tokens_total{engine="0"}': None})
+        kept = vllm_metrics.changed_only(deltas)
+        self.assertEqual(kept, {bucket("16.0"): 3.0, bucket("64.0"): 5.0,
+                                'vllm:generation_tokens_total{engine="1"}': 0.0,
+                                'vllm:prompt_tokens_total{engine="0"}': None})
+        self.assertEqual(expanded(kept, set(deltas)), deltas, "nothing is lost")
 
 
 class TestTimeToWarm(unittest.TestCase):
@@ -339,7 +368,15 @@ class TestEvidenceDecides(HelperCase):
         shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5"],
                               main=qualify.main)
         self.assertEqual(shown.code, 1)
-        self.assertIn("expect-k B1: drafted length not observed", shown.stdout)
+        self.assertIn("expect-k B1: drafted length not observed (no speculative counters "
+                      "over the wave)", shown.stdout)
+
+    def test_a_wave_with_no_drafts_says_so(self):
+        wave = {"wave": "B1", "engine": None, "spec_decode": {"drafts": 0.0,
+                                                              "drafted_length": None}}
+        (found,) = report.drafted_findings([wave], {"B1": 5})
+        self.assertFalse(found["holds"])
+        self.assertIn("no drafts over the wave", found["said"])
 
 
 if __name__ == "__main__":
