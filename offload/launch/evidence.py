@@ -198,12 +198,12 @@ class Evidence:
         for source, where, path in sources:
             before, why_before = befores.get(source, (None, "not read before the first wave"))
             after, why_after = read_counters(where, run.clock, path)
-            deltas = changed_only(counter_deltas(before, after))
+            deltas = counter_deltas(before, after)
             why = why_before or why_after
             record = {"record": "metrics", "run_id": run.settings.run_id, "source": source,
                       "state": "incomplete" if why else "complete",
                       "why": None if not why else f"{'before' if why_before else 'after'}: {why}",
-                      "meaning": COUNTER_MEANING, "deltas": deltas,
+                      "meaning": COUNTER_MEANING, "deltas": changed_only(deltas),
                       "highlights": highlighted(deltas)}
             if source == main_source:
                 self.highlights = record["highlights"]

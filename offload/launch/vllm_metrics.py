@@ -263,19 +263,25 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
 _LE = re.compile(r',?le="([^"]*)"')
 
 
+CHECKED = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
+           "vllm:request_success_total", SPEC)   # the families the checks read: kept whole
+
+
 def changed_only(deltas: dict) -> dict:
-    """The deltas as records keep them, losing nothing: a histogram's `_count` or `_sum`
-    that did not change is left out, and so is each bucket whose delta equals the next
-    lower bucket's (buckets are cumulative: no observation landed between them), so a
-    missing bucket's delta is the nearest lower kept one's, 0 below the first. Every
-    counter stays, 0 included (the checks read a 0 as work not done). Pure."""
+    """The deltas as records keep them, losing nothing: a series that did not change is
+    left out (its absence means no change), except the families the checks read (CHECKED:
+    generation and prompt tokens, request success, speculative decoding), which stay
+    whole, 0 included, since a check reads a 0 as work not done; and a histogram bucket
+    whose delta equals the next lower bucket's is left out too (buckets are cumulative:
+    no observation landed between them), so a missing bucket's delta is the nearest lower
+    kept one's, 0 below the first. Pure."""
     kept, histograms = {}, {}
     for key, value in deltas.items():
         le = _LE.search(key) if series_name(key).endswith("_bucket") else None
         if le is not None:
             histograms.setdefault(_LE.sub("", key, count=1), []).append(
                 (bucket_bound(le.group(1)), key, value))
-        elif value != 0 or not series_name(key).endswith(FAMILY_SUFFIXES):
+        elif value != 0 or series_name(key).startswith(CHECKED):
             kept[key] = value
     for buckets in histograms.values():
         below = 0

@@ -393,8 +393,9 @@ class WarmUp(ServerProgram):
         after, why = self.counters_after(run, name)
         if before is None or after is None:
             return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
-        return {"deltas": changed_only({k: v for k, v in counter_deltas(before, after).items()
-                                        if v is not None or (k in before and k in after)}),
+        return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
+                           if k.startswith("vllm:") and
+                           (v is not None or (k in before and k in after))},
                 "went_down": went_down(before, after), "why": None}
 
     def request_record(self, run: Run, depth: int, slot: Slot, first: bool,
@@ -481,10 +482,11 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
         return {}
     deltas = engine_deltas(evidence["deltas"], engine)
     seen = (observed or {}).get(engine) or {}
-    shown = dict(sorted(deltas.items())[:MAX_WAVE_SERIES])
+    kept = changed_only(deltas)           # what the record keeps: nothing lost
+    shown = dict(sorted(kept.items())[:MAX_WAVE_SERIES])
     return {
         "counters": shown,
-        "counters_cut": len(deltas) - len(shown) or None,   # series left out of the record
+        "counters_cut": len(kept) - len(shown) or None,     # series left out of the record
         "counters_went_down": list(engine_deltas(dict.fromkeys(evidence["went_down"]),
                                                  engine)),
         "counters_why": evidence["why"],

@@ -80,7 +80,10 @@ class TestWaveEvidence(HelperCase):
                     self.assertEqual(unchanged, [], "an unchanged bucket is left out")
                     self.assertTrue(any(k.startswith("vllm:request_success_total") and v == 0
                                         for k, v in wave["counters"].items()),
-                                    "a counter that did not move stays, as 0")
+                                    "a counter the checks read stays, as 0")
+                    self.assertFalse([k for k, v in wave["counters"].items() if v == 0 and
+                                      k.startswith("vllm:prefix_cache_hits_total")],
+                                     "another counter that did not move is left out")
                     spec = wave["spec_decode"]
                     self.assertEqual(spec["mean_acceptance_length"],
                                      round(1 + spec["accepted_tokens"] / spec["drafts"], 3))
@@ -252,6 +255,7 @@ class TestChangedOnly(unittest.TestCase):
                   bucket("64.0"): 5.0, bucket("+Inf"): 5.0,
                   'vllm:iteration_tokens_total_count{engine="0"}': 0.0,
                   'vllm:generation_tokens_total{engine="1"}': 0.0,
+                  'vllm:mm_cache_hits_total{engine="0"}': 0.0,
                   'vllm:prompt_tokens_total{engine="0"}': None}
         kept = vllm_metrics.changed_only(deltas)
         self.assertEqual(kept, {bucket("16.0"): 3.0, bucket("64.0"): 5.0,
