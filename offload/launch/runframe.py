@@ -539,12 +539,17 @@ def add_run_options(parser: argparse.ArgumentParser, deadline_s: float = 90.0) -
                              "error); the human lines go to stderr")
     parser.add_argument("--debug", action="store_true",
                         help="on an internal error, print the Python traceback to stderr")
-    parser.add_argument("--textfile", metavar="PATH",
-                        default=os.environ.get("WARMUP_TEXTFILE") or None,
-                        help="also publish the result for monitoring: Prometheus text "
-                             "(node_exporter's textfile collector), written atomically; the "
-                             "last success's time is kept when a run fails (default: "
-                             "$WARMUP_TEXTFILE)")
+    add_file_option(parser, "--textfile", "WARMUP_TEXTFILE",
+                    "also publish the result for monitoring: Prometheus text (node_exporter's "
+                    "textfile collector), written atomically; the last success's time is "
+                    "kept when a run fails")
+
+
+def add_file_option(parser: argparse.ArgumentParser, flag: str, variable: str,
+                    help_text: str) -> None:
+    """An option naming a file the run writes, its default from an environment variable."""
+    parser.add_argument(flag, metavar="PATH", default=os.environ.get(variable) or None,
+                        help=f"{help_text} (default: ${variable})")
 
 
 def argument_type(parse):

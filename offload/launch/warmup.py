@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's 
 try:
     import runframe
     from evidence import Evidence, EvidenceOptions, cross_check, engine_shares, time_to_warm
-    from runframe import (Run, RunSettings, add_run_options, argument_type, emit,
-                          flag_or_env, seconds, whole)
+    from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
+                          emit, flag_or_env, seconds, whole)
     from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
                        b1_floor, contract_differences, judge, kinds_of, parse_paths,
                        request_id)
@@ -648,12 +648,10 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
-    parser.add_argument("--ready-file", metavar="PATH",
-                        default=os.environ.get("WARMUP_READY_FILE") or None,
-                        help="after the run, write the ready file `qualify.py ready` checks "
-                             "when the records show a contract pass (as start.sh does), remove "
-                             "it otherwise: how to warm again after a wake (default: "
-                             "$WARMUP_READY_FILE)")
+    add_file_option(parser, "--ready-file", "WARMUP_READY_FILE",
+                    "after the run, write the ready file `qualify.py ready` checks when the "
+                    "records show a contract pass (as start.sh does), remove it otherwise: "
+                    "how to warm again after a wake")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")
