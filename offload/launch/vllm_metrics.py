@@ -263,15 +263,14 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
 _LE = re.compile(r',?le="([^"]*)"')
 
 
-CHECKED = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total",
-           "vllm:request_success_total", SPEC)   # the families the checks read: kept whole
+CHECKED = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")   # kept whole
 
 
 def changed_only(deltas: dict) -> dict:
     """The deltas as records keep them, losing nothing: a series that did not change is
-    left out (its absence means no change), except the families the checks read (CHECKED:
-    generation and prompt tokens, request success, speculative decoding), which stay
-    whole, 0 included, since a check reads a 0 as work not done; and a histogram bucket
+    left out (its absence means no change), except the token counters (CHECKED), which
+    stay whole, 0 included, since an engine's share reads a 0 as work not done; and a
+    histogram bucket
     whose delta equals the next lower bucket's is left out too (buckets are cumulative:
     no observation landed between them), so a missing bucket's delta is the nearest lower
     kept one's, 0 below the first. Pure."""

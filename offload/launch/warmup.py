@@ -48,7 +48,7 @@ try:
     from prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
     from records import as_dict
     from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
-                           writable)
+                           series_name, writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, server_main,
@@ -393,9 +393,12 @@ class WarmUp(ServerProgram):
         after, why = self.counters_after(run, name)
         if before is None or after is None:
             return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
+        def engine_series(counts: dict) -> dict:       # its own, a histogram's buckets aside
+            return {k: v for k, v in counts.items()
+                    if k.startswith("vllm:") and not series_name(k).endswith("_bucket")}
+        before, after = engine_series(before), engine_series(after)
         return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
-                           if k.startswith("vllm:") and
-                           (v is not None or (k in before and k in after))},
+                           if v is not None or (k in before and k in after)},
                 "went_down": went_down(before, after), "why": None}
 
     def request_record(self, run: Run, depth: int, slot: Slot, first: bool,
