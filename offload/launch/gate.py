@@ -697,10 +697,10 @@ def build_gate(args: argparse.Namespace, settings: RunSettings):
                           args.chat_template_kwargs, args.max_typos)
     connection = connection_from(args)
 
-    def dry_run():
+    def print_plan():
         emit(f"gate plan for {connection.target.display}: {len(IDENTIFIERS)} identifiers and "
              f"2 passages, each alone then all in one batch ({len(PROBES) * len(SHAPES)} "
              f"requests per engine) on {ENDPOINTS[args.endpoint]}; greedy, max_tokens "
              f"{args.max_tokens}, max CER {args.max_cer:g}; deadline "
              f"{settings.deadline_s:g} s")
-    return Gate(connection, options, settings), dry_run
+    return Gate(connection, options, settings), print_plan

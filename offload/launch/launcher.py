@@ -1,12 +1,14 @@
 """start.sh's launcher: start a vLLM server, guard its readiness, warm it up, report.
 
-  main() -> Settings.parse() (flags over START_* variables, all checked before launch)
-         -> refuse_a_running_server() -> Server.launch() (own session and process group,
-            output appended to server.log) -> wait_ready() (GET /health in-process)
-         -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
-            run_gate() (under coreutils timeout), verdicts from report.build_report(),
-            the ready file from ready.write_ready() -> OK or WARN
-         -> with --supervise, supervise(): stay the server's parent until it ends
+  main() -> Settings(argv, env).check() (flags over START_* variables, all checked
+            before anything is launched) -> start():
+    refuse_a_running_server() -> Server.launch() (own session and process group, output
+    appended to server.log) -> wait_ready() (GET /health in-process)
+    -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
+       run_gate() (under coreutils timeout), verdicts judged() by the report's code,
+       the ready file from ready.write_ready() -> OK or WARN
+    -> prune_records() (--keep) -> with --supervise, supervise(): stay the server's parent
+       until it ends
 
 start.sh execs this file. The server is followed by its process group (a server that
 forks and exits is still followed); a zombie counts as gone. Standard library only.
@@ -51,7 +53,8 @@ process group: a server that forks and exits is still followed).
 options (environment variable in brackets):
   --base-url URL      where the server answers, passed to the warm-up and the gate as
                       is (as WARMUP_BASE_URL, out of their command lines); user:pass@
-                      in it is sent as Basic auth and never shown
+                      in it is never shown, and sent (as Basic auth) only by the
+                      /health and ready checks
                       [START_BASE_URL, default http://127.0.0.1:8000]
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
   --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
@@ -279,10 +282,10 @@ class Settings:
         """Every value checked, the folders tried; Usage naming the first bad one."""
         if not self.command:
             raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
-        whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
+        check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
         if not NUMBER.fullmatch(self.poll_s):
             raise Usage(f"START_POLL_S must be a number of seconds, got '{self.poll_s}'")
-        whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
+        check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
               prefix="must be ")
         if not re.fullmatch(r"0|" + WHOLE % 4, self.stop_grace_s):
             raise Usage(f"START_STOP_GRACE_S must be whole seconds from 0 to 99999, got "
@@ -343,9 +346,11 @@ class Settings:
             raise Usage(f"--ready-file '{path}': cannot write in folder '{folder}'")
 
     def server_env(self) -> dict:
-        """What the warm-up and the gate get: WARMUP_* unchanged, the base URL (out of any
+        """What the warm-up and the gate get: WARMUP_* unchanged but WARMUP_READY_FILE (the
+        launcher writes the ready file, after the gate too), the base URL (out of any
         command line: ps shows those), the textfile, the chunk from the command."""
         env = dict(self.env, WARMUP_BASE_URL=self.base_url)
+        env.pop("WARMUP_READY_FILE", None)
         if self.textfile:
             env["WARMUP_TEXTFILE"] = self.textfile
         chunk = flag_value("--max-num-batched-tokens", self.command)  # the last one counts
@@ -354,7 +359,7 @@ class Settings:
         return env
 
 
-def whole(value: str, digits: int, source: str, what: str,
+def check_whole(value: str, digits: int, source: str, what: str,
           prefix: str = "must be a whole number of ") -> None:
     """Usage unless value is a whole decimal number without a leading zero."""
     if not re.fullmatch(WHOLE % digits, value):
@@ -707,17 +712,6 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
 
 
 def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict) -> None:
-    """Warm-up (and gate), then OK or WARN, then the oldest records pruned (--keep)."""
-    try:
-        report_run(settings, server, log, env)
-    finally:
-        removed = prune_records(settings.log_dir, int(settings.keep))
-        if removed:
-            log(f"removed {len(removed)} records file(s) older than the last "
-                f"{settings.keep} runs (--keep): {', '.join(removed)}")
-
-
-def report_run(settings: Settings, server: Server, log: Log, env: dict) -> None:
     """Warm-up (and gate), then OK or WARN; the server must still run after them."""
     run = run_warmup(settings, server, log, env)
     records = run["records"]
@@ -827,7 +821,13 @@ def start(settings: Settings, log: Log) -> int:
         if settings.warmup == "0":
             log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         else:
-            warm_up_and_report(settings, server, log, env)
+            try:
+                warm_up_and_report(settings, server, log, env)
+            finally:
+                removed = prune_records(settings.log_dir, int(settings.keep))
+                if removed:
+                    log(f"removed {len(removed)} records file(s) older than the last "
+                        f"{settings.keep} runs (--keep): {', '.join(removed)}")
     except Interrupted as signalled:
         log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
                   f"launched")

@@ -291,10 +291,10 @@ def build_probe(args: argparse.Namespace, settings: RunSettings):
                            template_kwargs=args.chat_template_kwargs)
     connection = connection_from(args)
 
-    def dry_run():
+    def print_plan():
         long = f", long ({args.long_tokens} tokens)" if args.long_tokens else ""
         kinds = "".join(f", {k.name}" for k in kinds_of(options.paths))
         emit(f"probe plan for {connection.target.display}: {args.rounds} rounds of single, "
              f"burst3, burst4{long} (streamed){kinds}; {args.tokens} tokens each, every "
              f"prompt new; deadline {settings.deadline_s:g} s")
-    return WarmthProbe(connection, options, settings), dry_run
+    return WarmthProbe(connection, options, settings), print_plan

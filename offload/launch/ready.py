@@ -97,7 +97,8 @@ MAX_READY_BYTES = 64 << 10
 
 
 def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = None,
-                   gate_path: str | None = None) -> tuple[dict | None, str | None]:
+                   gate_path: str | None = None, written_at: str = ""
+                   ) -> tuple[dict | None, str | None]:
     """The ready file's content from the reports of the warm-up's (and the gate's) records:
     (document, None) when they show a complete pass, else (None, why). Pure."""
     for report, mode, name in ((warmup, "warmup", "warm-up"), (gate_report, "gate", "gate")):
@@ -117,7 +118,7 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
         "server_version": as_dict(run.get("versions")).get("server"),
         "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
         "elapsed_s": summary.get("elapsed_s"), "records": warmup_path,
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "written_at": written_at,
         "sleep_state": last.get("sleep_state"), "time_to_warm": summary.get("time_to_warm"),
         "gate": None,
     }
@@ -205,7 +206,7 @@ def shown(value) -> str:
 def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int, str]:
     """Write the ready file atomically (a temporary file beside it, then a rename) when the
     records show a pass; (exit code, one line)."""
-    from readback import load_records           # only --write reads records
+    from readback import load_records           # only writing reads records
     from report import build_report
     reports = []
     for source in [records] + ([gate_records] if gate_records else []):
@@ -215,7 +216,8 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
             return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
         reports.append(build_report(found, issues, source))
     gate_report = reports[1] if gate_records else None
-    doc, why = ready_document(reports[0], records, gate_report, gate_records)
+    doc, why = ready_document(reports[0], records, gate_report, gate_records,
+                              time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     if doc is None:
         return EXIT_FAIL, f"not written: {why}"
     if finite_number(doc.get("process_start_time_seconds")) is None:

@@ -2,7 +2,6 @@
 
   report_main()        FILE -> load_records() (readback.py) -> build_report() ->
                        format_report(), or --json
-  start_facts()        what start.sh's launcher shows of a report (pure)
     build_run()        one run: its records grouped, evidence_problems() (pure: a run
                        record, a summary, every planned request record on every engine),
                        rejudge() (pure: each record judged again by kinds.judge() with
@@ -10,6 +9,7 @@
                        claimed pass without the evidence is 'incomplete'; a pass of a
                        plan that is not the contract's is 'custom')
   drafted_findings()   --expect-k: each wave's drafted length against its k (pure)
+  start_facts()        what start.sh's launcher shows of a report (pure)
 
 A file cut short by a kill, holding several runs, or with damaged lines is read past its
 bad lines. Standard library only.

@@ -565,7 +565,7 @@ def argument_type(parse):
 
 def flag_or_env(flag, name: str, parse, default):
     """An option's value: the flag's, else the environment variable's (parsed, and named
-    when bad), else the default. The one reader of a WARMUP_* default."""
+    when bad), else the default."""
     if flag is not None:
         return flag
     text = os.environ.get(name)

@@ -16,6 +16,10 @@ own (the long prompt it sizes is the one thing of the warm-up it knows):
                          record keeps it
   judge_run()            every planned request ran and passed, unrefused (pure)
   size_long_prompts()    B1's long prompts sized with the server's /tokenize (prompts.py)
+  server_main()          the one main of the warm-up, the probe and the gate: options ->
+                         settings -> the program's build() -> its plan printed or run;
+                         add_server_options() and connection_from() are the options
+                         every one of them shares
 
 Standard library only.
 """
@@ -835,19 +839,19 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
 def server_main(parser: argparse.ArgumentParser, argv: list[str], prog: str, mode: str,
                 build) -> int:
     """The one main of the programs that talk to a server (warm-up, probe, gate): parse
-    the options, make the run's settings, build(args, settings) -> (program, dry_run)
+    the options, make the run's settings, build(args, settings) -> (program, print_plan)
     (UsageError: exit 2 naming it), then print the dry run or run the program."""
     try:
         args = parse_or_explain(parser, argv)
         settings = run_settings(args, prog, mode)
         try:
-            program, dry_run = build(args, settings)
+            program, print_plan = build(args, settings)
         except UsageError as exc:
             usage_error(parser, args.json, str(exc))
     except SystemExit as exc:             # argparse: --help, --version, a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     if args.dry_run:
-        dry_run()
+        print_plan()
         return EXIT_PASS
     return run_session(settings, program)
 

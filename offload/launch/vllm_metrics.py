@@ -263,12 +263,12 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
 _LE = re.compile(r',?le="([^"]*)"')
 
 
-CHECKED = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")   # kept whole
+TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")   # kept whole
 
 
 def changed_only(deltas: dict) -> dict:
     """The deltas as records keep them, losing nothing: a series that did not change is
-    left out (its absence means no change), except the token counters (CHECKED), which
+    left out (its absence means no change), except the token counters (TOKEN_COUNTERS), which
     stay whole, 0 included, since an engine's share reads a 0 as work not done; and a
     histogram bucket
     whose delta equals the next lower bucket's is left out too (buckets are cumulative:
@@ -280,7 +280,7 @@ def changed_only(deltas: dict) -> dict:
         if le is not None:
             histograms.setdefault(_LE.sub("", key, count=1), []).append(
                 (bucket_bound(le.group(1)), key, value))
-        elif value != 0 or series_name(key).startswith(CHECKED):
+        elif value != 0 or series_name(key).startswith(TOKEN_COUNTERS):
             kept[key] = value
     for buckets in histograms.values():
         below = 0

@@ -477,15 +477,16 @@ def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
 
 def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:
     """A wave record's evidence fields for one engine (pure): `counters` (series ->
-    delta, keyed as the metrics record's deltas; absent series absent, a counter that went
-    down null and named in `counters_went_down`), `running_max`, `waiting_max`,
+    delta, keyed as the metrics record's deltas, as vllm_metrics.changed_only() keeps
+    them: a series absent did not change; a counter that went down null and named in
+    `counters_went_down`), `running_max`, `waiting_max`,
     `gauge_samples`, and the derived `spec_decode` and `tokens_per_step` (null when the
     server does not count them)."""
     if evidence is None:
         return {}
     deltas = engine_deltas(evidence["deltas"], engine)
     seen = (observed or {}).get(engine) or {}
-    kept = changed_only(deltas)           # what the record keeps: nothing lost
+    kept = changed_only(deltas)           # what the record keeps (absent: did not change)
     shown = dict(sorted(kept.items())[:MAX_WAVE_SERIES])
     return {
         "counters": shown,
@@ -691,7 +692,7 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
             raise UsageError(f"--ready-file {args.ready_file}: {why}; choose a writable file "
                              f"in an existing folder")
     return (WarmUp(connection, plan, settings, evidence, args.ready_file),
-            lambda: dry_run(plan, settings, connection, args.json))
+            lambda: print_plan(plan, settings, connection, args.json))
 
 
 def unix_time(text: str) -> float:
@@ -721,7 +722,8 @@ def check_deadline(deadline_s: float) -> None:
                          f"--deadline-s or raise WARMUP_HARD_S")
 
 
-def dry_run(plan: Plan, settings: RunSettings, connection: Connection, as_json: bool) -> None:
+def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
+               as_json: bool) -> None:
     """Print the plan, sending nothing."""
     target, engines = connection.target, format_engines(connection.engines)
     description = plan_description(plan, settings)

@@ -79,7 +79,7 @@ class TestWaveEvidence(HelperCase):
                                      "a wave keeps a histogram's count and sum; its buckets "
                                      "are the whole run's (the metrics record)")
                     self.assertEqual([k for k, v in wave["counters"].items() if v == 0 and
-                                      not k.startswith(vllm_metrics.CHECKED)], [],
+                                      not k.startswith(vllm_metrics.TOKEN_COUNTERS)], [],
                                      "a series that did not move is left out")
                     spec = wave["spec_decode"]
                     self.assertEqual(spec["mean_acceptance_length"],

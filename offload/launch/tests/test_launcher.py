@@ -25,7 +25,7 @@ from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, St
                      copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
 from launcher import (Log, Server, Settings, flag_value, group_alive,  # noqa: E402
-                      logged_chunk, redacted_command)
+                      logged_chunk, proc_stat, redacted_command)
 
 SUPERVISING = "supervising server process group"
 
@@ -50,6 +50,14 @@ class TestStart(StartCase):
         for output in (result.stdout, result.stderr, log, text):
             self.assertNotIn(TEXT_MARKER, output)
             self.assertNotIn(str(TOKEN_ID_MARKER), output)
+
+    def test_the_ready_file_is_the_launcher_s_alone(self):
+        settings = Settings(["--", "vllm"], {"WARMUP_READY_FILE": "/run/elsewhere",
+                                             "WARMUP_MODEL": "m"})
+        env = settings.server_env()
+        self.assertNotIn("WARMUP_READY_FILE", env, "a warm-up must not write it before the "
+                                                   "gate ran")
+        self.assertEqual(env["WARMUP_MODEL"], "m")
 
     def test_keep_removes_all_but_the_last_runs_records(self):
         os.makedirs(self.logs)
@@ -723,23 +731,19 @@ def children_of(pid: int) -> list[int]:
     """The pids whose parent is pid (from /proc)."""
     found = []
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as handle:
-                    fields = handle.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                fields = handle.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == str(pid):
+            found.append(int(entry))
     return sorted(found)
 
 
 def state(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rpartition(")")[2].split()[0]
-    except OSError:
-        return "gone"
+    stat = proc_stat(str(pid))
+    return stat[0] if stat else "gone"
 
 
 def name_of(pid: int) -> str:
