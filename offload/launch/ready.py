@@ -236,7 +236,8 @@ def ready_main(argv: list[str]) -> int:
         description="Is the server still the one the ready file vouches for? Exit 0 only "
                     "when the file exists and parses, the server answers /health 200 within "
                     "--timeout-s, and its /metrics shows the same process start "
-                    "(process_start_time_seconds) and the same model; otherwise exit 1 "
+                    "(process_start_time_seconds) and the same model, every engine awake "
+                    "(vllm:engine_sleep_state, where the server has it); otherwise exit 1 "
                     "with one line saying which. One /health and one /metrics, no records: "
                     "what a Kubernetes exec readiness probe runs. start.sh writes the file "
                     "from the records of a passing warm-up (and gate).",

@@ -487,7 +487,9 @@ def report_main(argv: list[str]) -> int:
                     "record's own 'ok' is never believed: one that disagrees is named); "
                     "otherwise the run is 'incomplete', whatever its summary claims. A "
                     "warm-up that passed a plan other than the contract's is 'custom', never "
-                    "'pass'. Exit status: the last run's (0 pass or custom), 1 when it is "
+                    "'pass'. Exit status: the last run's (0 pass or custom; 1 fail; 3 "
+                    "refused; 124, 137, 129, 130, 143 ended by the hard bound or a signal), "
+                    "1 when it is "
                     "incomplete or the file holds no run (or --expect-k does not hold), 2 "
                     "when the file cannot be read.")
     parser.add_argument("records", help="the JSON Lines records file")

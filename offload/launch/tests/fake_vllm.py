@@ -235,7 +235,9 @@ class FakeState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.started = time.monotonic()
-        self.process_start = round(time.time(), 2)   # process_start_time_seconds: a restart
+        # process_start_time_seconds: a restart; in clock ticks, rounded down as the kernel
+        # (and so prometheus_client) gives it, never after the process started
+        self.process_start = math.floor(time.time() * 100) / 100
         self.requests: list[dict] = []        # path, headers, body (parsed), arrived (monotonic)
         engines = range(max(config.engines, 1))
         self.cache: dict[int, set] = {e: set() for e in engines}    # each engine its own KV cache
