@@ -26,6 +26,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
+try:
+    from processes import group_alive, process_alive, signalable
+except ImportError:                       # main() names the missing module (exit 2)
+    group_alive = process_alive = signalable = None
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
 TAIL_LINES = 20
@@ -38,7 +42,6 @@ CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_to
 SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
 WHOLE = r"[1-9][0-9]{0,%d}"
 NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
-DIGITS = re.compile(r"[0-9]{1,10}")          # str.isdigit() would take "²"
 
 HELP = """\
 usage: start.sh [options] -- <server command and its arguments>
@@ -59,7 +62,7 @@ options (environment variable in brackets):
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
   --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
   --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
-                      the contract's plan; removed at every start. It names the server
+                      the contract's plan; removed when a start launches. It names the server
                       it vouches for (its process start, model): `qualify.py ready
                       --ready-file PATH` says whether it is still true (a readiness
                       probe); its folder must exist [START_READY_FILE]
@@ -176,55 +179,6 @@ def shell_status(returncode: int) -> int:
 
 
 # ---------------------------------------------------------------------------
-# Processes: /proc, because a zombie holds no port and may never be reaped.
-# ---------------------------------------------------------------------------
-
-def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int] | None:
-    """(state, process group) from /proc/PID/stat; None when there is no such process."""
-    try:
-        with open(os.path.join(proc, pid, "stat"), "rb") as handle:
-            line = handle.read(4096).decode("ascii", "replace")
-    except OSError:
-        return None
-    fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
-    if len(fields) < 3 or not DIGITS.fullmatch(fields[2]):
-        return None
-    return fields[0], int(fields[2])
-
-
-def signalable(pid: int) -> bool:
-    """Whether kill(pid, 0) reaches a process (or a group, for a negative pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def process_alive(pid: int, proc: str = "/proc") -> bool:
-    """The process exists and is not a zombie (without /proc, kill -0 decides)."""
-    if not signalable(pid):
-        return False
-    stat = proc_stat(str(pid), proc)
-    return stat[0] != "Z" if stat else not os.path.isdir(proc)
-
-
-def group_alive(pgid: int, proc: str = "/proc") -> bool:
-    """Some member of the process group exists and is not a zombie."""
-    if not signalable(-pgid):
-        return False
-    if not os.path.isdir(proc):
-        return True                              # without /proc, trust kill -0
-    for name in os.listdir(proc):
-        stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
-        if stat is not None and stat[1] == pgid and stat[0] != "Z":
-            return True
-    return False
-
-
-# ---------------------------------------------------------------------------
 # Settings: environment first, then flags; every one checked before launch.
 # ---------------------------------------------------------------------------
 
@@ -283,8 +237,9 @@ class Settings:
         if not self.command:
             raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
         check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
-        if not NUMBER.fullmatch(self.poll_s):
-            raise Usage(f"START_POLL_S must be a number of seconds, got '{self.poll_s}'")
+        if not NUMBER.fullmatch(self.poll_s) or not 0.01 <= float(self.poll_s) <= 60:
+            raise Usage(f"START_POLL_S must be a number of seconds from 0.01 to 60, got "
+                        f"'{self.poll_s}'")
         check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
               prefix="must be ")
         if not re.fullmatch(r"0|" + WHOLE % 4, self.stop_grace_s):
@@ -305,7 +260,7 @@ class Settings:
         if self.ready_file:
             self._check_ready_file()
         if self.textfile:
-            check_file_place("--textfile", self.textfile)
+            check_file_place(self.source["textfile"], self.textfile)
         from transport import UsageError
         from vllm_client import parse_base_url
         try:
@@ -320,30 +275,37 @@ class Settings:
         try:
             os.makedirs(self.log_dir, exist_ok=True)
         except OSError:
-            raise Usage(f"cannot create --log-dir '{self.log_dir}'; choose a writable folder") \
+            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}'; choose a "
+                        f"writable folder") \
                 from None
+        for name in ("start.log", "server.log", "server.pid"):
+            path = os.path.join(self.log_dir, name)
+            if os.path.exists(path) and not os.path.isfile(path):
+                raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
+                            f"regular file (a FIFO or device); remove it or choose another "
+                            f"folder")
         try:
             with open(os.path.join(self.log_dir, "start.log"), "a"):
                 pass
         except OSError:
-            raise Usage(f"cannot write start.log in --log-dir '{self.log_dir}'; choose a "
+            raise Usage(f"cannot write start.log in {self.source['log_dir']} '{self.log_dir}'; choose a "
                         f"writable folder") from None
         server_log = os.path.join(self.log_dir, "server.log")
         if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
-            raise Usage(f"cannot write server.log in --log-dir '{self.log_dir}'; choose a "
+            raise Usage(f"cannot write server.log in {self.source['log_dir']} '{self.log_dir}'; choose a "
                         f"writable folder")
 
     def _check_ready_file(self) -> None:
-        path = self.ready_file
+        path, option = self.ready_file, self.source["ready_file"]
         folder = os.path.dirname(path) or "."
         if not os.path.isdir(folder):
-            raise Usage(f"--ready-file '{path}': folder '{folder}' does not exist; create it "
+            raise Usage(f"{option} '{path}': folder '{folder}' does not exist; create it "
                         f"first")
         if os.path.isdir(path):
-            raise Usage(f"--ready-file '{path}' is a folder")
-        check_file_place("--ready-file", path)
+            raise Usage(f"{option} '{path}' is a folder")
+        check_file_place(option, path)
         if not os.access(folder, os.W_OK | os.X_OK):
-            raise Usage(f"--ready-file '{path}': cannot write in folder '{folder}'")
+            raise Usage(f"{option} '{path}': cannot write in folder '{folder}'")
 
     def server_env(self) -> dict:
         """What the warm-up and the gate get: WARMUP_* unchanged but WARMUP_READY_FILE (the
@@ -423,6 +385,8 @@ class Server:
         self.launched_at = 0.0
         self.log_offset = 0
         self.popen = None                   # kept: a dropped Popen would reap our pid
+        self.daemonized = False             # the launched pid exited, its group lived on
+        self.last_reaped: int | None = None  # then: the status of the last child reaped
 
     def launch(self) -> None:
         """Start the command in a new session, its output appended to server.log."""
@@ -460,6 +424,8 @@ class Server:
             if found == self.pid and self.status is None:
                 self.status = shell_status(os.waitstatus_to_exitcode(status))
                 self.popen.returncode = self.status
+            elif self.daemonized:           # as PID 1: the forked server's own status
+                self.last_reaped = shell_status(os.waitstatus_to_exitcode(status))
             if pid > 0:
                 return
 
@@ -473,6 +439,7 @@ class Server:
             if self.status is None:
                 return True
             if group_alive(self.pid):
+                self.daemonized = True
                 self.log(f"launched pid {self.pid} exited with status {self.status} but its "
                          f"process group is still running: the server daemonized; start.sh "
                          f"tracks process group {self.pid}")
@@ -502,9 +469,11 @@ class Server:
 
     def tail(self) -> None:
         """The end of server.log on stderr, for an ERROR about the server."""
+        from transport import open_regular        # a FIFO or device: nothing shown
         try:
-            with open(self.server_log, "rb") as handle:
-                lines = handle.read()[-256 << 10:].decode("utf-8", "replace").splitlines()
+            with open_regular(self.server_log) as handle:
+                handle.seek(max(os.fstat(handle.fileno()).st_size - (256 << 10), 0))
+                lines = handle.read(256 << 10).decode("utf-8", "replace").splitlines()
         except OSError:
             lines = []
         shown = "\n".join(lines[-TAIL_LINES:])
@@ -598,7 +567,7 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
                                   f"another process)")
             log(f"ready after {server.since_launch()} s ({url}/health = 200)")
             return healthy_at
-        time.sleep(float(settings.poll_s))
+        time.sleep(max(min(float(settings.poll_s), left), 0))
 
 
 class Steps:
@@ -638,9 +607,9 @@ def stamp() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
-def run_warmup(settings: Settings, server: Server, log: Log, env: dict) -> dict:
+def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
     """The warm-up through warmup_serve.sh, and what its records show."""
-    records = os.path.join(settings.log_dir, f"warmup-{stamp()}.jsonl")
+    records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
@@ -653,9 +622,9 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict) -> dict:
     return run
 
 
-def run_gate(settings: Settings, log: Log, env: dict) -> dict:
+def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     """The quality gate under its hard bound, and what its records show."""
-    records = os.path.join(settings.log_dir, f"gate-{stamp()}.jsonl")
+    records = os.path.join(settings.log_dir, f"gate-{when}.jsonl")
     started = time.monotonic()
     log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
         f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
@@ -672,23 +641,29 @@ def run_gate(settings: Settings, log: Log, env: dict) -> dict:
 RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z\.jsonl")
 
 
-def prune_records(folder: str, keep: int) -> list[str]:
-    """The records files of all but the newest `keep` warm-ups (and gates) in the folder,
-    removed (regular files named as start.sh names them, never a link); their names."""
+def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
+    """The records files of all but the last `keep` warm-ups (and gates) in the folder,
+    removed: this run's (`current`) always stay and count among them, the others go oldest
+    first (by modification time; only regular files named as start.sh names them, never a
+    link). Their names."""
     if keep == 0:
         return []
     removed = []
     for kind in ("warmup", "gate"):
-        names = sorted(n for n in os.listdir(folder) if RECORDS_NAME.fullmatch(n)
-                       and n.startswith(kind + "-"))
-        for name in names[:-keep]:
+        others = []
+        for name in os.listdir(folder):
             path = os.path.join(folder, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                try:
-                    os.remove(path)
-                    removed.append(name)
-                except OSError:
-                    pass
+            if RECORDS_NAME.fullmatch(name) and name.startswith(kind + "-") and \
+                    name not in current and os.path.isfile(path) and not os.path.islink(path):
+                others.append((os.stat(path).st_mtime, name))
+        mine = sum(1 for name in current if name.startswith(kind + "-")
+                   and os.path.isfile(os.path.join(folder, name)))
+        for _, name in sorted(others)[:max(len(others) - (keep - mine), 0)]:
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
     return removed
 
 
@@ -711,9 +686,10 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
             f"{line.removeprefix('not written: ')}")
 
 
-def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict) -> None:
+def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
+                       when: str) -> None:
     """Warm-up (and gate), then OK or WARN; the server must still run after them."""
-    run = run_warmup(settings, server, log, env)
+    run = run_warmup(settings, server, log, env, when)
     records = run["records"]
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["cache_check"] == "not_made":
@@ -731,7 +707,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict) 
         return
     gate_records = None
     if settings.gate == "1":
-        gate = run_gate(settings, log, env)
+        gate = run_gate(settings, log, env, when)
         if not server.alive():
             raise server.gone("during the warm-up and gate")
         gate_records = gate["records"]
@@ -793,10 +769,11 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
         time.sleep(0.1)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    status = 1 if server.status is None else server.status
-    log(f"server ended with status {'unknown' if server.status is None else status}: "
-        f"start.sh exits with it")
-    return status
+    status = server.last_reaped if server.daemonized and server.last_reaped is not None \
+        else server.status
+    log(f"server ended with status {'unknown' if status is None else status}: start.sh exits "
+        f"with it")
+    return 1 if status is None else status
 
 
 def usage_error(problem: str) -> int:
@@ -809,6 +786,14 @@ def start(settings: Settings, log: Log) -> int:
     server = Server(settings, log)
     env = settings.server_env()
     refuse_a_running_server(settings, log)
+    if settings.ready_file:            # a start it launches vouches anew (a refused one not)
+        try:
+            os.remove(settings.ready_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
+                               f"({exc.strerror})")
     interrupt_while_starting()
     try:
         server.launch()
@@ -821,10 +806,12 @@ def start(settings: Settings, log: Log) -> int:
         if settings.warmup == "0":
             log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         else:
+            when = stamp()                # this run's records: warmup-WHEN, gate-WHEN
             try:
-                warm_up_and_report(settings, server, log, env)
+                warm_up_and_report(settings, server, log, env, when)
             finally:
-                removed = prune_records(settings.log_dir, int(settings.keep))
+                removed = prune_records(settings.log_dir, int(settings.keep),
+                                        (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
                 if removed:
                     log(f"removed {len(removed)} records file(s) older than the last "
                         f"{settings.keep} runs (--keep): {', '.join(removed)}")
@@ -854,7 +841,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("ready", "report"):        # they import the rest
+        for module in ("processes", "ready", "report"):   # these import the rest
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "
@@ -868,14 +855,6 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         settings.check()
     except Usage as exc:
         return usage_error(str(exc))
-    if settings.ready_file:
-        try:
-            os.remove(settings.ready_file)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
-                               f"({exc.strerror})")
     try:
         return start(settings, Log(settings.log_dir))
     except Exit as exc:

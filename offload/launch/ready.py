@@ -190,7 +190,9 @@ def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
                                       headers=basic_auth(target))
     if exposition is None:
         return EXIT_FAIL, f"not ready: /metrics did not answer as it should ({why})"
-    why = check_identity(doc, exposition.samples) or asleep_problem(exposition.samples)
+    engines = doc.get("engines") if isinstance(doc.get("engines"), list) else None
+    why = check_identity(doc, exposition.samples) or asleep_problem(
+        exposition, tuple(e for e in engines if isinstance(e, int)) if engines else None)
     if why:
         return EXIT_FAIL, f"not ready: {why}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "

@@ -32,6 +32,7 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
 
 _NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
+_NAMES_SLEEP = re.compile(r"vllm:engine_sleep_state(?![a-zA-Z0-9_:])")
 
 def engines_in(samples: list) -> tuple[int, ...]:
     """Sorted engine indexes named by the `engine` label of vllm:* series."""
@@ -66,28 +67,43 @@ SLEEP_LEVELS = {"weights_offloaded": "weights offloaded",       # sleep level 1
 def sleep_states(samples: list, engines: tuple | None = None) -> dict[str, str]:
     """Each engine's state from vllm:engine_sleep_state (a 1 on sleep_state="awake" when
     awake; else "weights_offloaded" or "discard_all" says the level): "awake", a level's
-    words, or "asleep" (neither level set, as after a KV cache release). {} when the server
-    publishes no such gauge. Only the given engines, when given. Pure; fails closed: an
-    engine without an awake sample of exactly 1 is not awake."""
+    words, "asleep" (neither level set, as after a KV cache release), or "sleep state not
+    published" for a given engine the gauge leaves out. {} when the server publishes no
+    such gauge. Only the given engines, when given. Pure; fails closed: an engine is awake
+    only when every awake sample of it is exactly 1 and no level's sample is."""
     seen: dict[str, dict] = {}
     for name, labels, value in samples:
         if name == SLEEP_GAUGE:
             engine = clean_text(labels.get("engine", "0"), 8)
-            seen.setdefault(engine, {})[labels.get("sleep_state")] = value
+            seen.setdefault(engine, {}).setdefault(labels.get("sleep_state"), []).append(value)
+    if not seen:
+        return {}
+    wanted = [str(e) for e in engines if e is not None] if engines else sorted(seen)
     states = {}
-    for engine, values in sorted(seen.items()):
-        if engines and not any(engine == str(e) for e in engines):
+    for engine in wanted:
+        values = seen.get(engine)
+        if values is None:
+            states[engine] = "sleep state not published"
             continue
-        levels = [words for key, words in SLEEP_LEVELS.items() if values.get(key) == 1]
-        states[engine] = "awake" if values.get("awake") == 1 else (levels or ["asleep"])[0]
+        levels = [words for key, words in SLEEP_LEVELS.items() if 1 in values.get(key, [])]
+        awake = values.get("awake", []) and all(v == 1 for v in values["awake"])
+        states[engine] = "awake" if awake and not levels else (levels or ["asleep"])[0]
     return states
 
 
-def asleep_problem(samples: list, engines: tuple | None = None) -> str | None:
-    """Which engines sleep ("engine 0 is asleep (weights offloaded)"); None when every one
-    is awake or the server has no sleep gauge. Pure."""
-    asleep = [f"engine {engine} is asleep" + ("" if state == "asleep" else f" ({state})")
-              for engine, state in sleep_states(samples, engines).items() if state != "awake"]
+def asleep_problem(exposition: Exposition, engines: tuple | None = None) -> str | None:
+    """Which engines are not awake ("engine 0 is asleep (weights offloaded)"), or a sleep
+    gauge line that cannot be read exactly; None when every engine is awake or the server
+    has no sleep gauge. Pure."""
+    for number, why, raw in exposition.bad_lines:
+        if _NAMES_SLEEP.search(raw):
+            return (f"/metrics line {number} names {SLEEP_GAUGE} but cannot be read exactly "
+                    f"({why}): {clean_text(raw, 120)!r}")
+    said = {"asleep": "is asleep", "sleep state not published": "has no sleep state sample "
+            "(it cannot be told awake)"}
+    asleep = [f"engine {engine} " + said.get(state, f"is asleep ({state})")
+              for engine, state in sleep_states(exposition.samples, engines).items()
+              if state != "awake"]
     return "; ".join(asleep) or None
 
 
@@ -129,7 +145,7 @@ def guard_problems(exposition: Exposition, engines: tuple | None = None
         if not engines and not series and not engine_never_ran(exposition.samples, None):
             problems.append(f"{gauge} is declared but has no sample, and the server has run "
                             f"requests: the guard cannot see its work")
-    asleep = asleep_problem(exposition.samples, engines)
+    asleep = asleep_problem(exposition, engines)
     if asleep:
         problems.append(f"{asleep}: wake it (POST /wake_up), then run the warm-up again")
     return problems, fresh
@@ -304,14 +320,15 @@ def metrics_source(target: Target, path: str = "") -> str:
 
 
 def exposition_of(response, only: tuple = ()) -> tuple[Exposition | None, str | None]:
-    """A Prometheus answer parsed, or None and why; with `only`, just the lines that start
-    with one of those names (a quick prefix test drops the rest, for reads that must cost
-    little)."""
+    """A Prometheus answer parsed, or None and why; with `only`, just the lines that name
+    one of those (a quick test drops the rest, for reads that must cost little; a line
+    that names one but is damaged is kept, so the reader can fail closed on it)."""
     if response.status != 200:
         return None, f"HTTP {response.status}"
     text = response.body.decode("utf-8", "replace")
     if only:
-        text = "\n".join(line for line in text.split("\n") if line.startswith(only))
+        text = "\n".join(line for line in text.split("\n")
+                         if any(name in line for name in only))
     exposition = parse_prometheus(text)
     return (exposition, None) if exposition.samples or only else (None, "not Prometheus text")
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -695,15 +695,16 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
             lambda: print_plan(plan, settings, connection, args.json))
 
 
+UNIX_TIME = re.compile(r"[0-9]{10}(\.[0-9]{1,9})?")
+
+
 def unix_time(text: str) -> float:
-    """A Unix time in seconds, after 2001 and finite (WARMUP_HEALTHY_AT)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 1e9 < value < 1e11:
-        raise ValueError(f"must be a Unix time in seconds, got {text[:40]!r}")
-    return value
+    """A Unix time in seconds, not in the future (WARMUP_HEALTHY_AT: when /health first
+    answered 200)."""
+    if not UNIX_TIME.fullmatch(text) or float(text) > time.time() + 60:
+        raise ValueError(f"must be a Unix time in seconds, not in the future, got "
+                         f"{clean_text(text, 40)!r}")
+    return float(text)
 
 
 def check_deadline(deadline_s: float) -> None:

@@ -34,7 +34,7 @@ import ready  # noqa: E402
 import transport  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
-from launcher import group_alive  # noqa: E402
+from processes import group_alive  # noqa: E402
 
 API_KEY = "sk-KEYMARKER-5d1f0c"
 

@@ -563,10 +563,12 @@ GUARD = [
     Case("guard: 20,000 lines of other metrics (0.9 MB)", {"/metrics": metrics_answer(metrics_text(
          *(f'vllm:filler_total{{engine="0",n="{i}"}} 1.0' for i in range(20000))))},
          args=("--deadline-s", "60"), exit=0, completions=10, mem_mib=400, time_s=10.0),
+    # The settle window (2 s) must end well inside the deadline on a busy machine too.
     Case("guard: busy for good after B1 (the settle window ends, then refuse)",
          {"/metrics": lambda req: metrics_answer(metrics_text(f"{R1} 1.0"))
           if req.seen.get("/v1/completions") else Default()},
-         exit=3, completions=1, fragments=("not idle",)),
+         args=("--deadline-s", "15"), exit=3, completions=1, fragments=("not idle",),
+         time_s=20.0),
     Case("guard: a /metrics that trickles a byte every 0.2 s",
          {"/metrics": Trickle(metrics_answer(metrics_text()), 0.2)},
          exit=(1, 3), completions=0, time_s=float(DEADLINE_S) + 1.5),

@@ -24,10 +24,13 @@ from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, StartCase,
                      copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
-from launcher import (Log, Server, Settings, flag_value, group_alive,  # noqa: E402
-                      logged_chunk, proc_stat, redacted_command)
+from launcher import (Log, Server, Settings, flag_value, logged_chunk,  # noqa: E402
+                      redacted_command)
+from processes import group_alive, proc_stat  # noqa: E402
 
 SUPERVISING = "supervising server process group"
+NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
+                                          "needs unshare and root for a new PID namespace")
 
 
 class TestStart(StartCase):
@@ -50,6 +53,42 @@ class TestStart(StartCase):
         for output in (result.stdout, result.stderr, log, text):
             self.assertNotIn(TEXT_MARKER, output)
             self.assertNotIn(str(TOKEN_ID_MARKER), output)
+
+    def test_keep_never_removes_this_run_s_records(self):
+        os.makedirs(self.logs)
+        ahead = os.path.join(self.logs, "warmup-20991231T000000Z.jsonl")   # a clock ahead
+        with open(ahead, "w") as handle:
+            handle.write("{}\n")
+        result = self.start("--keep", "1", "--ready-file", self.ready, server=self.fake())
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        with open(self.ready) as handle:
+            records = json.load(handle)["records"]
+        self.assertTrue(os.path.exists(records), "the ready file's records are kept")
+        self.assertFalse(os.path.exists(ahead), "the older run goes, whatever its name says")
+
+    def test_a_refused_start_leaves_the_ready_file_alone(self):
+        passed = self.start("--ready-file", self.ready, server=self.fake())
+        self.assertEqual(passed.code, 0, passed.stderr)
+        again = self.start("--ready-file", self.ready, server=self.fake())
+        self.assertEqual(again.code, 1)
+        self.assertIn("still alive", again.stderr)
+        self.assertTrue(os.path.exists(self.ready), "the running server is still warm")
+
+    def test_odd_log_files_and_waits_are_usage_errors(self):
+        os.makedirs(self.logs)
+        os.mkfifo(os.path.join(self.logs, "server.log"))
+        fifo = self.refused("--log-dir", self.logs, "--", "true")
+        self.assertEqual(fifo.code, 2)
+        self.assertIn("server.log is not a regular file", fifo.stderr)
+        for poll in ("99999999999999999999", "0", "61"):
+            with self.subTest(poll=poll):
+                result = self.refused("--log-dir", self.tmp, "--", "true",
+                                      env={"START_POLL_S": poll})
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn("START_POLL_S must be a number of seconds from 0.01 to 60",
+                              result.stderr)
+        named = self.refused("--", "true", env={"START_LOG_DIR": "/proc/1"})
+        self.assertIn("START_LOG_DIR '/proc/1'", named.stderr, "named as the variable")
 
     def test_the_ready_file_is_the_launcher_s_alone(self):
         settings = Settings(["--", "vllm"], {"WARMUP_READY_FILE": "/run/elsewhere",
@@ -670,6 +709,15 @@ class TestSupervise(StartCase):
         self.assertIn(SUPERVISING, self.start_log())
         return proc
 
+    def as_pid_1(self, shell: str) -> tuple[subprocess.Popen, int]:
+        """start.sh --supervise as PID 1 of a new PID namespace, its server `bash -c shell`
+        ({fake}: the fake's command); the process and PID 1's pid outside."""
+        fake = " ".join(f"'{arg}'" for arg in self.fake())
+        proc = self.supervised("unshare", "-pf", "--mount-proc", server=[
+            "bash", "-c", shell.format(fake=fake)])
+        (pid_1,) = children_of(proc.pid)
+        return proc, pid_1
+
     def start_log(self) -> str:
         try:
             with open(os.path.join(self.logs, "start.log")) as handle:
@@ -693,8 +741,7 @@ class TestSupervise(StartCase):
         self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
         self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
 
-    @unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
-                         "needs unshare and root for a new PID namespace")
+    @NEEDS_PID_NAMESPACE
     def test_as_pid_1_of_a_pid_namespace(self):
         proc = self.supervised("unshare", "-pf", "--mount-proc")
         children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
@@ -705,15 +752,11 @@ class TestSupervise(StartCase):
         self.assertIn("TERM received: passed on", self.start_log())
 
 
-    @unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
-                         "needs unshare and root for a new PID namespace")
+    @NEEDS_PID_NAMESPACE
     def test_as_pid_1_it_reaps_orphans_and_ends_with_a_killed_server(self):
         # The server leaves an orphan (a subshell's background sleep), which the kernel
         # hands to PID 1: start.sh must reap it, and end when the server is killed.
-        fake = " ".join(f"'{arg}'" for arg in self.fake())
-        proc = self.supervised("unshare", "-pf", "--mount-proc", server=[
-            "bash", "-c", f"(sleep 0.3 &); exec {fake}"])
-        (pid_1,) = children_of(proc.pid)
+        proc, pid_1 = self.as_pid_1("(sleep 0.3 &); exec {fake}")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(
                 state(pid) == "Z" or name_of(pid) == "sleep" for pid in children_of(pid_1)):
@@ -725,6 +768,16 @@ class TestSupervise(StartCase):
         started = time.monotonic()
         self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
         self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
+
+    @NEEDS_PID_NAMESPACE
+    def test_as_pid_1_a_server_that_forked_ends_with_its_own_status(self):
+        proc, pid_1 = self.as_pid_1("({fake} &); exit 0")
+        (server,) = [pid for pid in children_of(pid_1)
+                     if name_of(pid) == os.path.basename(sys.executable)]
+        os.kill(server, signal.SIGKILL)
+        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL,
+                         "the forked server's status, not the launched shell's 0")
+        self.assertIn(f"server ended with status {128 + signal.SIGKILL}", self.start_log())
 
 
 def children_of(pid: int) -> list[int]:

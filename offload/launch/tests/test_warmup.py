@@ -139,9 +139,29 @@ class TestGuard(unittest.TestCase):
         self.assertEqual(states(text((0, 0.5, 0, 0))), {"0": "asleep"}, "fails closed")
         self.assertEqual(states(text()), {}, "no gauge: judged as before")
         self.assertEqual(states(text((0, 1, 0, 0), (1, 0, 1, 0)), engines=(0,)), {"0": "awake"})
-        self.assertEqual(vllm_metrics.asleep_problem(text((0, 0, 1, 0), (1, 0, 1, 0))),
+        self.assertEqual(states(text((0, 1, 0, 1))), {"0": "weights and KV cache discarded"},
+                         "awake and a level at once is not awake")
+        self.assertEqual(states(text((0, 1, 0, 0), (0, 0, 0, 0))), {"0": "asleep"},
+                         "two awake samples of one engine must both say awake")
+        self.assertEqual(states(text((0, 1, 0, 0)), engines=(0, 1)),
+                         {"0": "awake", "1": "sleep state not published"})
+
+        def problem(*states, engines=None, extra=""):
+            lines = [f'vllm:engine_sleep_state{{engine="{e}",sleep_state="{s}"}} {v}'
+                     for e, a, o, d in states for s, v in (("awake", a),
+                                                           ("weights_offloaded", o),
+                                                           ("discard_all", d))]
+            return vllm_metrics.asleep_problem(
+                transport.parse_prometheus("\n".join(lines + [extra])), engines)
+        self.assertEqual(problem((0, 0, 1, 0), (1, 0, 1, 0)),
                          "engine 0 is asleep (weights offloaded); engine 1 is asleep "
                          "(weights offloaded)")
+        self.assertIsNone(problem((0, 1, 0, 0)))
+        self.assertIn("cannot be read exactly", problem(
+            (0, 1, 0, 0), extra='vllm:engine_sleep_state{engine="1",sleep_state="awake"} 1 '
+                                '1700000000.5'))
+        self.assertEqual(problem((0, 1, 0, 0), engines=(0, 1)),
+                         "engine 1 has no sleep state sample (it cannot be told awake)")
         problems, _ = vllm_client.guard_problems(transport.parse_prometheus("\n".join([
             "vllm:num_requests_running 0", "vllm:num_requests_waiting 0",
             'vllm:engine_sleep_state{engine="0",sleep_state="awake"} 0.0',

@@ -1,0 +1,58 @@
+"""What /proc says of a process and its process group: alive, or gone (a zombie is gone).
+
+A zombie holds no port and may wait forever for a reaper (pid 1 in a container often does
+not reap), so `kill -0` alone would see a dead server as running. Without /proc, a process
+that `kill -0` reaches counts as running. The launcher's; standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+DIGITS = re.compile(r"[0-9]{1,10}")          # str.isdigit() would take "²"
+
+
+def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int] | None:
+    """(state, process group) from /proc/PID/stat; None when there is no such process."""
+    try:
+        with open(os.path.join(proc, pid, "stat"), "rb") as handle:
+            line = handle.read(4096).decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
+    if len(fields) < 3 or not DIGITS.fullmatch(fields[2]):
+        return None
+    return fields[0], int(fields[2])
+
+
+def signalable(pid: int) -> bool:
+    """Whether kill(pid, 0) reaches a process (or a group, for a negative pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def process_alive(pid: int, proc: str = "/proc") -> bool:
+    """The process exists and is not a zombie (without /proc, kill -0 decides)."""
+    if not signalable(pid):
+        return False
+    stat = proc_stat(str(pid), proc)
+    return stat[0] != "Z" if stat else not os.path.isdir(proc)
+
+
+def group_alive(pgid: int, proc: str = "/proc") -> bool:
+    """Some member of the process group exists and is not a zombie."""
+    if not signalable(-pgid):
+        return False
+    if not os.path.isdir(proc):
+        return True                              # without /proc, trust kill -0
+    for name in os.listdir(proc):
+        stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
+        if stat is not None and stat[1] == pgid and stat[0] != "Z":
+            return True
+    return False
