@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 
+from evidence import cross_check, engine_shares
 from kinds import KINDS, answer_of, contract_differences, copy_problem, count, judge
 from readback import READ_STOPPED, exit_status, load_records, split_runs, tidy
 from records import (FORMAT, JUDGED, as_dict, as_list, field_problems, gate_line,
@@ -262,6 +263,8 @@ def build_run(records: list[dict], last: bool = True) -> dict:
     judged = by_kind.get(kind, []) if run is not None else \
         [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
     evidence, failed = evidence_problems(run, by_kind.get("summary", []), judged)
+    if mode == "warmup" and as_dict(summary).get("verdict") == "pass":
+        evidence += counter_problems(run, by_kind.get("metrics", []), judged)
     fails, judged_ids = {id(r) for r in failed}, {id(r) for r in judged}
     if summary:
         problems = as_list(summary.get("problems"))
@@ -311,6 +314,31 @@ def time_to_warm_line(phases: dict) -> str:
         return "unknown" if value is None else f"{value:.1f} s"
     return (f"time to warm: process start -> healthy {secs('start_to_healthy_s')} -> warm "
             f"{secs('healthy_to_warm_s')} ({secs('start_to_warm_s')} in all)")
+
+
+def counter_problems(run: dict, metrics: list[dict], requests: list[dict]) -> list[str]:
+    """What the server's own counters (the first metrics record, when complete) show
+    against the request records, checked again as the warm-up checked them: no foreign
+    work or restart (evidence.cross_check), and on a routed server every engine its share
+    (evidence.engine_shares). Pure; [] when no complete counters were recorded."""
+    main = as_dict(metrics[0]) if metrics else {}
+    deltas = as_dict(main.get("deltas"))
+    if main.get("state") != "complete" or not deltas or \
+            not all(isinstance(r.get("completion_tokens"), (int, type(None))) and
+                    isinstance(r.get("http_status"), (int, type(None))) for r in requests):
+        return []
+    problems, _ = cross_check(deltas, requests)
+    plan, engines = as_dict(run.get("plan")), as_list(run.get("engines"))
+    waves = [as_dict(w) for w in as_list(plan.get("waves"))]
+    depths = [w.get("depth") for w in waves]
+    if len(engines) > 1 and all(is_count(e) for e in engines) and \
+            all(is_count(d) for d in depths) and is_count(plan.get("tokens")) and waves:
+        want_prompt = {r.get("engine"): r["prompt_tokens"] for r in requests
+                       if r.get("wave") == waves[0].get("wave")
+                       and is_count(r.get("prompt_tokens"))}
+        problems += engine_shares(deltas, tuple(engines), sum(depths) * plan["tokens"],
+                                  want_prompt)[1]
+    return [f"the counters show: {p}" for p in problems]
 
 
 def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:

@@ -143,6 +143,26 @@ class TestReportJudgesAgain(HelperCase):
             handle.writelines(json.dumps(r) + "\n" for r in found)
         return self.run_argv(["report", self.records_path, *args], main=qualify.main)
 
+    def test_the_counters_are_checked_again_not_taken_from_the_summary(self):
+        server = self.start_fake(engines=2, ignore_rank=True)     # engine 1 stays cold
+        self.assertEqual(self.run_helper(server).code, 1)
+        found, _ = read_records(self.records_path)
+        forged = [dict(r, verdict="pass", exit_code=0, problems=[])
+                  if r["record"] == "summary" else r for r in found]
+        shown = self.report(forged)
+        self.assertEqual(shown.code, 1, shown.stdout)
+        self.assertIn("the counters show: engine 1 generated 0 of 320 tokens", shown.stdout)
+        os.remove(self.records_path)
+        passed = self.warmed()
+        doubled = [dict(r, deltas={k: v * 2 if "generation_tokens" in k else v
+                                   for k, v in r["deltas"].items()})
+                   if r["record"] == "metrics" else r for r in passed]
+        shown = self.report(doubled)
+        self.assertEqual(shown.code, 1, shown.stdout)
+        self.assertIn("the counters show: the warm-up: generation tokens delta 640 exceeds "
+                      "the records' 320", shown.stdout)
+        self.assertEqual(self.report(passed).code, 0, "the run as written passes")
+
     def test_an_edited_record_is_named_with_its_rule(self):
         found = self.warmed()
         target = next(i for i, r in enumerate(found)
