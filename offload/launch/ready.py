@@ -17,6 +17,7 @@ import base64
 import json
 import os
 import sys
+import textwrap
 import time
 import urllib.parse
 
@@ -60,21 +61,29 @@ def check_health(target, clock: Clock) -> tuple[int, str]:
     return EXIT_FAIL, f"{target.display}/health answered HTTP {response.status}"
 
 
+def check_parser(command: str, description: str, epilog: str, base_url_default: str,
+                 timeout_what: str) -> argparse.ArgumentParser:
+    """The options of a bounded check (health, ready): --base-url and --timeout-s."""
+    parser = argparse.ArgumentParser(prog=f"{PROG} {command}", epilog=epilog,
+                                     description=textwrap.fill(description, 79),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", metavar="URL", default=None,
+                        help=f"the server's address (default: $WARMUP_BASE_URL, else "
+                             f"{base_url_default})")
+    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
+                        help=f"the longest {timeout_what} may take (default: %(default)g)")
+    return parser
+
+
 def health_main(argv: list[str]) -> int:
     """qualify.py health: exit 0 when /health answers 200 within the bound."""
-    parser = argparse.ArgumentParser(
-        prog=PROG + " health", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="GET {base}/health once, within --timeout-s. The address comes from "
-                    "--base-url or WARMUP_BASE_URL (start.sh passes it there, out of the "
-                    "command line); user:password in it is sent as Basic auth and never "
-                    "shown.",
-        epilog="exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
-               "3 no HTTP answer at all (nothing listening, or no answer in time)")
-    parser.add_argument("--base-url", metavar="URL", default=None,
-                        help="the server's address (default: $WARMUP_BASE_URL, else "
-                             "http://127.0.0.1:8000)")
-    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
-                        help="the longest the request may take (default: %(default)g)")
+    parser = check_parser(
+        "health", "GET {base}/health once, within --timeout-s. The address comes from "
+                  "--base-url or WARMUP_BASE_URL (start.sh passes it there, out of the "
+                  "command line); user:password in it is sent as Basic auth and never shown.",
+        "exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
+        "3 no HTTP answer at all (nothing listening, or no answer in time)",
+        "http://127.0.0.1:8000", "the request")
     args = parser.parse_args(argv)
     try:
         target = base_url_from(args.base_url)
@@ -233,25 +242,19 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
 
 def ready_main(argv: list[str]) -> int:
     """qualify.py ready: exit 0 only while the ready file is true of the running server."""
-    parser = argparse.ArgumentParser(
-        prog=PROG + " ready", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Is the server still the one the ready file vouches for? Exit 0 only "
-                    "when the file exists and parses, the server answers /health 200 within "
-                    "--timeout-s, and its /metrics shows the same process start "
-                    "(process_start_time_seconds) and the same model, every engine awake "
-                    "(vllm:engine_sleep_state, where the server has it); otherwise exit 1 "
-                    "with one line saying which. One /health and one /metrics, no records: "
-                    "what a Kubernetes exec readiness probe runs. start.sh writes the file "
-                    "from the records of a passing warm-up (and gate).",
-        epilog="exit status: 0 ready; 1 not ready; 2 usage error")
+    parser = check_parser(
+        "ready", "Is the server still the one the ready file vouches for? Exit 0 only when "
+                 "the file exists and parses, the server answers /health 200 within "
+                 "--timeout-s, and its /metrics shows the same process start "
+                 "(process_start_time_seconds) and the same model, every engine awake "
+                 "(vllm:engine_sleep_state, where the server has it); otherwise exit 1 with "
+                 "one line saying which. One /health and one /metrics, no records: what a "
+                 "Kubernetes exec readiness probe runs. start.sh writes the file from the "
+                 "records of a passing warm-up (and gate).",
+        "exit status: 0 ready; 1 not ready; 2 usage error",
+        "the one the ready file names", "both requests together")
     parser.add_argument("--ready-file", metavar="PATH", required=True,
                         help="the ready file start.sh --ready-file writes")
-    parser.add_argument("--base-url", metavar="URL", default=None,
-                        help="the server's address (default: $WARMUP_BASE_URL, else the one "
-                             "the ready file names)")
-    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
-                        help="the longest both requests together may take (default: "
-                             "%(default)g)")
     args = parser.parse_args(argv)
     doc, why = read_ready_file(args.ready_file)
     if doc is None:
