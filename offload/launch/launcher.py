@@ -241,13 +241,10 @@ class Settings:
             raise Usage(f"START_POLL_S must be a number of seconds from 0.01 to 60, got "
                         f"'{self.poll_s}'")
         check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
-              prefix="must be ")
-        if not re.fullmatch(r"0|" + WHOLE % 4, self.stop_grace_s):
-            raise Usage(f"START_STOP_GRACE_S must be whole seconds from 0 to 99999, got "
-                        f"'{self.stop_grace_s}'")
-        if not re.fullmatch(r"0|" + WHOLE % 4, self.keep):
-            raise Usage(f"{self.source['keep']} must be a whole number of runs from 0 to "
-                        f"99999, got '{self.keep}'")
+                    prefix="must be ")
+        check_whole(self.stop_grace_s, 4, "START_STOP_GRACE_S",
+                    "whole seconds from 0 to 99999", prefix="must be ", zero=True)
+        check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
         for name in ("warmup", "gate", "supervise"):
             if getattr(self, name) not in ("0", "1"):
                 raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
@@ -276,8 +273,7 @@ class Settings:
             os.makedirs(self.log_dir, exist_ok=True)
         except OSError:
             raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}'; choose a "
-                        f"writable folder") \
-                from None
+                        f"writable folder") from None
         for name in ("start.log", "server.log", "server.pid"):
             path = os.path.join(self.log_dir, name)
             if os.path.exists(path) and not os.path.isfile(path):
@@ -288,12 +284,12 @@ class Settings:
             with open(os.path.join(self.log_dir, "start.log"), "a"):
                 pass
         except OSError:
-            raise Usage(f"cannot write start.log in {self.source['log_dir']} '{self.log_dir}'; choose a "
-                        f"writable folder") from None
+            raise Usage(f"cannot write start.log in {self.source['log_dir']} "
+                        f"'{self.log_dir}'; choose a writable folder") from None
         server_log = os.path.join(self.log_dir, "server.log")
         if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
-            raise Usage(f"cannot write server.log in {self.source['log_dir']} '{self.log_dir}'; choose a "
-                        f"writable folder")
+            raise Usage(f"cannot write server.log in {self.source['log_dir']} "
+                        f"'{self.log_dir}'; choose a writable folder")
 
     def _check_ready_file(self) -> None:
         path, option = self.ready_file, self.source["ready_file"]
@@ -322,9 +318,10 @@ class Settings:
 
 
 def check_whole(value: str, digits: int, source: str, what: str,
-          prefix: str = "must be a whole number of ") -> None:
-    """Usage unless value is a whole decimal number without a leading zero."""
-    if not re.fullmatch(WHOLE % digits, value):
+                prefix: str = "must be a whole number of ", zero: bool = False) -> None:
+    """Usage unless value is a whole decimal number without a leading zero (0 too, with
+    zero)."""
+    if not re.fullmatch(("0|" if zero else "") + WHOLE % digits, value):
         raise Usage(f"{source} {prefix}{what}, got '{value}'")
 
 
@@ -670,7 +667,8 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
 def gate_figures(gate: dict) -> str:
     """Identifiers and worst CER as the OK and WARN lines show them."""
     alone, batched = gate["identifiers_alone"], gate["identifiers_batched"]
-    shapes = f"{alone} alone and batched" if alone == batched else f"{alone} alone, {batched} batched"
+    shapes = f"{alone} alone and batched" if alone == batched else \
+        f"{alone} alone, {batched} batched"
     return f"identifiers {shapes}, worst CER {gate['worst_cer']}"
 
 

@@ -91,14 +91,21 @@ def sleep_states(samples: list, engines: tuple | None = None) -> dict[str, str]:
     return states
 
 
+def unreadable_lines(exposition: Exposition, names: re.Pattern, what: str) -> list[str]:
+    """A problem for each line that names `what` (matches `names`) but cannot be read
+    exactly: a gauge the checks read fails closed on it."""
+    return [f"/metrics line {number} names {what} but cannot be read exactly ({why}): "
+            f"{clean_text(raw, 120)!r}"
+            for number, why, raw in exposition.bad_lines if names.search(raw)]
+
+
 def asleep_problem(exposition: Exposition, engines: tuple | None = None) -> str | None:
     """Which engines are not awake ("engine 0 is asleep (weights offloaded)"), or a sleep
     gauge line that cannot be read exactly; None when every engine is awake or the server
     has no sleep gauge. Pure."""
-    for number, why, raw in exposition.bad_lines:
-        if _NAMES_SLEEP.search(raw):
-            return (f"/metrics line {number} names {SLEEP_GAUGE} but cannot be read exactly "
-                    f"({why}): {clean_text(raw, 120)!r}")
+    unreadable = unreadable_lines(exposition, _NAMES_SLEEP, SLEEP_GAUGE)
+    if unreadable:
+        return unreadable[0]
     said = {"asleep": "is asleep", "sleep state not published": "has no sleep state sample "
             "(it cannot be told awake)"}
     asleep = [f"engine {engine} " + said.get(state, f"is asleep ({state})")
@@ -121,10 +128,7 @@ def guard_problems(exposition: Exposition, engines: tuple | None = None
     and the engines judged idle that way.
     """
     problems, fresh = [], []
-    for number, why, raw in exposition.bad_lines:
-        if _NAMES_A_GAUGE.search(raw):
-            problems.append(f"/metrics line {number} names a request gauge but cannot be read "
-                            f"exactly ({why}): {clean_text(raw, 120)!r}")
+    problems += unreadable_lines(exposition, _NAMES_A_GAUGE, "a request gauge")
     for gauge in GAUGES:
         series = [(labels, value) for name, labels, value in exposition.samples if name == gauge]
         problems += busy_gauges(exposition, gauge)
