@@ -149,13 +149,6 @@ def gate_prompt(reference: str, endpoint: str) -> str:
     return prompt
 
 
-def gate_body(model: str, probe: Probe, rid: str, endpoint: str, max_tokens: int,
-              template_kwargs: dict | None) -> dict:
-    """One probe request (kinds' copy kinds): greedy, a fixed seed, not streamed."""
-    return COPY_KINDS[endpoint].build(model, gate_prompt(probe.reference, endpoint), rid,
-                                      max_tokens, 0, template_kwargs)
-
-
 # -- scoring: pure functions ------------------------------------------------
 
 _FENCE_OPEN = re.compile(r"```[\w+.-]*[ \t]*")
@@ -515,8 +508,8 @@ class Gate(ServerProgram):
                 f"{clean_text(self.server.model or '', 80)}, endpoint {options.endpoint}, "
                 f"{len(PROBES)} probes alone then batched, max CER {options.max_cer:g}, "
                 f"deadline {run.settings.deadline_s:g} s")
-        for position, (index, probe) in enumerate(enumerate(PROBES)):
-            if not self.batch(run, "alone", [(index, probe)], position == 0):
+        for index, probe in enumerate(PROBES):
+            if not self.batch(run, "alone", [(index, probe)], index == 0):
                 return
         self.batch(run, "batched", list(enumerate(PROBES)), False)
 
@@ -550,7 +543,7 @@ class Gate(ServerProgram):
         """The gate_summary, right after the run's summary however the run ended (pass,
         fail, refused, killed); --json prints it instead of the summary."""
         record = gate_summary_record(summary, run.settings.run_id, self.options,
-                                     run.settings.records_path, EXIT_FAIL)
+                                     run.settings.records_path)
         run.say(gate_summary_line(record))
         return record
 
@@ -563,37 +556,34 @@ class Gate(ServerProgram):
         if run.clock.remaining() <= 0:
             self.tally.problems.append(f"deadline passed before {label}")
             return False
-        slots, which = [], {}
+        slots = []
         for engine in self.server.engines:
             for index, probe in probes:
                 rid = request_id("gate", run.settings.run_id, engine, shape, probe.name)
-                body = gate_body(self.server.model, probe, rid, options.endpoint,
-                                 options.max_tokens, options.template_kwargs)
-                slots.append(self.make_slot(index, rid, engine, body,
-                                            path=ENDPOINTS[options.endpoint], tagged=False))
-                which[rid] = probe
+                slots.append(self.make_slot(
+                    COPY_KINDS[options.endpoint], index, rid, engine,
+                    gate_prompt(probe.reference, options.endpoint), options.max_tokens, 0,
+                    options.template_kwargs, tagged=False))
         finished = self.guarded_batch(run, label, slots, first=first)
         if finished is None:
             return False
         for slot in finished:
-            record = gate_record(run, self.connection, which[slot.request_id], slot.index,
-                                 shape, slot, options)
+            record = gate_record(run, self.connection, PROBES[slot.index], slot.index, shape,
+                                 slot, options)
             run.write(record)
             self.tally.requests.append(record)
             run.say(gate_line(record))
         return True
 
 
-def gate_summary_record(summary: dict | None, run_id: str, options: GateOptions,
-                        records_path: str | None, exit_code: int) -> dict:
+def gate_summary_record(summary: dict, run_id: str, options: GateOptions,
+                        records_path: str | None) -> dict:
     """The gate_summary: the run's own summary (verdict, exit code, problems) with the
     gate's figures, so the two always agree."""
-    summary = summary or {}
     return {
         "record": "gate_summary", "run_id": run_id,
         "verdict": summary.get("verdict", "fail"),
-        "exit_code": exit_status(summary["exit_code"]) if "exit_code" in summary
-        else exit_code,
+        "exit_code": exit_status(summary.get("exit_code", EXIT_FAIL)),
         "identifiers_exact": summary.get("identifiers_exact",
                                          {shape: f"0/{len(IDENTIFIERS)}" for shape in SHAPES}),
         "worst_cer": summary.get("worst_cer"), "passages_ok": summary.get("passages_ok"),
@@ -601,8 +591,7 @@ def gate_summary_record(summary: dict | None, run_id: str, options: GateOptions,
         "preambles": summary.get("preambles", []),
         "max_cer": options.max_cer, "endpoint": options.endpoint,
         "elapsed_s": summary.get("elapsed_s"),
-        "problems": as_list(summary.get("problems")) or
-        ([] if summary else ["the run left no summary record (see stderr)"]),
+        "problems": as_list(summary.get("problems")),
         "records": records_path,
     }
 

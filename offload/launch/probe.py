@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import textwrap
 from dataclasses import dataclass
 
-from kinds import B1_FLOOR, KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
+from kinds import B1_FLOOR, KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
 from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
 from records import probe_line
 from runframe import (Run, RunSettings, add_run_options, argument_type, emit, flag_or_env,
@@ -128,7 +129,9 @@ class WarmthProbe(ServerProgram):
                     for index in range(depth):
                         rid = request_id("probe", run_id, engine, item, f"r{round_no}", index)
                         prompt = self.prompt_for(run_id, item, depth, round_no, index, engine)
-                        slots.append(self.item_slot(item, prompt, rid, index, engine))
+                        slots.append(self.make_slot(item_kind(item), index, rid, engine, prompt,
+                                                    options.tokens, options.priority,
+                                                    options.template_kwargs))
                 finished = self.guarded_batch(run, label, slots,
                                               first=not self.tally.requests)
                 if finished is None:
@@ -137,15 +140,6 @@ class WarmthProbe(ServerProgram):
                     record = probe_record(run, self, item, round_no, slot)
                     run.write(record)
                     self.tally.requests.append(record)
-
-    def item_slot(self, item: str, prompt: str, rid: str, index: int, engine: int | None
-                  ) -> Slot:
-        """One request of an item: a streamed completion, or a --paths kind as it is."""
-        kind_ = item_kind(item)
-        body = kind_.build(self.server.model, prompt, rid, self.options.tokens,
-                           self.options.priority, self.options.template_kwargs)
-        return self.make_slot(index, rid, engine, body, stream=kind_.stream,
-                              path=kind_.endpoint)
 
     def prompt_for(self, run_id: str, item: str, depth: int, round_no: int, index: int,
                    engine: int | None) -> str:
@@ -157,24 +151,14 @@ class WarmthProbe(ServerProgram):
 
 
 def _median(values: list) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _slowest(values: list) -> float | None:
     """A burst is as slow as its slowest request; a missing time makes the round unknown."""
     values = [finite_number(v) for v in values]
     return None if not values or None in values else max(values)
-
-
-def _served_from_cache(records: list[dict]) -> int:
-    """The most cached prompt tokens any request of a round reported (0: none, or unknown)."""
-    return max((r.get("cached_tokens") for r in records
-                if isinstance(r.get("cached_tokens"), int)
-                and not isinstance(r.get("cached_tokens"), bool)), default=0)
 
 
 def probe_summary(records: list[dict]) -> list[dict]:
@@ -187,7 +171,8 @@ def probe_summary(records: list[dict]) -> list[dict]:
         groups.setdefault(key, {}).setdefault(r.get("round"), []).append(r)
     items = []
     for (item, engine), rounds in groups.items():
-        cached = sorted(n for n, rs in rounds.items() if _served_from_cache(rs) > 0)
+        cached = sorted(n for n, rs in rounds.items()       # cached_tokens > 0 reported
+                        if any(count(r.get("cached_tokens")) for r in rs))
         per_round = {n: (_slowest([r.get("ttft_s") for r in rs]),
                          _slowest([r.get("total_s") for r in rs]))
                      for n, rs in rounds.items() if n not in cached}

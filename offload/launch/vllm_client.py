@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from records import label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
-                      late_problem, parse_or_explain, run_session, run_settings, seconds,
-                      usage_error)
+                      argument_type, late_problem, parse_or_explain, run_session, run_settings,
+                      seconds, usage_error)
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
                        __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
@@ -326,21 +326,23 @@ class ServerProgram(Program):
             prompts[engine] = (prompt, counted)
         return prompts
 
-    def make_slot(self, index: int, rid: str, engine: int | None, body: dict,
-                  stream: bool = False, path: str = "/v1/completions",
+    def make_slot(self, kind_, index: int, rid: str, engine: int | None, prompt: str,
+                  tokens: int, priority: int, template_kwargs: dict | None,
                   tagged: bool = True) -> Slot:
-        """One request, encoded now: the routing header only when engines are routed. Its
-        prompt is registered with the sinks' redactions first (`tagged`: the prompt's first
-        word is a nonce or tag, a secret of its own)."""
+        """One request of a kind (kinds.py), encoded now: the routing header only when
+        engines are routed, the key only where vLLM wants it. Its prompt is registered with
+        the sinks' redactions first (`tagged`: the prompt's first word is a nonce or tag, a
+        secret of its own)."""
+        body = kind_.build(self.server.model, prompt, rid, tokens, priority, template_kwargs)
         prompts = [body.get("prompt")] + [m.get("content") for m in body.get("messages", ())
                                           if isinstance(m, dict)]
-        for prompt in prompts:
-            if isinstance(prompt, str):
-                REDACTIONS.prompt(prompt, tag=tagged)
+        for text in prompts:
+            if isinstance(text, str):
+                REDACTIONS.prompt(text, tag=tagged)
         headers = {} if engine is None else {ENGINE_HEADER: str(engine)}
-        payload = request_bytes(self.connection.target, path, body, self.connection.api_key,
-                                headers)
-        return Slot(index, rid, payload, engine=engine, stream=stream)
+        payload = encode_request(self.connection.target, "POST", kind_.endpoint, body,
+                                 bearer_for(kind_.endpoint, self.connection.api_key), headers)
+        return Slot(index, rid, payload, engine=engine, stream=kind_.stream)
 
     def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool,
                       observe_ms: float = 0) -> list[Slot] | None:
@@ -384,7 +386,10 @@ class ServerProgram(Program):
             time.sleep(SETTLE_POLL_S)
             waited = True
             read = self.read_guard(run, label)
-        return read, (round(run.clock.elapsed() - started, 4) if waited else None)
+        settle_s = round(run.clock.elapsed() - started, 4) if waited else None
+        if waited and read.ok:                # counted in the summary's settled_s
+            self.tally.settled_s.append(settle_s)
+        return read, settle_s
 
     def counters_after(self, run: Run, label: str) -> tuple[dict | None, str | None]:
         """The counters right after a batch, read once our requests are counted out (as the
@@ -394,8 +399,6 @@ class ServerProgram(Program):
             read, settle_s = self.settled_read(run, label, settle=True)
         except Fatal as exc:
             return None, exc.problem
-        if settle_s is not None and read.ok:
-            self.tally.settled_s.append(settle_s)
         return (read.counters, None) if read.counters is not None else \
             (None, "; ".join(read.problems) or "no counters")
 
@@ -410,8 +413,6 @@ class ServerProgram(Program):
         self.counters_before = read.counters              # this batch's "before"
         if read.counters is not None and self.tally.first_counters is None:
             self.tally.first_counters = read.counters        # before the first batch
-        if waited and read.ok:
-            self.tally.settled_s.append(settle_s)
         run.write({
             "record": "gauges", "run_id": run.settings.run_id, "wave": label,
             "at_s": round(run.clock.elapsed(), 4), "ok": read.ok,
@@ -489,12 +490,6 @@ def bearer_for(path: str, api_key: str | None) -> str | None:
     """vLLM's rule: only paths under /v1 take the API key (/health, /metrics, /tokenize and
     /version stay open); the key goes nowhere else."""
     return api_key if path.startswith("/v1/") else None
-
-
-def request_bytes(target: Target, path: str, body: dict, api_key: str | None,
-                  headers: dict | None = None) -> bytes:
-    """A POST to the server, encoded: the key only where vLLM wants it."""
-    return encode_request(target, "POST", path, body, bearer_for(path, api_key), headers)
 
 
 # ---------------------------------------------------------------------------
@@ -794,14 +789,6 @@ def format_engines(engines: tuple[int, ...] | None) -> str:
     return "auto" if engines is None else ",".join(map(str, engines))
 
 
-def engines_type(text: str) -> tuple[int, ...] | None:
-    """An argparse type over parse_engines."""
-    try:
-        return parse_engines(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc))
-
-
 def template_kwargs_type(text: str) -> dict:
     """An argparse type: a JSON object passed to the chat template."""
     doc, why = decode_json(text.encode("utf-8", "replace"))
@@ -822,7 +809,7 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", metavar="NAME", default=None,
                         help="model name (default: $WARMUP_MODEL, else the only model in "
                              "GET /v1/models)")
-    parser.add_argument("--engines", metavar="auto|LIST", type=engines_type,
+    parser.add_argument("--engines", metavar="auto|LIST", type=argument_type(parse_engines),
                         default=argparse.SUPPRESS,
                         help="engines of a data-parallel server to cover: auto (every engine "
                              "in /metrics' engine label; one engine: no routing header) or a "

@@ -45,7 +45,7 @@ try:
     from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
                        b1_floor, contract_differences, judge, kinds_of, parse_paths,
                        request_id)
-    from prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
+    from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from records import as_dict
     from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
                            series_name, writable)
@@ -70,8 +70,6 @@ TIME_TO_WARM_HELP = {
     "start_to_warm_s": "The last run's server: its process start (process_start_time_seconds) "
                        "to the warm-up's end.",
 }
-MAX_B1_TOKENS = MAX_LONG_PROMPT_TOKENS
-SHORT_PROMPT_WORDS = 24
 MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
 
 
@@ -212,8 +210,7 @@ class WarmUp(ServerProgram):
                 f"contract's chunk; a server started with a larger --max-num-batched-tokens "
                 f"prefills it in one step, which /metrics cannot show")
         self.evidence.read_before(run)
-        if self.warm_waves(run) and self.plan.paths:
-            self.warm_paths(run)
+        self.warm_waves(run)
         if self.tally.requests:
             self.evidence.read_after(run, self.connection.target, self.tally.first_counters,
                                      self.tally, self.check_engine_shares)
@@ -296,30 +293,20 @@ class WarmUp(ServerProgram):
 
     # -- the waves -------------------------------------------------------------
 
-    def warm_waves(self, run: Run) -> bool:
-        """Guard, then wave, in order; stops at a refusal or at the deadline (False)."""
-        waves = self.plan.waves
-        for position, depth in enumerate(waves):
+    def warm_waves(self, run: Run) -> None:
+        """Guard, then wave, in order: the waves, then each request kind of --paths at depth
+        1 and at the deepest wave's, on every engine; stops at a refusal or the deadline."""
+        plan = self.plan
+        batches = [(GREEDY, d) for d in plan.waves] + \
+            [(k, d) for k in kinds_of(plan.paths) for d in plan.path_depths]
+        for position, (kind_, depth) in enumerate(batches):
             if run.clock.remaining() <= 0:
-                rest = ",".join(wave_name(d) for d in waves[position:])
-                self.tally.problems.append(f"deadline passed before {wave_name(depth)}: "
-                                           f"waves {rest} not run")
-                return False
-            if not self.warm_wave(run, depth, position == 0, GREEDY):
-                return False
-        return True
-
-    def warm_paths(self, run: Run) -> None:
-        """After the waves, each request kind of --paths at depth 1 and at the deepest
-        wave's depth, on every engine, behind the same guard; stops like the waves."""
-        for kind_ in kinds_of(self.plan.paths):
-            for depth in self.plan.path_depths:
-                name = kind_wave_name(kind_, depth)
-                if run.clock.remaining() <= 0:
-                    self.tally.problems.append(f"deadline passed before {name}")
-                    return
-                if not self.warm_wave(run, depth, False, kind_):
-                    return
+                rest = ",".join(wave_name(d) for d in plan.waves[position:])
+                self.tally.problems.append(f"deadline passed before {kind_wave_name(kind_, depth)}"
+                                           + (f": waves {rest} not run" if rest else ""))
+                return
+            if not self.warm_wave(run, depth, position == 0, kind_):
+                return
 
     def warm_wave(self, run: Run, depth: int, first: bool, kind_: Kind) -> bool:
         """One wave of a kind on every engine at once; False when the guard refused it."""
@@ -378,10 +365,8 @@ class WarmUp(ServerProgram):
                 seed = f"{run_id}/{engine}" + ("" if kind_.path is None else f"/{kind_.name}")
                 prompt = self.b1_prompts[engine][0] if first else \
                     make_short_prompt(seed, depth, index)
-                body = kind_.build(self.server.model, prompt, rid, plan.tokens, plan.priority,
-                                   plan.template_kwargs)
-                slots.append(self.make_slot(index, rid, engine, body, stream=kind_.stream,
-                                            path=kind_.endpoint))
+                slots.append(self.make_slot(kind_, index, rid, engine, prompt, plan.tokens,
+                                            plan.priority, plan.template_kwargs))
         return slots
 
     def wave_evidence(self, run: Run, name: str) -> dict | None:
@@ -616,8 +601,8 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; "
                              "not starting 1,2,3,4 is a custom plan (default: $WARMUP_WAVES, "
                              "else 1,2,3,4)")
-    parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR,
-                                                               MAX_B1_TOKENS), default=None,
+    parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR, MAX_LONG_PROMPT_TOKENS),
+                        default=None,
                         help="target size of B1's long prompt in tokens, more than 4096 (and "
                              "more than --chunk-tokens) and at most 1048576, capped by the "
                              "context; counted with the server's /tokenize when it has one "
@@ -631,7 +616,7 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds of "
                              "--paths, e.g. '{\"enable_thinking\": false}'")
-    parser.add_argument("--chunk-tokens", metavar="N", type=whole(1, MAX_B1_TOKENS - 1),
+    parser.add_argument("--chunk-tokens", metavar="N", type=whole(1, MAX_LONG_PROMPT_TOKENS - 1),
                         default=None,
                         help="the server's prefill chunk (its --max-num-batched-tokens): B1 "
                              "must be longer, so that the chunked prefill really runs; B1 is "
@@ -667,7 +652,7 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmUp, its dry run); UsageError naming a bad value."""
     check_deadline(settings.deadline_s)
     chunk = flag_or_env(args.chunk_tokens, "WARMUP_CHUNK_TOKENS",
-                        whole(1, MAX_B1_TOKENS - 1), 4096)
+                        whole(1, MAX_LONG_PROMPT_TOKENS - 1), 4096)
     if args.b1_tokens is not None and args.b1_tokens <= chunk:
         raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
@@ -727,14 +712,9 @@ def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
                as_json: bool) -> None:
     """Print the plan, sending nothing."""
     target, engines = connection.target, format_engines(connection.engines)
-    description = plan_description(plan, settings)
-    description["base_url"] = target.display
-    description["engines"] = engines
-    hard = os.environ.get("WARMUP_HARD_S") or "95"
-    try:
-        description["hard_bound_s"] = float(hard)
-    except ValueError:
-        description["hard_bound_s"] = None
+    hard = os.environ.get("WARMUP_HARD_S") or "95"      # a number: check_deadline() held it
+    description = dict(plan_description(plan, settings), base_url=target.display,
+                       engines=engines, hard_bound_s=float(hard))
     if as_json:
         emit(json.dumps(description, indent=2))
         return
