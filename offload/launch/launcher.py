@@ -132,9 +132,7 @@ def redacted_command(command: list[str]) -> str:
     for arg in command:
         name, equals, _ = arg.partition("=")
         secret = arg.startswith("-") and SECRET_FLAG.fullmatch(name) is not None
-        if hide:
-            shown.append("[redacted]")
-        shown += [] if hide else [name + "=[redacted]" if secret and equals else arg]
+        shown.append("[redacted]" if hide else name + "=[redacted]" if secret and equals else arg)
         hide = secret and not equals and not hide
     return " ".join(shown)
 
@@ -357,18 +355,11 @@ class Log:
         try:
             print(line, file=stream, flush=True)
         except (OSError, ValueError):
+            from runframe import silence
             silence(stream)
 
     def error(self, text: str) -> None:
         self("ERROR: " + text, sys.stderr)
-
-
-def silence(stream) -> None:
-    """A stream whose reader went away writes to /dev/null from now on (exit flushes it)."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-    except (OSError, ValueError):
-        pass
 
 
 class Server:
@@ -466,13 +457,7 @@ class Server:
 
     def tail(self) -> None:
         """The end of server.log on stderr, for an ERROR about the server."""
-        from transport import open_regular        # a FIFO or device: nothing shown
-        try:
-            with open_regular(self.server_log) as handle:
-                handle.seek(max(os.fstat(handle.fileno()).st_size - (256 << 10), 0))
-                lines = handle.read(256 << 10).decode("utf-8", "replace").splitlines()
-        except OSError:
-            lines = []
+        lines = self.logged_since(max(size_of(self.server_log) - (256 << 10), 0)).splitlines()
         shown = "\n".join(lines[-TAIL_LINES:])
         print(f"---- last {TAIL_LINES} lines of {self.server_log} ----\n{shown}\n----",
               file=sys.stderr, flush=True)
@@ -490,8 +475,9 @@ class Server:
 
     def logged_since(self, offset: int) -> str:
         """What server.log gained since offset (this start's part only)."""
+        from transport import open_regular        # a FIFO or device: nothing
         try:
-            with open(self.server_log, "rb") as handle:
+            with open_regular(self.server_log) as handle:
                 handle.seek(offset)
                 return handle.read(64 << 20).decode("utf-8", "replace")
         except OSError:
@@ -600,10 +586,6 @@ def judged(records: str, defaults: dict) -> dict:
     return start_facts(build_report(found, issues, records))
 
 
-def stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-
-
 def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
     """The warm-up through warmup_serve.sh, and what its records show."""
     records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
@@ -697,28 +679,23 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
         log(f"WARN: warm-up passed a custom plan, not the contract's ({run['differences']}); no "
             f"ready file; records: {records} — {inspect}")
         return
-    if run["status"] != 0 or run["verdict"] != "pass":
-        if not server.alive():
-            raise server.gone("during the warm-up")
+    warm = run["status"] == 0 and run["verdict"] == "pass"
+    gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
+    if not server.alive():
+        raise server.gone("during the warm-up and gate" if gate else "during the warm-up")
+    if not warm:
         log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}); "
             f"records: {records} — {inspect}")
         return
-    gate_records = None
-    if settings.gate == "1":
-        gate = run_gate(settings, log, env, when)
-        if not server.alive():
-            raise server.gone("during the warm-up and gate")
-        gate_records = gate["records"]
-        records = f"{records} and {gate_records}"
+    if gate:
+        records = f"{records} and {gate['records']}"
         if gate["status"] != 0 or gate["verdict"] != "pass":
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
                 f"{gate['verdict']}; {gate_figures(gate)}); records: {records} — {inspect}")
             return
-    elif not server.alive():
-        raise server.gone("during the warm-up")
     if settings.ready_file:
-        write_ready_file(settings, log, run["records"], gate_records)
-    passed = f"gate passed ({gate_figures(gate)})" if gate_records else ""
+        write_ready_file(settings, log, run["records"], gate and gate["records"])
+    passed = f"gate passed ({gate_figures(gate)})" if gate else ""
     log(f"OK: warm-up passed{', ' + passed if passed else ''}; records: {records} — read "
         f"them before releasing HOLD ({notes})")
 
@@ -804,7 +781,7 @@ def start(settings: Settings, log: Log) -> int:
         if settings.warmup == "0":
             log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         else:
-            when = stamp()                # this run's records: warmup-WHEN, gate-WHEN
+            when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # warmup-WHEN, gate-WHEN
             try:
                 warm_up_and_report(settings, server, log, env, when)
             finally:

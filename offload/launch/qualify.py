@@ -20,6 +20,7 @@ only. The contract: CONTRACT.md beside this file.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -61,12 +62,6 @@ COMMANDS = {                          # name -> (module, its main); imported whe
 }
 
 
-def load(module: str):
-    """A command's module, imported now: a readiness probe loads no gate, probe or report."""
-    import importlib
-    return importlib.import_module(module)
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         runframe.as_program()       # run as the process: signals stay ignored after the summary
@@ -81,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     module, function = COMMANDS[argv[0]]
     try:
-        command = getattr(load(module), function)
+        command = getattr(importlib.import_module(module), function)
     except ImportError as exc:           # a module of the folder is missing: one line, no trace
         emit(f"{PROG}: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
              f"back as one folder; restore the whole folder", sys.stderr)

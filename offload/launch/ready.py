@@ -23,8 +23,8 @@ import urllib.parse
 
 from records import as_dict
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
-from transport import (Clock, TransportError, UsageError, clean_text, decode_json, fetch,
-                       finite_number, open_regular, write_atomically)
+from transport import (Clock, TransportError, UsageError, clean_text, fetch, finite_number,
+                       read_json_file, write_atomically)
 from vllm_client import base_url_from, parse_base_url
 from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                           served_models)
@@ -142,13 +142,11 @@ def read_ready_file(path: str) -> tuple[dict | None, str | None]:
     """The ready file as a document, or (None, why it is not one)."""
     where = clean_text(path, 200)
     try:
-        with open_regular(path) as handle:
-            data = handle.read(MAX_READY_BYTES + 1)
+        doc, why = read_json_file(path, MAX_READY_BYTES)
     except FileNotFoundError:
         return None, f"{where} is missing: no warm-up has passed since the last start"
     except OSError as exc:
         return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
-    doc, why = decode_json(data) if len(data) <= MAX_READY_BYTES else (None, "too large")
     if not isinstance(doc, dict) or doc.get("kind") != READY_KIND \
             or not isinstance(doc.get("model"), str) or not isinstance(doc.get("base_url"), str):
         return None, f"{where} is not a ready file ({why or 'not what start.sh writes'})"

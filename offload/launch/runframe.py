@@ -394,7 +394,7 @@ class Printer:
                 print(printable(line, stream), file=stream, flush=True)
             except (OSError, ValueError):
                 self.closed.add(id(stream))  # keep running; print no more to this stream
-                _silence(stream)
+                silence(stream)
 
     def close(self, wait_s: float) -> bool:
         """Wait up to `wait_s` for the lines to go out; False when the terminal is stuck."""
@@ -428,11 +428,11 @@ def emit(text: str, stream=None) -> bool:
         print(printable(sanitize_lines(text), stream), file=stream, flush=True)
         return True
     except (OSError, ValueError):
-        _silence(stream)
+        silence(stream)
         return False
 
 
-def _silence(stream) -> None:
+def silence(stream) -> None:
     """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -837,14 +837,12 @@ def open_regular(path: str):
         raise
 
 
-def read_json_file(path: str) -> tuple[object, str | None]:
-    """A small JSON file (status files), read within the body cap; (None, why) when bad.
-    Only a regular file: a FIFO or a device could block the read past the deadline."""
+def read_json_file(path: str, limit: int = MAX_BODY_BYTES) -> tuple[object, str | None]:
+    """A small JSON file (status files, the ready file), read within `limit` bytes; (None,
+    why) when bad. Only a regular file: a FIFO or a device could block the read."""
     with open_regular(path) as handle:
-        data = handle.read(MAX_BODY_BYTES + 1)
-    if len(data) > MAX_BODY_BYTES:
-        return None, "larger than the body cap"
-    return decode_json(data)
+        data = handle.read(limit + 1)
+    return decode_json(data) if len(data) <= limit else (None, "too large")
 
 
 def _temporary_beside(path: str) -> tuple[int, str, str | None]:
