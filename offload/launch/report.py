@@ -88,8 +88,7 @@ def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict
         problems.append("the run record announces no number of requests")
     if is_count(planned) and len(judged) != planned:
         problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
-    summary_said = as_list(as_dict(summaries[-1] if summaries else None).get("problems"))
-    if summaries and summaries[-1].get("verdict") == "pass" and summary_said:
+    if as_dict(summary).get("verdict") == "pass" and as_list(as_dict(summary).get("problems")):
         problems.append("the summary claims a pass and names problems")
     if as_dict(run).get("mode") == "warmup":
         problems += plan_problems(as_dict(run), judged)
@@ -233,15 +232,10 @@ def is_count(value) -> bool:
 def run_verdict(summary: dict | None, evidence: list[str]) -> tuple[str, int]:
     """The verdict the report stands behind: the summary's, unless it claims a pass the
     evidence does not show, or there is no summary: then 'incomplete' (exit 1)."""
-    if summary is None:
-        return "incomplete", EXIT_FAIL
-    verdict = summary.get("verdict")
-    if verdict not in ("pass", "fail", "refused", "killed"):
-        return "incomplete", EXIT_FAIL
-    if verdict == "pass" and evidence:
-        return "incomplete", EXIT_FAIL
-    code = exit_status(summary.get("exit_code"))
-    if verdict == "pass" and code != EXIT_PASS or verdict != "pass" and code == EXIT_PASS:
+    verdict = as_dict(summary).get("verdict")
+    code = exit_status(as_dict(summary).get("exit_code"))
+    if verdict not in ("pass", "fail", "refused", "killed") or verdict == "pass" and evidence \
+            or (verdict == "pass") != (code == EXIT_PASS):
         return "incomplete", EXIT_FAIL
     return verdict, code
 
@@ -412,9 +406,10 @@ def wave_text(wave: dict) -> str:
 def evidence_table(waves: list[dict]) -> list[str]:
     """Per wave (and engine): what the engine did, as its counters and gauges say —
     observed depth, speculative acceptance, tokens per engine step. Evidence, not proof
-    of batch shapes or graph capture; '-' where the server did not say."""
-    if not any("running_max" in w or "spec_decode" in w for w in waves
-               if isinstance(w, dict)):
+    of batch shapes or graph capture; '-' where the server did not say. [] when no wave
+    has any (run with --gauge-interval-ms 0): a table of '-' would say nothing."""
+    if not any(w.get(k) is not None for w in waves
+               for k in ("gauge_samples", "running_max", "spec_decode", "tokens_per_step")):
         return []
     heads = ["wave", "engine", "depth", "observed", "gauge samples", "drafted",
              "accept rate", "mean accept len", "accept by position", "tokens/step"]
@@ -598,29 +593,18 @@ def _last_run(report: dict) -> dict:
     return report["runs"][-1] if report["runs"] else {}
 
 
-def _cache_check(report: dict) -> str:
-    code = as_dict(_last_run(report).get("summary")).get("cache_check")
-    return code if code in ("made", "not_made", "hit") else "-"
-
-
-def _gate_figure(report: dict, shape: str) -> str:
-    exact = as_dict(as_dict(_last_run(report).get("gate_summary")).get("identifiers_exact"))
-    return show(exact.get(shape), 20)
-
-
-def _worst_cer(report: dict) -> str:
-    cer = finite_number(as_dict(_last_run(report).get("gate_summary")).get("worst_cer"))
-    return "n/a" if cer is None else f"{cer:.3f}"
-
-
 def start_facts(report: dict) -> dict[str, str]:
     """What the launcher's OK and WARN lines show of a report, each a short word or '-'."""
     run = _last_run(report)
+    cache_check = as_dict(run.get("summary")).get("cache_check")
+    gate = as_dict(run.get("gate_summary"))
+    exact, cer = as_dict(gate.get("identifiers_exact")), finite_number(gate.get("worst_cer"))
     found = {
-        "verdict": show(report["verdict"], 20), "cache_check": _cache_check(report),
+        "verdict": show(report["verdict"], 20),
+        "cache_check": cache_check if cache_check in ("made", "not_made", "hit") else "-",
         "differences": "; ".join(run.get("differences") or []),
-        "identifiers_alone": _gate_figure(report, "alone"),
-        "identifiers_batched": _gate_figure(report, "batched"),
-        "worst_cer": _worst_cer(report),
+        "identifiers_alone": show(exact.get("alone"), 20),
+        "identifiers_batched": show(exact.get("batched"), 20),
+        "worst_cer": "n/a" if cer is None else f"{cer:.3f}",
     }
     return {name: value or "-" for name, value in found.items()}

@@ -135,6 +135,13 @@ class TestWaveEvidence(HelperCase):
             self.assertNotIn("running_max", wave)
         reads = [r for r in server.state.requests if r["path"] == "/metrics"]
         self.assertEqual(len(reads), 1 + 4 + 1, "engines, a guard a wave, the read after")
+        text = self.report_text()
+        self.assertIn("B4   depth 4", text)
+        self.assertNotIn("per-wave evidence", text, "no evidence: no table of dashes")
+
+    def test_the_report_shows_the_per_wave_evidence_it_has(self):
+        self.run_helper(self.start_fake())
+        self.assertIn("per-wave evidence", self.report_text())
 
     def report_text(self) -> str:
         return subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
