@@ -19,8 +19,7 @@ from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
 from vllm_client import ENGINE_HEADER, Tally
-from vllm_metrics import (changed_only, counter_deltas, metrics_source, read_counters, series_sum,
-                          went_down)
+from vllm_metrics import changed_only, counter_deltas, read_counters, series_sum, went_down
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 
@@ -42,9 +41,7 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     shown = {k: v for k, v in deltas.items()
              if series_name(k) in HIGHLIGHTS or k.startswith(SPEC_DECODE_PREFIX)}
     names = {series_name(k) for k in shown}
-    for name in HIGHLIGHTS:
-        if name not in names:
-            shown[name] = None
+    shown.update({name: None for name in HIGHLIGHTS if name not in names})
     if not any(n.startswith(SPEC_DECODE_PREFIX) for n in names):
         shown[SPEC_DECODE_PREFIX + "*"] = None
     return shown
@@ -172,7 +169,7 @@ class Evidence:
     def read_before(self, run: Run) -> None:
         """Counters of the extra endpoints and the status files, before the first wave."""
         for target in self.options.metrics_targets:
-            self.counters_before[metrics_source(target)] = read_counters(target, run.clock, "")
+            self.counters_before[target.display] = read_counters(target, run.clock, "")
         for path in self.options.status_files:
             self.status_before[path] = self.wait_for_status(run, path)
 
@@ -189,12 +186,12 @@ class Evidence:
             tally.warnings.append("counter deltas and status files not read after the last "
                                   "wave: less than 1 s left to the deadline")
             return
-        main_source = metrics_source(target, "/metrics")
+        main_source = target.display + "/metrics"
         befores = dict(self.counters_before)
         if first_counters is not None:
             befores[main_source] = (first_counters, None)
         sources = [(main_source, target, "/metrics")] + \
-            [(metrics_source(t), t, "") for t in self.options.metrics_targets]
+            [(t.display, t, "") for t in self.options.metrics_targets]
         for source, where, path in sources:
             before, why_before = befores.get(source, (None, "not read before the first wave"))
             after, why_after = read_counters(where, run.clock, path)

@@ -15,7 +15,6 @@ gate_record(). Run as `qualify.py gate`. Standard library only.
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import textwrap
 import unicodedata
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from readback import exit_status
 from records import as_list, gate_line, gate_summary_line
 from runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
-                      emit, whole)
+                      emit, number_type, whole)
 from transport import REDACTIONS, UsageError, clean_text, decode_json
 from kinds import COPY_SEED as GATE_SEED
 from kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
@@ -596,15 +595,8 @@ def gate_summary_record(summary: dict, run_id: str, options: GateOptions,
     }
 
 
-def fraction(text: str) -> float:
-    """An argparse type: a number from 0 to 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1, got {text!r}")
-    return value
+fraction = number_type(float, lambda v: 0 <= v <= 1, "must be a number from 0 to 1",
+                       "fraction")      # an argparse type
 
 
 GATE_EPILOG = """\

@@ -225,8 +225,7 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
             return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
         reports.append(build_report(found, issues, source))
     gate_report = reports[1] if gate_records else None
-    doc, why = ready_document(reports[0], records, gate_report, gate_records,
-                              time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    doc, why = ready_document(reports[0], records, gate_report, gate_records, iso_time(time.time()))
     if doc is None:
         return EXIT_FAIL, f"not written: {why}"
     if finite_number(doc.get("process_start_time_seconds")) is None:

@@ -464,34 +464,30 @@ def verdict_line(summary: dict, records_path: str) -> str:
 # The command line shared by every program.
 # ---------------------------------------------------------------------------
 
+def number_type(convert, fits, wants: str, name: str):
+    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not fits(value):
+            raise argparse.ArgumentTypeError(f"{wants}, got {text!r}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
 def seconds(high: float = MAX_SECONDS):
     """An argparse type: a number of seconds in (0, high]."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (0 < value <= high):
-            raise argparse.ArgumentTypeError(f"must be a number of seconds greater than 0 and "
-                                             f"at most {high:g}, got {text!r}")
-        return value
-    parse.__name__ = "seconds"
-    return parse
+    return number_type(float, lambda v: 0 < v <= high, f"must be a number of seconds greater "
+                       f"than 0 and at most {high:g}", "seconds")
 
 
 def whole(low: int, high: int):
     """An argparse type: a whole number in [low, high]."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high}, "
-                                             f"got {text!r}")
-        return value
-    parse.__name__ = "number"
-    return parse
+    return number_type(int, lambda v: low <= v <= high,
+                       f"must be a whole number from {low} to {high}", "number")
 
 
 def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -635,12 +631,9 @@ def install_signal_handlers() -> dict:
 def restore_signal_handlers(previous: dict) -> None:
     """Give the signals back to their previous handlers; as a program, keep ignoring them
     instead: a second TERM arriving after the summary must not kill the process untidily."""
-    if _as_program.is_set():
-        for signum in previous:           # SIG_IGN survives the interpreter's exit;
-            signal.signal(signum, signal.SIG_IGN)   # our handler would become SIG_DFL there
-        return
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    ignore = _as_program.is_set()       # SIG_IGN survives the interpreter's exit; our
+    for signum, handler in previous.items():     # handler would become SIG_DFL there
+        signal.signal(signum, signal.SIG_IGN if ignore else handler)
 
 
 def script_exit(code: int) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from transport import open_regular, parse_prometheus, write_atomically
+from transport import json_number, open_regular, parse_prometheus, write_atomically
 
 VERDICTS = ("pass", "custom", "fail", "refused", "killed")   # custom: a custom plan passed
 MAX_TEXTFILE_BYTES = 1 << 20
@@ -53,8 +53,7 @@ def render(samples: list[tuple]) -> str:
             seen.add(name)
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
         inner = ",".join(f'{k}="{escape(v)}"' for k, v in sorted(labels.items()))
-        shown = repr(float(value)) if math.isfinite(value) else \
-            "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+        shown = repr(float(value)) if math.isfinite(value) else json_number(value)
         lines.append(f"{name}{{{inner}}} {shown}" if labels else f"{name} {shown}")
     return "\n".join(lines) + "\n"
 

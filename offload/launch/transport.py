@@ -185,9 +185,7 @@ def scrub(text: str, limit: int) -> str:
 def sanitize_text(text: str, limit: int = SINK_TEXT_LIMIT) -> str:
     """The sink rule for one string: secrets and our prompt text out, control characters
     out (each run becomes one space; other spacing kept), at most `limit` characters."""
-    text = redact_secrets(text)
-    if len(text) > 4 * limit:
-        text = text[:4 * limit]
+    text = redact_secrets(text)[:4 * limit]
     text = remove_prompt_runs(_CONTROL.sub(" ", text))
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -221,10 +219,6 @@ def exact_str(value, limit: int) -> str | None:
     return clean_text(repr(redact_secrets(value)), limit)
 
 
-def short_str(value, limit: int) -> str | None:
-    return clean_text(value, limit) if isinstance(value, str) else None
-
-
 def describe(value) -> str:
     """What a value that should have been a number is, never the value itself (a string
     from a server may hold anything): its type, and a string's length."""
@@ -251,11 +245,6 @@ def count_value(value) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53:
         return value
     return None
-
-
-def positive_int(value) -> int | None:
-    count = count_value(value)
-    return count if count else None
 
 
 def finite_number(value) -> float | int | None:
@@ -428,8 +417,7 @@ def _timeout_problem(clock: Clock, doing: str) -> str:
     return f"no progress for {clock.cap_s:g} s (socket cap) while {doing}"
 
 
-def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BYTES,
-                  watch: re.Pattern | None = None) -> Response:
+def read_response(sock: socket.socket, clock: Clock, watch: re.Pattern | None = None) -> Response:
     """Read one HTTP/1.1 response; the whole read ends by the deadline, however it trickles.
 
     Interim 1xx responses (100 Continue, 103 Early Hints) are skipped. With `watch`, also
@@ -447,7 +435,7 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
                                      f"than {MAX_HEADER_BYTES} bytes")
             if end < 0:
                 break
-            head = _parse_head(bytes(buf[:end]), max_body)
+            head = _parse_head(bytes(buf[:end]))
             del buf[:end + 4]
             if 100 <= head[0] < 200 and head[0] != 101:
                 head = None                 # interim response: the final one follows
@@ -456,7 +444,7 @@ def read_response(sock: socket.socket, clock: Clock, max_body: int = MAX_BODY_BY
                 watched_at = clock.elapsed()
             searched = len(buf)
         if head is not None:
-            body = _complete_body(head, buf, max_body)
+            body = _complete_body(head, buf)
             if body is not None:
                 return Response(head[0], head[1], body, watched_at)
         try:
@@ -478,7 +466,7 @@ _STATUS_LINE = re.compile(r"HTTP/1\.[01] ([1-5][0-9][0-9])(?: [\x20-\x7e\t\x80-\
 
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,15}")
 
-def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
+def _parse_head(raw: bytes) -> tuple[int, dict]:
     lines = raw.decode("latin-1").split("\r\n")
     match = _STATUS_LINE.fullmatch(lines[0])
     if not match:
@@ -497,9 +485,9 @@ def _parse_head(raw: bytes, max_body: int) -> tuple[int, dict]:
     if length is not None:
         if not _CONTENT_LENGTH.fullmatch(length):
             raise TransportError("malformed", "malformed HTTP response: bad Content-Length")
-        if int(length) > max_body:
+        if int(length) > MAX_BODY_BYTES:
             raise TransportError("too_large", f"response body of {int(length)} bytes is larger "
-                                 f"than the {max_body} bytes the helper reads; read stopped")
+                                 f"than the {MAX_BODY_BYTES} bytes the helper reads; read stopped")
     return int(match.group(1)), headers
 
 
@@ -511,11 +499,11 @@ def _reads_to_close(headers: dict) -> bool:
     return "content-length" not in headers and not _chunked(headers)
 
 
-def _complete_body(head: tuple[int, dict], buf: bytearray, max_body: int) -> bytes | None:
+def _complete_body(head: tuple[int, dict], buf: bytearray) -> bytes | None:
     status, headers = head
-    if len(buf) > max_body + MAX_HEADER_BYTES:
-        raise TransportError("too_large", f"response body larger than the {max_body} bytes the "
-                             f"helper reads; read stopped")
+    if len(buf) > MAX_BODY_BYTES + MAX_HEADER_BYTES:
+        raise TransportError("too_large", f"response body larger than the {MAX_BODY_BYTES} "
+                             f"bytes the helper reads; read stopped")
     if status in (204, 304) or 100 <= status < 200:
         return b""
     if _chunked(headers):
@@ -576,8 +564,6 @@ def decode_json(data: bytes) -> tuple[object, str | None]:
 
 def _nesting_depth(data) -> int:
     """The deepest bracket nesting outside strings; a quick scan, not a parse."""
-    if isinstance(data, str):
-        data = data.encode("utf-8", "surrogatepass")
     if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
         return 0
     depth = deepest = 0
@@ -656,9 +642,7 @@ def _parse_sample(line: str) -> tuple[str, dict, float]:
     name, pos, labels = match.group(), match.end(), {}
     after = line[pos:].lstrip(" \t")
     if after.startswith("{"):            # Prometheus allows blanks between name and labels
-        pos = len(line) - len(after)
-    if pos < len(line) and line[pos] == "{":
-        labels, pos = _parse_labels(line, pos + 1)
+        labels, pos = _parse_labels(line, len(line) - len(after) + 1)
     if pos < len(line) and line[pos] not in " \t":
         raise ValueError("unexpected character after the name or labels")
     rest = line[pos:].split()
@@ -715,10 +699,6 @@ def series_key(name: str, labels: dict) -> str:
 def series_name(key: str) -> str:
     """The metric name of a series key made by series_key."""
     return key.split("{")[0]
-
-
-def format_sample(name: str, labels: dict, value: float) -> str:
-    return f"{series_key(name, labels)} = {value!r}"
 
 
 # ---------------------------------------------------------------------------

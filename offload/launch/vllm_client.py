@@ -42,11 +42,10 @@ from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Pro
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
                        __version__, clean_text, count_value, decode_json, describe,
                        encode_request, exact_str, exchange_batch, fetch, finite_number,
-                       is_header_value, json_number, parse_url,
-                       positive_int, scrub, short_str)
+                       is_header_value, json_number, parse_url, scrub)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                           busy_gauges, exposition_of, guard_problems, process_start,
-                          read_samples, sleep_states)
+                          read_exposition, sleep_states)
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
@@ -262,8 +261,8 @@ class ServerProgram(Program):
             raise Fatal(f"the server serves {len(served)} models "
                         f"({names or 'none with an id'}); choose one with --model", EXIT_USAGE)
         self.server.model = wanted or next(iter(served))
-        self.server.max_model_len = positive_int(
-            served[self.server.model].get("max_model_len"))
+        self.server.max_model_len = count_value(
+            served[self.server.model].get("max_model_len")) or None
 
     def read_server_version(self, run: Run) -> None:
         try:
@@ -277,9 +276,10 @@ class ServerProgram(Program):
         """The engines a batch covers: every engine /metrics shows (auto) or the ones asked
         for; NO_ROUTING for one engine: exactly the single-engine run, no header."""
         asked = self.connection.engines
-        samples, _ = read_samples(self.connection.target, run.clock, "/metrics")
-        served = engines_in(samples or [])
-        self.server.process_start = process_start(samples or [])
+        exposition, _ = read_exposition(self.connection.target, run.clock)
+        samples = exposition.samples if exposition else []
+        served = engines_in(samples)
+        self.server.process_start = process_start(samples)
         self.server.served = served
         if asked is None:
             return served if len(served) > 1 else NO_ROUTING
@@ -302,7 +302,7 @@ class ServerProgram(Program):
             raise Fatal("could not size the B1 prompt: /tokenize answered without an "
                         "integer count; no completion was sent")
         if self.server.max_model_len is None:
-            self.server.max_model_len = positive_int(doc.get("max_model_len"))
+            self.server.max_model_len = count_value(doc.get("max_model_len")) or None
         return doc["count"]
 
     def size_long_prompts(self, run: Run, target_tokens: int, tokens: int,
@@ -671,7 +671,7 @@ def _error_message(doc: dict) -> tuple[str | None, str | None]:
     if isinstance(error, dict):
         param = error.get("param")
         return (scrub(str(error.get("message", "")), ERROR_TEXT_LIMIT) or None,
-                short_str(param, 64))
+                clean_text(param, 64) if isinstance(param, str) else None)
     if error is None:
         return None, None
     text = error if isinstance(error, str) else str(error)

@@ -25,8 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from transport import (Clock, Exposition, Target, TransportError, clean_text, fetch,
-                       finite_number, format_sample, json_number, parse_prometheus,
-                       series_key, series_name, start_quiet)
+                       finite_number, parse_prometheus, series_key, series_name, start_quiet)
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 
@@ -178,7 +177,7 @@ class GuardRead:
 def busy_gauges(exposition: Exposition, gauge: str | None = None) -> list[str]:
     """A problem for each request-gauge sample (of `gauge`, or of both) that is not 0:
     work on the server, which may be ours not yet counted out (worth a settle)."""
-    return [f"{format_sample(name, labels, value)}: the server is not idle"
+    return [f"{series_key(name, labels)} = {value!r}: the server is not idle"
             for name, labels, value in exposition.samples
             if name in ((gauge,) if gauge else GAUGES) and value != 0]
 
@@ -210,8 +209,7 @@ def counters(samples: list[tuple[str, dict, float]], types: dict | None = None
 def series_sum(deltas: dict, name: str, engine: int | None = None) -> float | None:
     """The sum of one metric's deltas (over labels; one engine's only, when given); None
     when absent or any of them is unknown."""
-    values = [v for k, v in deltas.items() if series_name(k) == name
-              and (engine is None or f'engine="{engine}"' in k)]
+    values = [v for k, v in engine_deltas(deltas, engine).items() if series_name(k) == name]
     if not values or any(not isinstance(v, (int, float)) for v in values):
         return None
     return sum(values)
@@ -276,7 +274,7 @@ def counter_deltas(before: dict | None, after: dict | None) -> dict[str, float |
     for key in sorted(set(before) | set(after)):
         b, a = before.get(key), after.get(key)
         ok = b is not None and a is not None and math.isfinite(a - b) and a >= b
-        deltas[key] = json_number(a - b) if ok else None
+        deltas[key] = a - b if ok else None
     return deltas
 
 
@@ -319,10 +317,6 @@ def bucket_bound(text: str) -> float:
         return math.inf
 
 
-def metrics_source(target: Target, path: str = "") -> str:
-    return target.display + path
-
-
 def exposition_of(response, only: tuple = ()) -> tuple[Exposition | None, str | None]:
     """A Prometheus answer parsed, or None and why; with `only`, just the lines that name
     one of those (a quick test drops the rest, for reads that must cost little; a line
@@ -345,12 +339,6 @@ def read_exposition(target: Target, clock, path: str = "/metrics", only: tuple =
     except TransportError as exc:
         return None, exc.problem
     return exposition_of(response, only)
-
-
-def read_samples(target: Target, clock, path: str) -> tuple[list | None, str | None]:
-    """The samples of one Prometheus endpoint, or None and why."""
-    exposition, why = read_exposition(target, clock, path)
-    return (exposition.samples, None) if exposition else (None, why)
 
 
 def read_counters(target: Target, clock, path: str) -> tuple[dict | None, str | None]:
