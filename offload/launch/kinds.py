@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prompts import MIN_LONG_PROMPT_TOKENS
-from records import as_list
+from records import ANSWER_FIELDS, as_list
 from runframe import PROBLEM_LIMIT
 from transport import clean_text
 
@@ -330,11 +330,6 @@ def b1_floor(chunk_tokens: int) -> int:
     """B1's fewest prompt tokens: above 4096, and above the prefill chunk when larger (the
     chunk can only raise the contract's floor)."""
     return max(B1_FLOOR, chunk_tokens + 1)
-
-
-ANSWER_FIELDS = ("http_status", "body_error", "prompt_tokens", "cached_tokens",
-                 "completion_tokens", "finish_reason", "stop_reason", "logprobs_count",
-                 "stream_done", "first_token")
 
 
 def answer_of(record: dict) -> dict:

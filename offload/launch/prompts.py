@@ -8,7 +8,6 @@ can match it; size_long_prompt() sizes it with a counting function (the server's
 
 from __future__ import annotations
 
-import math
 import os
 import random
 
@@ -31,8 +30,6 @@ FILLER_WORDS = (
     "engine table window paper stone music north south summer winter yellow orange "
     "simple quiet rapid gentle mountain station letter silver forest island bridge"
 ).split()
-
-EST_WORDS_PER_TOKEN = 1.0     # sizing without /tokenize: one word per token, never fewer tokens
 
 SHORT_PROMPT_WORDS = 24
 
@@ -74,7 +71,7 @@ def size_long_prompt(count, nonce: str, budget: int, minimum: int = MIN_LONG_PRO
     is not a positive integer is not believed.
     """
     low_words, high_words = max(1, budget // 8), 2 * budget
-    n_words = max(1, math.ceil(budget * EST_WORDS_PER_TOKEN))
+    n_words = max(1, budget)      # one word per token: sizing without /tokenize, never fewer
     low = max(minimum, int(budget * 0.97))
     best = None
     for _ in range(SIZING_ROUNDS):

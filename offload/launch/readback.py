@@ -106,14 +106,12 @@ def prune(value, budget: list, depth: int = 0):
     """A record as report keeps it: containers cut to MAX_CONTAINER_ITEMS and MAX_KEPT_DEPTH,
     every value counted against the shared budget."""
     budget[0] -= 1
+    if isinstance(value, (dict, list)) and depth >= MAX_KEPT_DEPTH:
+        return type(value)()
     if isinstance(value, dict):
-        if depth >= MAX_KEPT_DEPTH:
-            return {}
         return {key: prune(item, budget, depth + 1)
                 for key, item in list(value.items())[:MAX_CONTAINER_ITEMS]}
     if isinstance(value, list):
-        if depth >= MAX_KEPT_DEPTH:
-            return []
         return [prune(item, budget, depth + 1) for item in value[:MAX_CONTAINER_ITEMS]]
     return value
 

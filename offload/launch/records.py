@@ -21,7 +21,7 @@ SHOW_LIMIT = 80                       # one value in a table or a line
 FORMAT = 2                            # the run record's `format`: what this layout is
 
 _ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:int? "
-           "cached_tokens:int? completion_tokens:int? reasoning_tokens:int? "
+           "completion_tokens:int? cached_tokens:int? reasoning_tokens:int? "
            "finish_reason:str? stop_reason:any stream_done:bool? first_token:bool? "
            "logprobs_count:int? usage_problems:list error:str?")
 
@@ -76,6 +76,7 @@ def parse_fields(spec: str) -> dict[str, tuple[str, bool, bool]]:
 
 
 RECORDS = {kind: parse_fields(spec) for kind, spec in DECLARED.items()}
+ANSWER_FIELDS = tuple(parse_fields(_ANSWER))   # what every record of a request keeps of its answer
 JUDGED = {"warmup": "request", "probe": "probe", "gate": "gate"}    # mode -> its records
 
 

@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass, field, replace
 
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
-from records import label
+from records import ANSWER_FIELDS, label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
-                      argument_type, late_problem, parse_or_explain, run_session, run_settings,
+                      argument_type, flag_or_env, late_problem, parse_or_explain, run_session, run_settings,
                       seconds, usage_error)
 from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
                        __version__, clean_text, count_value, decode_json, describe,
@@ -531,15 +531,11 @@ def read_slot(slot: Slot) -> dict:
 def answer_record(answer: dict) -> dict:
     """The fields every record of a request keeps of its answer, enough to judge it again:
     counts, reasons and shape, never text."""
-    return {"http_status": answer.get("http_status"), "choices": answer.get("n_choices"),
-            "usage": bool(answer.get("usage")), "body_error": answer.get("body_error"),
-            **{name: answer.get(name) for name, _ in USAGE_COUNTS},
-            "finish_reason": answer.get("finish_reason"),
-            "stop_reason": answer.get("stop_reason"),
-            "stream_done": answer.get("stream_done"), "first_token": answer.get("first_token"),
-            "logprobs_count": answer.get("logprobs_count"),
-            "usage_problems": list(answer.get("usage_problems") or ()),
-            "error": answer.get("error") or answer.get("transport_error")}
+    record = {name: answer.get(name) for name in ANSWER_FIELDS}
+    record.update(choices=answer.get("n_choices"), usage=bool(answer.get("usage")),
+                  usage_problems=list(answer.get("usage_problems") or ()),
+                  error=answer.get("error") or answer.get("transport_error"))
+    return record
 
 
 def extract_fields(status: int, body: bytes) -> dict:
@@ -855,12 +851,8 @@ def connection_from(args: argparse.Namespace) -> Connection:
                          f"(a line break?); an API key is sent in a header and must be "
                          f"printable ASCII")
     target = base_url_from(args.base_url)
-    engines = getattr(args, "engines", None)
-    if not hasattr(args, "engines") and env.get("WARMUP_ENGINES"):
-        try:
-            engines = parse_engines(env["WARMUP_ENGINES"])
-        except ValueError as exc:
-            raise UsageError(f"WARMUP_ENGINES: {exc}")
+    engines = args.engines if hasattr(args, "engines") else \
+        flag_or_env(None, "WARMUP_ENGINES", parse_engines, None)     # --engines auto wins
     return Connection(target=target, api_key=api_key, api_key_env=args.api_key_env,
                       model=args.model or env.get("WARMUP_MODEL") or None, engines=engines,
                       settle_s=args.settle_s)
