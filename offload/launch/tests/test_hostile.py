@@ -132,11 +132,13 @@ class Outcome:
 # Running one case: a real process, bounded in time and address space.
 # ---------------------------------------------------------------------------
 
-def case_env(case: Case) -> dict:
-    """The test's environment without the helper's variables, plus the case's own."""
+def case_env(case: Case, tmp: str) -> dict:
+    """The test's environment without the helper's variables, plus the case's own; the
+    lock files in the case's folder (none left behind in /tmp)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("WARMUP_", "VLLM_")) and k.lower() not in
            ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+    env["WARMUP_LOCK_DIR"] = tmp
     env.update(case.env)
     return env
 
@@ -252,7 +254,7 @@ def execute(case: Case, root: str, servers: list) -> Outcome:
             server.start()
         if case.fixture:
             stop_fixture = case.fixture(tmp)
-        run = Run(case, build_argv(case, server, tmp, records), case_env(case),
+        run = Run(case, build_argv(case, server, tmp, records), case_env(case, tmp),
                   os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr"), server,
                   time_bound(case) + KILL_MARGIN_S)
         started = time.monotonic()

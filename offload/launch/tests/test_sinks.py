@@ -70,7 +70,8 @@ class TestSinks(unittest.TestCase):
         records = os.path.join(self.tmp, f"r{len(os.listdir(self.tmp))}.jsonl")
         proc = subprocess.run([sys.executable, WARMUP, "--base-url", server.url, "--records",
                                records, "--deadline-s", "20"], capture_output=True, text=True,
-                              timeout=60, env=dict(os.environ, VLLM_API_KEY=API_KEY))
+                              timeout=60, env=dict(os.environ, VLLM_API_KEY=API_KEY,
+                                                    WARMUP_LOCK_DIR=self.tmp))
         self.assertNotIn("Traceback", proc.stderr)
         prompts = [str((r.json() or {}).get("prompt", "")) for r in server.requests()
                    if isinstance(r.json(), dict)]
