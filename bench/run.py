@@ -856,6 +856,7 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
     reps = 10 if args.quick else 20
     rows = ["| measure | measured | ratio | target | |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["WARMUP_LOCK_DIR"] = tmp     # every run's lock files go with the folder
         copy, copy_how = write_wrapper_copy(tmp)
         shapes = Shapes(copy)
         progress(f"start-up: 9 commands, {reps} runs each, in turns")
