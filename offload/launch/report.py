@@ -407,10 +407,13 @@ def evidence_table(waves: list[dict]) -> list[str]:
     """Per wave (and engine): what the engine did, as its counters and gauges say —
     observed depth, speculative acceptance, tokens per engine step. Evidence, not proof
     of batch shapes or graph capture; '-' where the server did not say. [] when no wave
-    has any (run with --gauge-interval-ms 0): a table of '-' would say nothing."""
+    has any (run with --gauge-interval-ms 0): a table of '-' would say nothing. A counter
+    that went down during a wave is named either way."""
+    went_down = sorted({show(k, 160) for w in waves for k in as_list(w.get("counters_went_down"))})
+    notes = [f"counter went down during a wave (a restart?): {k}" for k in went_down]
     if not any(w.get(k) is not None for w in waves
                for k in ("gauge_samples", "running_max", "spec_decode", "tokens_per_step")):
-        return []
+        return notes
     heads = ["wave", "engine", "depth", "observed", "gauge samples", "drafted",
              "accept rate", "mean accept len", "accept by position", "tokens/step"]
     rows = [heads]
@@ -426,8 +429,7 @@ def evidence_table(waves: list[dict]) -> list[str]:
                      show(wave.get("tokens_per_step"))])
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    went_down = sorted({show(k, 160) for w in waves for k in as_list(w.get("counters_went_down"))})
-    return lines + [f"counter went down during a wave (a restart?): {k}" for k in went_down]
+    return lines + notes
 
 
 def format_run(run: dict) -> list[str]:
