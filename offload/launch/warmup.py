@@ -193,11 +193,14 @@ class WarmUp(ServerProgram):
         self.settings = settings
         self.evidence = Evidence(evidence)
         self.healthy_at = evidence.healthy_at
-        self.ready_file = ready_file          # rewritten after a contract pass, else removed
+        self.ready_file = ready_file          # removed first, rewritten after a contract pass
+        self.ready_dropped = ""
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
+        if self.ready_file:           # until this run passes: a killed run leaves none
+            self.ready_dropped = self.drop_ready_file()
         self.learn_server(run)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.b1_minimum)
@@ -253,10 +256,20 @@ class WarmUp(ServerProgram):
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields
 
+    def drop_ready_file(self) -> str:
+        """Remove the ready file (a regular file only); what was done, as a clause."""
+        if not os.path.isfile(self.ready_file) or os.path.islink(self.ready_file):
+            return ""
+        try:
+            os.remove(self.ready_file)
+            return "; the old one was removed"
+        except OSError as exc:
+            return f"; the old one could not be removed ({exc.strerror})"
+
     def after_summary(self, run: Run, summary: dict) -> None:
-        """With --ready-file: the ready file rewritten from these records when they show a
-        contract pass (as start.sh writes it), removed otherwise (a re-warm after a wake
-        that failed leaves no stale 'ready')."""
+        """With --ready-file: the ready file, removed before anything was sent (a re-warm
+        after a wake that fails or is killed leaves no stale 'ready'), rewritten from these
+        records when they show a contract pass (as start.sh writes it)."""
         if not self.ready_file:
             return None
         from ready import write_ready
@@ -265,13 +278,7 @@ class WarmUp(ServerProgram):
             run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
                     f"{self.ready_file}` says while it stays true")
             return None
-        removed = ""
-        if os.path.isfile(self.ready_file) and not os.path.islink(self.ready_file):
-            try:
-                os.remove(self.ready_file)
-                removed = "; the old one was removed"
-            except OSError as exc:
-                removed = f"; the old one could not be removed ({exc.strerror})"
+        removed = self.drop_ready_file() or self.ready_dropped
         run.say(f"ready file {self.ready_file} {line}{removed}")
         return None
 
@@ -638,9 +645,9 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
     add_file_option(parser, "--ready-file", "WARMUP_READY_FILE",
-                    "after the run, write the ready file `qualify.py ready` checks when the "
-                    "records show a contract pass (as start.sh does), remove it otherwise: "
-                    "how to warm again after a wake")
+                    "the ready file `qualify.py ready` checks: removed before anything is "
+                    "sent, written after the run when the records show a contract pass (as "
+                    "start.sh does): how to warm again after a wake")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")

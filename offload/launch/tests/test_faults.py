@@ -322,11 +322,16 @@ class TestFaults(HelperCase):
 
     def test_sigkill_mid_wave(self):
         server = self.start_fake(fault="hang", fault_match="-B3-")
-        proc = self.start_helper_process(server, "--deadline-s", "60")
+        ready_file = os.path.join(self.tmp, "ready")
+        with open(ready_file, "w") as handle:
+            handle.write('{"from": "the run before the server slept"}\n')
+        proc = self.start_helper_process(server, "--deadline-s", "60", "--ready-file",
+                                         ready_file)
         self.wait_for_completions(server, 6)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
         self.assertEqual(proc.returncode, -signal.SIGKILL)
+        self.assertFalse(os.path.exists(ready_file), "a killed re-warm leaves no old 'ready'")
         with open(self.records_path, encoding="utf-8") as handle:
             text = handle.read()
         self.assertTrue(text.endswith("\n"))
