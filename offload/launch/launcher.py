@@ -86,8 +86,8 @@ options (environment variable in brackets):
   WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
   unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url, and
   WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens,
-  else from the server log's "Chunked prefill is enabled with max_num_batched_tokens=N",
-  when the variable is not set.
+  else from the server log's "Chunked prefill is enabled with max_num_batched_tokens=N"
+  (the server's own chunk wins over the variable; start.log says when it did).
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -310,7 +310,7 @@ class Settings:
         if self.textfile:
             env["WARMUP_TEXTFILE"] = self.textfile
         chunk = flag_value("--max-num-batched-tokens", self.command)  # the last one counts
-        if not env.get("WARMUP_CHUNK_TOKENS") and chunk:
+        if chunk:
             env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
         return env
 
@@ -751,6 +751,15 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     return 1 if status is None else status
 
 
+def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str) -> None:
+    """Say where B1's chunk comes from: the server's own wins over WARMUP_CHUNK_TOKENS (a
+    smaller one would let B1 run as one unchunked prefill and still pass)."""
+    if not server_chunk or server_chunk == asked:
+        return
+    replaced = f"; WARMUP_CHUNK_TOKENS '{asked}' is not used" if asked else ""
+    log(f"prefill chunk {server_chunk} tokens (from {where}): B1 is sized past it{replaced}")
+
+
 def usage_error(problem: str) -> int:
     print(f"start.sh: {problem}\nstart.sh: see start.sh --help", file=sys.stderr)
     return 2
@@ -760,6 +769,8 @@ def start(settings: Settings, log: Log) -> int:
     """Launch, guard, warm up: the exit status."""
     server = Server(settings, log)
     env = settings.server_env()
+    chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
+               "the server command's --max-num-batched-tokens")
     refuse_a_running_server(settings, log)
     if settings.ready_file:            # a start it launches vouches anew (a refused one not)
         try:
@@ -773,11 +784,10 @@ def start(settings: Settings, log: Log) -> int:
     try:
         server.launch()
         env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
-        if not env.get("WARMUP_CHUNK_TOKENS"):
-            chunk = logged_chunk(server.logged_since(server.log_offset))
-            if chunk:
-                env["WARMUP_CHUNK_TOKENS"] = chunk   # B1 must be longer than the chunk
-                log(f"prefill chunk {chunk} tokens (from server.log): B1 is sized past it")
+        chunk = logged_chunk(server.logged_since(server.log_offset))
+        if chunk and not flag_value("--max-num-batched-tokens", settings.command):
+            chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
+            env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
         if settings.warmup == "0":
             log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         else:

@@ -890,10 +890,12 @@ class TestStartWarnsOnACustomPlan(StartCase):
 class TestStartFindsTheChunk(StartCase):
     def test_from_the_server_log_when_the_command_does_not_say(self):
         # The fake logs vLLM's start line; its command line names no chunk here.
+        # A WARMUP_CHUNK_TOKENS below the server's own would let B1 pass unchunked.
         result = self.start(server=self.fake("--max-model-len", "32768"),
-                            env={"WARMUP_CHUNK_TOKENS": ""})
+                            env={"WARMUP_CHUNK_TOKENS": "2048"})
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("prefill chunk 4096 tokens (from server.log)", result.stdout)
+        self.assertIn("prefill chunk 4096 tokens (from server.log): B1 is sized past it; "
+                      "WARMUP_CHUNK_TOKENS '2048' is not used", result.stdout)
         warmed = [name for name in os.listdir(self.logs) if name.startswith("warmup-")]
         found, _ = read_records(os.path.join(self.logs, warmed[0]))
         run = [r for r in found if r["record"] == "run"][0]
@@ -904,8 +906,12 @@ class TestStartFindsTheChunk(StartCase):
 class TestStartPassesTheChunk(StartCase):
     def test_start_sh_reads_the_chunk_from_the_server_command(self):
         result = self.start(server=self.fake("--max-model-len", "8192",
-                                             "--max-num-batched-tokens=6000"))
+                                             "--max-num-batched-tokens=6000"),
+                            env={"WARMUP_CHUNK_TOKENS": "4096"})
         self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("prefill chunk 6000 tokens (from the server command's "
+                      "--max-num-batched-tokens): B1 is sized past it; WARMUP_CHUNK_TOKENS "
+                      "'4096' is not used", self.start_log())
         records, _ = read_records(self.records())
         b1 = [r for r in records if r["record"] == "request"][0]
         self.assertGreater(b1["prompt_tokens"], 6000)
