@@ -187,6 +187,11 @@ def iso_time(seconds_since_epoch: float) -> str:
 
 def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
     """(exit code, one line): one /health and one /metrics within timeout_s."""
+    warmed = parse_base_url(doc["base_url"], "its base_url")   # read_ready_file checked it
+    if warmed.port != target.port:
+        return EXIT_FAIL, (f"not ready: the ready file vouches for the server at "
+                           f"{warmed.display}, not at {target.display} (another port, "
+                           f"another server)")
     clock = Clock.start(timeout_s, timeout_s)
     code, line = check_health(target, clock)
     if code == EXIT_NO_ANSWER:
@@ -212,9 +217,11 @@ def shown(value) -> str:
     return clean_text(value, 40) if isinstance(value, str) and value else "unknown"
 
 
-def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int, str]:
+def write_ready(path: str, records: str, gate_records: str | None,
+                run_id: str | None = None) -> tuple[int, str]:
     """Write the ready file atomically (a temporary file beside it, then a rename) when the
-    records show a pass; (exit code, one line)."""
+    records show a pass — of run `run_id` where given (a records file another run also
+    writes to is not its pass), else of the last run; (exit code, one line)."""
     from readback import load_records           # only writing reads records
     from report import build_report
     reports = []
@@ -223,6 +230,8 @@ def write_ready(path: str, records: str, gate_records: str | None) -> tuple[int,
             found, issues = load_records(source)
         except OSError as exc:
             return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
+        if run_id is not None and source == records:
+            found = [r for r in found if r.get("run_id") == run_id]
         reports.append(build_report(found, issues, source))
     gate_report = reports[1] if gate_records else None
     doc, why = ready_document(reports[0], records, gate_report, gate_records, iso_time(time.time()))
@@ -241,7 +250,8 @@ def ready_main(argv: list[str]) -> int:
     """qualify.py ready: exit 0 only while the ready file is true of the running server."""
     parser = check_parser(
         "ready", "Is the server still the one the ready file vouches for? Exit 0 only when "
-                 "the file exists and parses, the server answers /health 200 within "
+                 "the file exists and parses, names the port --base-url names (the host may "
+                 "be spelled another way), the server answers /health 200 within "
                  "--timeout-s, and its /metrics shows the same process start "
                  "(process_start_time_seconds) and the same model, every engine awake "
                  "(vllm:engine_sleep_state, where the server has it); otherwise exit 1 with "

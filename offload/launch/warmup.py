@@ -273,7 +273,8 @@ class WarmUp(ServerProgram):
         if not self.ready_file:
             return None
         from ready import write_ready
-        code, line = write_ready(self.ready_file, run.settings.records_path, None)
+        code, line = write_ready(self.ready_file, run.settings.records_path, None,
+                                 run.settings.run_id)
         if code == 0:
             run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
                     f"{self.ready_file}` says while it stays true")

@@ -179,8 +179,46 @@ class TestReadyRefuses(HelperCase):
         for proc in (shown,):
             self.assertNotIn("Traceback", proc.stderr)
             self.assertEqual(len(proc.stderr.strip().splitlines()), 1)
-        nothing = ready(doc, "--base-url", f"http://127.0.0.1:{free_port()}")
+        with open(doc, "w") as handle:
+            json.dump({"kind": "offload-ready/1", "base_url": f"http://127.0.0.1:{free_port()}",
+                       "model": "m", "process_start_time_seconds": 1.0}, handle)
+        nothing = ready(doc)
         self.assertIn("not answering", nothing.stderr)
+
+    def test_a_ready_file_vouches_for_its_own_port_only(self):
+        warmed, other = self.start_fake(), self.start_fake()
+        path = os.path.join(self.tmp, "ready")
+        self.assertEqual(self.run_helper(warmed, "--ready-file", path).code, 0)
+        self.assertEqual(ready(path, "--base-url", warmed.url).returncode, 0)
+        for env in ({}, {"WARMUP_BASE_URL": other.url}):
+            args = () if env else ("--base-url", other.url)
+            shown = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", path,
+                                    *args], capture_output=True, text=True, timeout=30,
+                                   env=dict(os.environ, **env))
+            self.assertEqual(shown.returncode, 1, shown.stdout)
+            self.assertIn(f"vouches for the server at {warmed.url}, not at {other.url}",
+                          shown.stderr)
+        self.assertFalse([r for r in other.state.requests if r["path"] == "/metrics"],
+                         "the other server is not asked: its port already says no")
+
+    def test_a_records_file_two_runs_share_vouches_only_for_the_run_that_passed(self):
+        passed = self.run_helper(self.start_fake())
+        self.assertEqual(passed.code, 0, passed.stdout)
+        os.remove(self.records_path)
+        failed = self.run_helper(self.start_fake(fault="one_token", fault_match="-B4-0"))
+        self.assertEqual(failed.code, 1, failed.stdout)
+        # The failing run began first and ended last; the passing run came between.
+        shared = os.path.join(self.tmp, "shared.jsonl")
+        with open(shared, "w") as handle:
+            for record in failed.records[:1] + passed.records + failed.records[1:]:
+                handle.write(json.dumps(record) + "\n")
+        path = os.path.join(self.tmp, "ready")
+        code, line = readiness.write_ready(path, shared, None, failed.summary["run_id"])
+        self.assertEqual(code, 1, line)
+        self.assertIn("records show fail, not a pass", line)
+        self.assertFalse(os.path.exists(path))
+        code, line = readiness.write_ready(path, shared, None, passed.summary["run_id"])
+        self.assertEqual(code, 0, line)
 
     def test_identity_is_judged_from_metrics(self):
         doc = {"model": "m", "process_start_time_seconds": 100.0}
