@@ -141,6 +141,8 @@ def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = No
 def read_ready_file(path: str) -> tuple[dict | None, str | None]:
     """The ready file as a document, or (None, why it is not one)."""
     where = clean_text(path, 200)
+    if os.path.islink(path):          # no writer writes through a link: not one of theirs
+        return None, f"{where} is a link, not the file start.sh or the warm-up writes"
     try:
         doc, why = read_json_file(path, MAX_READY_BYTES)
     except FileNotFoundError:

@@ -184,6 +184,9 @@ class TestReadyRefuses(HelperCase):
                        "model": "m", "process_start_time_seconds": 1.0}, handle)
         nothing = ready(doc)
         self.assertIn("not answering", nothing.stderr)
+        link = os.path.join(self.tmp, "link")
+        os.symlink(doc, link)
+        self.assertIn(f"not ready: {link} is a link", ready(link).stderr)
 
     def test_a_ready_file_vouches_for_its_own_port_only(self):
         warmed, other = self.start_fake(), self.start_fake()
