@@ -150,6 +150,20 @@ def flag_value(flag: str, command: list[str]) -> str:
     return value
 
 
+# vLLM 0.32's human_readable_int: decimal k..t, binary K..T (a decimal only with k..t).
+TOKEN_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                  "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def tokens_value(text: str) -> str:
+    """A token count as vLLM reads one (4096, 16K = 16384, 8k = 8000), in digits; '' when
+    it is not one (then server.log says the chunk)."""
+    found = re.fullmatch(r"([0-9]{1,9})(\.[0-9]{1,6})?([kmgtKMGT]?)", text.strip())
+    if not found or (found[2] and found[3] not in ("k", "m", "g", "t")):
+        return ""
+    return str(int(float(found[1] + (found[2] or "")) * TOKEN_SUFFIXES[found[3]]))
+
+
 def address_problem(target, command: list[str]) -> str | None:
     """Why --base-url and the server command's --port / --host cannot be one address (a
     mismatch would only show as the start guard running out); None when they can be."""
@@ -309,7 +323,7 @@ class Settings:
         env.pop("WARMUP_READY_FILE", None)
         if self.textfile:
             env["WARMUP_TEXTFILE"] = self.textfile
-        chunk = flag_value("--max-num-batched-tokens", self.command)  # the last one counts
+        chunk = tokens_value(flag_value("--max-num-batched-tokens", self.command))
         if chunk:
             env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
         return env
@@ -769,9 +783,9 @@ def start(settings: Settings, log: Log) -> int:
     """Launch, guard, warm up: the exit status."""
     server = Server(settings, log)
     env = settings.server_env()
+    refuse_a_running_server(settings, log)
     chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
                "the server command's --max-num-batched-tokens")
-    refuse_a_running_server(settings, log)
     if settings.ready_file:            # a start it launches vouches anew (a refused one not)
         try:
             os.remove(settings.ready_file)
@@ -785,7 +799,7 @@ def start(settings: Settings, log: Log) -> int:
         server.launch()
         env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
         chunk = logged_chunk(server.logged_since(server.log_offset))
-        if chunk and not flag_value("--max-num-batched-tokens", settings.command):
+        if chunk and not tokens_value(flag_value("--max-num-batched-tokens", settings.command)):
             chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
             env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
         if settings.warmup == "0":

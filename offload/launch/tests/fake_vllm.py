@@ -953,9 +953,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1 (0: any)")
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--max-model-len", type=int, default=32768)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=4096,
+    parser.add_argument("--max-num-batched-tokens", type=human_int, default=4096,
                         help="the prefill chunk: a longer prompt is prefilled in steps of "
-                             "this many tokens (vllm:iteration_tokens_total shows them)")
+                             "this many tokens (vllm:iteration_tokens_total shows them); "
+                             "16K = 16384, 8k = 8000, as vLLM reads it")
     parser.add_argument("--api-key", default=os.environ.get("FAKE_VLLM_API_KEY"),
                         help="require this key under /v1 (default: $FAKE_VLLM_API_KEY)")
     parser.add_argument("--latency-s", type=float, default=0.05,
@@ -1015,6 +1016,17 @@ def run_demo(server: FakeServer) -> int:
         return subprocess.call(["bash", wrapper, "--base-url", server.url], env=env)
     finally:
         server.stop()
+
+
+def human_int(text: str) -> int:
+    """vLLM 0.32's human_readable_int: 16K = 16384, 8k = 8000, 25.6k = 25600."""
+    found = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([kmgtKMGT])", text.strip())
+    if not found:
+        return int(text)
+    number, suffix = found.groups()
+    if suffix.islower():
+        return int(float(number) * 1000 ** ("kmgt".index(suffix) + 1))
+    return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
 def main(argv: list[str] | None = None) -> int:

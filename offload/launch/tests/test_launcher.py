@@ -25,7 +25,7 @@ from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, St
                      copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
 from launcher import (Log, Server, Settings, flag_value, logged_chunk,  # noqa: E402
-                      redacted_command)
+                      redacted_command, tokens_value)
 from processes import group_alive, proc_stat  # noqa: E402
 
 SUPERVISING = "supervising server process group"
@@ -905,20 +905,26 @@ class TestStartFindsTheChunk(StartCase):
 
 class TestStartPassesTheChunk(StartCase):
     def test_start_sh_reads_the_chunk_from_the_server_command(self):
+        # vLLM reads 6K as 6144 tokens; the command's chunk wins over the variable.
         result = self.start(server=self.fake("--max-model-len", "8192",
-                                             "--max-num-batched-tokens=6000"),
+                                             "--max-num-batched-tokens=6K"),
                             env={"WARMUP_CHUNK_TOKENS": "4096"})
         self.assertEqual(result.code, 0, result.stderr)
-        self.assertIn("prefill chunk 6000 tokens (from the server command's "
+        self.assertIn("prefill chunk 6144 tokens (from the server command's "
                       "--max-num-batched-tokens): B1 is sized past it; WARMUP_CHUNK_TOKENS "
                       "'4096' is not used", self.start_log())
         records, _ = read_records(self.records())
         b1 = [r for r in records if r["record"] == "request"][0]
-        self.assertGreater(b1["prompt_tokens"], 6000)
+        self.assertGreater(b1["prompt_tokens"], 6144)
         run = [r for r in records if r["record"] == "run"][0]
-        self.assertEqual(run["plan"]["chunk_tokens"], 6000)
-        self.assertTrue(re.search(r"max-num-batched-tokens=6000", self.start_log()))
-        self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6001)
+        self.assertEqual(run["plan"]["chunk_tokens"], 6144)
+        self.assertTrue(re.search(r"max-num-batched-tokens=6K", self.start_log()))
+        self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6145)
+
+    def test_tokens_are_read_as_vllm_reads_them(self):
+        readings = {"4096": "4096", "16K": "16384", "8k": "8000", "25.6k": "25600",
+                    " 2M": "2097152", "1.5K": "", "4096.5": "", "lots": "", "": ""}
+        self.assertEqual({text: tokens_value(text) for text in readings}, readings)
 
 
 if __name__ == "__main__":
