@@ -201,6 +201,9 @@ class WarmUp(ServerProgram):
         """Everything the warm-up sends, in order; Fatal ends it early."""
         if self.ready_file:           # until this run passes: a killed run leaves none
             self.ready_dropped = self.drop_ready_file()
+            if "not" in self.ready_dropped:
+                run.say(f"ready file {self.ready_file}{self.ready_dropped}: it stays until "
+                        f"this run passes or you remove it")
         self.learn_server(run)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.b1_minimum)
@@ -680,10 +683,13 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
         healthy_at=flag_or_env(None, "WARMUP_HEALTHY_AT", unix_time, None))
     if args.ready_file:
-        why = writable(args.ready_file)
+        same = [name for path, name in ((settings.records_path, "the records file"),
+                                        (settings.textfile, "the --textfile"))
+                if path and os.path.abspath(path) == os.path.abspath(args.ready_file)]
+        why = f"it is {same[0]}" if same else writable(args.ready_file)
         if why:
-            raise UsageError(f"--ready-file {args.ready_file}: {why}; choose a writable file "
-                             f"in an existing folder")
+            raise UsageError(f"--ready-file {args.ready_file}: {why}; choose another, "
+                             f"writable file in an existing folder")
     return (WarmUp(connection, plan, settings, evidence, args.ready_file),
             lambda: print_plan(plan, settings, connection, args.json))
 

@@ -4,6 +4,7 @@ ready` checks it, its edges; and the result published as a textfile (textfile.py
 from __future__ import annotations
 
 import json
+import signal
 import os
 import shutil
 import subprocess
@@ -222,6 +223,26 @@ class TestReadyRefuses(HelperCase):
         self.assertFalse(os.path.exists(path))
         code, line = readiness.write_ready(path, shared, None, passed.summary["run_id"])
         self.assertEqual(code, 0, line)
+
+    def test_a_warm_up_vouches_only_for_its_own_run_in_a_shared_records_file(self):
+        hung = self.start_fake(fault="hang", fault_match="-B1-")
+        path = os.path.join(self.tmp, "ready")
+        proc = self.start_helper_process(hung, "--deadline-s", "60", "--ready-file", path)
+        self.wait_for_completions(hung, 1)          # its run record is written; B1 hangs
+        self.assertEqual(self.run_helper(self.start_fake()).code, 0, "a pass in the same file")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 143, out)
+        self.assertIn("records show killed, not a pass", out)
+        self.assertFalse(os.path.exists(path), "the neighbour's pass is not this run's")
+
+    def test_the_ready_file_is_not_the_records_file_or_the_textfile(self):
+        for same in (self.records_path, os.path.join(self.tmp, "offload.prom")):
+            result = self.run_helper("http://127.0.0.1:1", "--textfile",
+                                     os.path.join(self.tmp, "offload.prom"), "--ready-file", same)
+            self.assertEqual(result.code, 2, result.stderr)
+            self.assertIn(f"--ready-file {same}: it is the ", result.stderr)
+        self.assertFalse(os.path.exists(self.records_path))
 
     def test_identity_is_judged_from_metrics(self):
         doc = {"model": "m", "process_start_time_seconds": 100.0}
