@@ -315,6 +315,11 @@ class Settings:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise Usage(f"{option} '{path}': cannot write in folder '{folder}'")
 
+    def command_chunk(self) -> str:
+        """The prefill chunk the server command gives (its last --max-num-batched-tokens,
+        read as vLLM reads it), in digits; '' when it gives none that can be read."""
+        return tokens_value(flag_value("--max-num-batched-tokens", self.command))
+
     def server_env(self) -> dict:
         """What the warm-up and the gate get: WARMUP_* unchanged but WARMUP_READY_FILE (the
         launcher writes the ready file, after the gate too), the base URL (out of any
@@ -323,7 +328,7 @@ class Settings:
         env.pop("WARMUP_READY_FILE", None)
         if self.textfile:
             env["WARMUP_TEXTFILE"] = self.textfile
-        chunk = tokens_value(flag_value("--max-num-batched-tokens", self.command))
+        chunk = self.command_chunk()
         if chunk:
             env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
         return env
@@ -799,7 +804,7 @@ def start(settings: Settings, log: Log) -> int:
         server.launch()
         env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
         chunk = logged_chunk(server.logged_since(server.log_offset))
-        if chunk and not tokens_value(flag_value("--max-num-batched-tokens", settings.command)):
+        if chunk and not settings.command_chunk():
             chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
             env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
         if settings.warmup == "0":

@@ -187,9 +187,9 @@ def iso_time(seconds_since_epoch: float) -> str:
         return f"{seconds_since_epoch:g} (not a calendar time)"
 
 
-def check_ready(doc: dict, target, timeout_s: float) -> tuple[int, str]:
-    """(exit code, one line): one /health and one /metrics within timeout_s."""
-    warmed = parse_base_url(doc["base_url"], "its base_url")   # read_ready_file checked it
+def check_ready(doc: dict, warmed, target, timeout_s: float) -> tuple[int, str]:
+    """(exit code, one line): the server at `target` against the ready file `doc` of the
+    one at `warmed` (its base_url, parsed); one /health and one /metrics within timeout_s."""
     if warmed.port != target.port:
         return EXIT_FAIL, (f"not ready: the ready file vouches for the server at "
                            f"{warmed.display}, not at {target.display} (another port, "
@@ -227,13 +227,13 @@ def write_ready(path: str, records: str, gate_records: str | None,
     from readback import load_records           # only writing reads records
     from report import build_report
     reports = []
-    for source in [records] + ([gate_records] if gate_records else []):
+    for source, only in [(records, run_id)] + ([(gate_records, None)] if gate_records else []):
         try:
             found, issues = load_records(source)
         except OSError as exc:
             return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
-        if run_id is not None and source == records:
-            found = [r for r in found if r.get("run_id") == run_id]
+        if only is not None:
+            found = [r for r in found if r.get("run_id") == only]
         reports.append(build_report(found, issues, source))
     gate_report = reports[1] if gate_records else None
     doc, why = ready_document(reports[0], records, gate_report, gate_records, iso_time(time.time()))
@@ -269,12 +269,13 @@ def ready_main(argv: list[str]) -> int:
     if doc is None:
         emit(f"not ready: {why}", sys.stderr)
         return EXIT_FAIL
+    warmed = parse_base_url(doc["base_url"], args.ready_file)   # read_ready_file checked it
     try:
         target = base_url_from(args.base_url) if args.base_url or \
-            os.environ.get("WARMUP_BASE_URL") else parse_base_url(doc["base_url"], args.ready_file)
+            os.environ.get("WARMUP_BASE_URL") else warmed
     except UsageError as exc:
         emit(f"{PROG} ready: {exc}", sys.stderr)
         return EXIT_USAGE
-    code, line = check_ready(doc, target, args.timeout_s)
+    code, line = check_ready(doc, warmed, target, args.timeout_s)
     emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
     return code

@@ -194,14 +194,14 @@ class WarmUp(ServerProgram):
         self.evidence = Evidence(evidence)
         self.healthy_at = evidence.healthy_at
         self.ready_file = ready_file          # removed first, rewritten after a contract pass
-        self.ready_dropped = ""
+        self.ready_dropped = ""               # what removing it before the run did
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
         if self.ready_file:           # until this run passes: a killed run leaves none
-            self.ready_dropped = self.drop_ready_file()
-            if "not" in self.ready_dropped:
+            removed, self.ready_dropped = self.drop_ready_file()
+            if removed is False:
                 run.say(f"ready file {self.ready_file}{self.ready_dropped}: it stays until "
                         f"this run passes or you remove it")
         self.learn_server(run)
@@ -259,15 +259,16 @@ class WarmUp(ServerProgram):
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields
 
-    def drop_ready_file(self) -> str:
-        """Remove the ready file (a regular file only); what was done, as a clause."""
+    def drop_ready_file(self) -> tuple[bool | None, str]:
+        """Remove the ready file (a regular file only): (removed, or None when there was
+        none to remove; what was done, as a clause)."""
         if not os.path.isfile(self.ready_file) or os.path.islink(self.ready_file):
-            return ""
+            return None, ""
         try:
             os.remove(self.ready_file)
-            return "; the old one was removed"
+            return True, "; the old one was removed"
         except OSError as exc:
-            return f"; the old one could not be removed ({exc.strerror})"
+            return False, f"; the old one could not be removed ({exc.strerror})"
 
     def after_summary(self, run: Run, summary: dict) -> None:
         """With --ready-file: the ready file, removed before anything was sent (a re-warm
@@ -282,7 +283,7 @@ class WarmUp(ServerProgram):
             run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
                     f"{self.ready_file}` says while it stays true")
             return None
-        removed = self.drop_ready_file() or self.ready_dropped
+        removed = self.drop_ready_file()[1] or self.ready_dropped
         run.say(f"ready file {self.ready_file} {line}{removed}")
         return None
 

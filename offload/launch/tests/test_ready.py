@@ -4,9 +4,9 @@ ready` checks it, its edges; and the result published as a textfile (textfile.py
 from __future__ import annotations
 
 import json
-import signal
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,9 +26,11 @@ except ImportError:                      # installed by .ci/run for this check o
 
 
 
-def ready(path: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def ready(path: str, *args: str, timeout: float = 30,
+          env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", path, *args],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
 
 
 def post(url: str) -> dict:
@@ -195,10 +197,7 @@ class TestReadyRefuses(HelperCase):
         self.assertEqual(self.run_helper(warmed, "--ready-file", path).code, 0)
         self.assertEqual(ready(path, "--base-url", warmed.url).returncode, 0)
         for env in ({}, {"WARMUP_BASE_URL": other.url}):
-            args = () if env else ("--base-url", other.url)
-            shown = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", path,
-                                    *args], capture_output=True, text=True, timeout=30,
-                                   env=dict(os.environ, **env))
+            shown = ready(path, *(() if env else ("--base-url", other.url)), env=env)
             self.assertEqual(shown.returncode, 1, shown.stdout)
             self.assertIn(f"vouches for the server at {warmed.url}, not at {other.url}",
                           shown.stderr)
