@@ -3,8 +3,9 @@
 Used by warmup.py: the main /metrics (from the first guard's read to a read after the last
 wave), more Prometheus endpoints (--metrics-url: a proxy's, a worker's) and JSON status
 files another process rewrites on a timer (--status-file). Deltas are evidence for an
-operator, never a count of worker rounds; the per-engine shares (a failure when short)
-are judged by the warm-up, on deltas read here.
+operator, never a count of worker rounds; what they show against the records (foreign
+work, a restart, each engine's share) is contract.decide()'s to judge, from the records
+written here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from runframe import Run
 from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
                        series_name)
-from vllm_client import ENGINE_HEADER, Tally
+from contract import cross_check
+from vllm_client import Tally
 from vllm_metrics import changed_only, counter_deltas, read_counters, series_sum, went_down
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
@@ -45,61 +47,6 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     if not any(n.startswith(SPEC_DECODE_PREFIX) for n in names):
         shown[SPEC_DECODE_PREFIX + "*"] = None
     return shown
-
-
-def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
-                down: list | tuple = ()) -> tuple[list[str], list[str]]:
-    """What counter deltas show against the records of `scope` (a wave, or the warm-up):
-    (problems, warnings). A counter that went down (`down`) is a restart; more counted
-    than the records hold is foreign or concurrent work (both problems); less, or a
-    counter absent, a warning. The one rule for a wave and for the whole run."""
-    problems = [f"{scope}: {key} went down: the server restarted, and what was warmed "
-                f"before is gone" for key in list(down)[:1]]
-    warnings = []
-    for name, counted, what in (
-            ("vllm:generation_tokens_total", sum(r["completion_tokens"] or 0 for r in requests),
-             "completion tokens"),
-            ("vllm:request_success_total", sum(1 for r in requests if r["http_status"] == 200),
-             "requests answered 200")):
-        delta = series_sum(deltas, name)
-        short = name.replace("vllm:", "").replace("_total", "").replace("_", " ")
-        if delta is None:
-            warnings.append(f"cross-check not made: {name} absent")
-        elif delta > counted:
-            problems.append(f"{scope}: {short} delta {delta:g} exceeds the records' {counted} "
-                            f"{what}: foreign or concurrent work (hold producers; one helper "
-                            f"at a time)")
-        elif delta < counted:
-            warnings.append(f"{short} delta {delta:g} is below the records' {counted} {what} "
-                            f"(a counting difference)")
-    return problems, warnings
-
-
-def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
-                  want_prompt: dict) -> tuple[list[dict], list[str], list[str]]:
-    """Each engine's share of the work from its own counter deltas.
-
-    Returns per-engine figures, problems (an engine short of its share fails the run) and
-    warnings (counters absent: null, never made up).
-    """
-    shares, problems, warnings = [], [], []
-    for engine in engines:
-        generated = series_sum(deltas, "vllm:generation_tokens_total", engine)
-        prompt = series_sum(deltas, "vllm:prompt_tokens_total", engine)
-        shares.append({"engine": engine, "generation_tokens": generated,
-                       "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
-                       "b1_prompt_tokens": want_prompt.get(engine)})
-        if generated is None or prompt is None:
-            warnings.append(f"engine {engine}: counters absent, its share cannot be checked")
-            continue
-        if generated < want_generated:
-            problems.append(f"engine {engine} generated {generated:g} of {want_generated} tokens: "
-                            f"is {ENGINE_HEADER} honoured by this server?")
-        needed = want_prompt.get(engine)
-        if needed is not None and prompt < needed:
-            problems.append(f"engine {engine} prefilled {prompt:g} prompt tokens, fewer than its "
-                            f"B1 prompt's {needed}: is {ENGINE_HEADER} honoured by this server?")
-    return shares, problems, warnings
 
 
 def flatten_numbers(doc, prefix: str = "", depth: int = 0) -> dict[str, float]:
@@ -178,8 +125,8 @@ class Evidence:
         """Read every counter source and status file again; record deltas and cross-checks.
 
         `target`'s /metrics is the main source, its `before` the first guard's counters;
-        `judge_main(deltas, record)` may add to its record (and the tally) when its deltas
-        are complete. Skipped (and said) when less than a second is left: a run that
+        `judge_main(deltas, record)` may add to its record (and the tally's warnings).
+        Skipped (and said) when less than a second is left: a run that
         finished its waves in time must not become late for the sake of its counters.
         """
         if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
@@ -208,7 +155,6 @@ class Evidence:
                 found, record["warnings"] = ([], []) if why else \
                     cross_check(deltas, tally.requests, down=went_down(before, after))
                 record["problems"] = found
-                tally.problems += found
                 tally.warnings += record["warnings"]
                 if why:
                     tally.warnings.append(f"counter deltas incomplete: {record['why']}")

@@ -7,9 +7,8 @@ gate's copy. A kind declares, as a small value (`Holds`), what its answer is hel
 adding one is one decorated body builder here.
 
   judge()                  what makes one answer pass ([] when it passed): the warm-up, the
-                           probe, the gate's HTTP half and the report all call it
-  answer_of()              a recorded request as judge() reads it (the report re-judges)
-  contract_differences()   how a warm-up plan differs from the contract's ten requests
+                           probe, the gate's HTTP half and contract.decide() all call it
+  answer_of()              a recorded request as judge() reads it (decide() judges again)
   request_id()             the one request-id format
 
 Reading an answer stays in vllm_client (extract_fields): counts and reasons, never text.
@@ -19,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prompts import MIN_LONG_PROMPT_TOKENS
 from records import ANSWER_FIELDS, as_list
 from runframe import PROBLEM_LIMIT
 from transport import clean_text
@@ -32,9 +30,6 @@ LOGPROBS = 5
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
                                            "name": {"type": "string"}},
           "required": ["id", "name"]}
-B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # the contract: B1 prefills more than 4096 tokens
-CONTRACT_TOKENS, CONTRACT_PRIORITY = 32, 20
-CONTRACT_WAVES = ("B1", "B2", "B3", "B4")
 
 
 @dataclass(frozen=True)
@@ -46,6 +41,7 @@ class Holds:
     usage: bool = True            # a usage object must come (in a stream: its last event)
     logprobs: bool = False        # log-probabilities must come (counted, never read)
     stream: bool = False          # streamed: it must end with [DONE]
+    long_prompt: bool = False     # B1: more prompt tokens than its floor, none cached
 
 
 EXACT = Holds()
@@ -87,6 +83,12 @@ def completion_body(model: str, prompt: str, rid: str, tokens: int, priority: in
     return {"model": model, "prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
             "ignore_eos": True, "temperature": 0, "priority": priority, "stream": False,
             "request_id": rid}
+
+
+@kind("long", COMPLETIONS, Holds(long_prompt=True))
+def long_body(model, prompt, rid, tokens, priority, template_kwargs=None):
+    """B1: the contract's request with the long prompt, held to its own rules too."""
+    return completion_body(model, prompt, rid, tokens, priority)
 
 
 def chat_body(model: str, prompt: str, rid: str, tokens: int, priority: int,
@@ -243,8 +245,8 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
     """What makes one answer of a kind pass; [] when it passed.
 
     `answer` holds the fields vllm_client reads from a response (or answer_of() from a
-    record). `floor`: the long-prompt wave's rules (prompt_tokens at least the floor,
-    cached_tokens 0 where reported). `diagnose(answer)` names a non-200 answer.
+    record). `floor`: the fewest prompt tokens of a long-prompt kind (B1), which also has
+    none cached where reported. `diagnose(answer)` names a non-200 answer.
     """
     if answer.get("transport_error"):
         return [clean_text(str(answer["transport_error"]), PROBLEM_LIMIT)]
@@ -267,8 +269,8 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
     else:
         problems += list(answer.get("usage_problems") or ())
     problems += held_problems(answer, holds, tokens)
-    if floor is not None and answer.get("usage"):
-        problems += long_prompt_problems(answer, floor)
+    if holds.long_prompt and answer.get("usage"):
+        problems += long_prompt_problems(answer, floor or 0)
     return [clean_text(str(p), PROBLEM_LIMIT) for p in problems]
 
 
@@ -326,12 +328,6 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
     return problems
 
 
-def b1_floor(chunk_tokens: int) -> int:
-    """B1's fewest prompt tokens: above 4096, and above the prefill chunk when larger (the
-    chunk can only raise the contract's floor)."""
-    return max(B1_FLOOR, chunk_tokens + 1)
-
-
 def answer_of(record: dict) -> dict:
     """A request, probe or gate record as judge() reads an answer: what the record says
     the server answered (its `ok` is never read)."""
@@ -355,28 +351,3 @@ def copy_problem(record: dict, max_cer: float, max_typos: int) -> str | None:
     if errors > max_typos or not cer <= max_cer:
         return f"{errors} word error(s) (allowed {max_typos}), CER {cer} (bound {max_cer})"
     return None
-
-
-def contract_differences(plan: dict) -> list[str]:
-    """How a recorded warm-up plan differs from the contract's: waves B1-B4 first (deeper
-    waves and --paths kinds are extras), 32 tokens, priority 20, B1 above 4096 tokens,
-    every engine the server has.
-    [] for a contract plan. Pure; any value of the wrong type is a difference."""
-    differences = []
-    if plan.get("tokens") != CONTRACT_TOKENS:
-        differences.append(f"tokens {plan.get('tokens')!r}")
-    if plan.get("priority") != CONTRACT_PRIORITY:
-        differences.append(f"priority {plan.get('priority')!r}")
-    waves = plan.get("waves") if isinstance(plan.get("waves"), list) else []
-    names = [w.get("wave") if isinstance(w, dict) else None for w in waves]
-    if tuple(names[:len(CONTRACT_WAVES)]) != CONTRACT_WAVES:
-        differences.append("waves " + ",".join(str(n) for n in names))
-    floor = count(plan.get("b1_min_prompt_tokens"))
-    if floor is None or floor < B1_FLOOR:
-        differences.append(f"B1 floor {plan.get('b1_min_prompt_tokens')!r} tokens")
-    if plan.get("request_kind") != "greedy":
-        differences.append(f"request kind {plan.get('request_kind')!r}")
-    skipped = plan.get("engines_skipped")
-    if not isinstance(skipped, list) or skipped:
-        differences.append(f"engines not warmed: {skipped!r}")
-    return differences

@@ -5,8 +5,9 @@
     refuse_a_running_server() -> Server.launch() (own session and process group, output
     appended to server.log) -> wait_ready() (GET /health in-process)
     -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
-       run_gate() (under coreutils timeout), verdicts judged() by the report's code,
-       the ready file from ready.write_ready() -> OK or WARN
+       run_gate() (under coreutils timeout), verdicts judged() by contract.decide()
+       (readback.last_verdict), the ready file from ready.ready_document() -> OK or WARN;
+       publish_outcome() for a step that left no summary, or a server never healthy
     -> prune_records() (--keep) -> with --supervise, supervise(): stay the server's parent
        until it ends
 
@@ -271,7 +272,7 @@ class Settings:
         if self.textfile:
             check_file_place(self.source["textfile"], self.textfile)
         from transport import UsageError
-        from vllm_client import parse_base_url
+        from transport import parse_base_url
         try:
             self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
         except UsageError as exc:
@@ -593,16 +594,40 @@ class Steps:
                 pass
 
 
-def judged(records: str, defaults: dict) -> dict:
-    """What a records file shows, as qualify.py report judges it (report.start_facts);
-    the defaults where it cannot be read."""
-    from readback import load_records
-    from report import build_report, start_facts
-    try:
-        found, issues = load_records(records)
-    except OSError:
-        return defaults
-    return start_facts(build_report(found, issues, records))
+def judged(records: str, run_id: str | None = None) -> dict:
+    """What a records file shows, as qualify.py report judges it (readback.last_verdict:
+    contract.decide(), the warm-up's own verdict): the verdict, the plan's differences
+    (with the settings that made them), the cache check; 'none' without a run in it."""
+    from readback import last_verdict
+    found = last_verdict(records, run_id) if os.path.isfile(records) else None
+    if found is None:
+        return {"verdict": "none", "differences": "-", "cache_check": "-", "judged": None}
+    summary = found["summary"] or {}
+    return {"verdict": found["verdict"], "judged": found,
+            "differences": "; ".join(found["decided"].differences) or "-",
+            "cache_check": str(summary.get("cache_check", "-"))}
+
+
+def records_named(path: str) -> str:
+    """A records file as a WARN line names it: only one that exists."""
+    return f"records: {path}" if os.path.isfile(path) else \
+        "no records file (the step ended before writing one)"
+
+
+def publish_outcome(settings: Settings, mode: str, verdict: str, code: int) -> None:
+    """A run that left no summary (a usage error, the hard bound's KILL) or never began
+    (the server never became healthy) in the textfile: success 0, the outcome as the
+    verdict label. Every start publishes."""
+    if settings.textfile:
+        from textfile import publish, result_samples
+        prefix = f"offload_{mode}"
+        publish(settings.textfile, prefix, result_samples(
+            prefix, {"verdict": verdict, "exit_code": code}, time.time()))
+
+
+def outcome_of(status: int) -> str:
+    """The textfile's verdict of a step that wrote no summary, from its exit status."""
+    return "usage" if status == 2 else "fail" if status in (0, 1, 3) else "killed"
 
 
 def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
@@ -611,7 +636,9 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
-    run = judged(records, {"verdict": "none", "cache_check": "-", "differences": "-"})
+    run = judged(records)
+    if run["judged"] is None or run["judged"]["summary"] is None:
+        publish_outcome(settings, "warmup", outcome_of(status), status)
     compiles = sum(1 for line in server.logged_since(offset).splitlines()
                    if COMPILE_LINES.search(line))
     run.update(records=records, status=status, compiles=compiles)
@@ -628,9 +655,10 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
         f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
     status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
                         sys.executable, QUALIFY, "gate", "--records", records], env)
-    gate = judged(records, {"verdict": "none", "identifiers_alone": "?",
-                            "identifiers_batched": "?", "worst_cer": "n/a"})
-    gate.update(records=records, status=status)
+    gate = judged(records)
+    if gate["judged"] is None or gate["judged"]["summary"] is None:
+        publish_outcome(settings, "gate", outcome_of(status), status)
+    gate.update(gate_facts(gate["judged"]), records=records, status=status)
     log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
         f"{int(time.monotonic() - started)} s")
     return gate
@@ -665,6 +693,18 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
     return removed
 
 
+def gate_facts(found: dict | None) -> dict:
+    """A gate's identifiers and worst CER as the OK and WARN lines show them."""
+    from records import as_dict, show
+    summary = as_dict(found and found["summary"])
+    exact = as_dict(summary.get("identifiers_exact"))
+    cer = summary.get("worst_cer")
+    return {"identifiers_alone": show(exact.get("alone"), 20),
+            "identifiers_batched": show(exact.get("batched"), 20),
+            "worst_cer": f"{cer:.3f}" if isinstance(cer, (int, float)) and not
+            isinstance(cer, bool) else "n/a"}
+
+
 def gate_figures(gate: dict) -> str:
     """Identifiers and worst CER as the OK and WARN lines show them."""
     alone, batched = gate["identifiers_alone"], gate["identifiers_batched"]
@@ -674,48 +714,50 @@ def gate_figures(gate: dict) -> str:
 
 
 def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None):
-    """The ready file from the records that show the pass (ready.write_ready)."""
-    from ready import write_ready
-    code, line = write_ready(settings.ready_file, records, gate_records)
-    if code == 0:
+    """The ready file from the verdicts of the warm-up's (and the gate's) records."""
+    from readback import ready_from_records
+    why = ready_from_records(settings.ready_file, records, gate_records=gate_records)
+    if why is None:
         log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
             f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
     else:
-        log(f"WARN: the ready file {settings.ready_file} was not written: "
-            f"{line.removeprefix('not written: ')}")
+        log(f"WARN: the ready file {settings.ready_file} was not written: {why}")
 
 
 def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
                        when: str) -> None:
-    """Warm-up (and gate), then OK or WARN; the server must still run after them."""
+    """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
+    still run after them. A WARN names only files that exist."""
     run = run_warmup(settings, server, log, env, when)
-    records = run["records"]
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["cache_check"] == "not_made":
         notes += "; B1 cache check not made: the server does not report cached tokens"
     inspect = f"inspect before releasing HOLD ({notes})"
+    custom = f"; custom plan: {run['differences']}" if run["differences"] != "-" else ""
     if run["status"] == 0 and run["verdict"] == "custom":
-        log(f"WARN: warm-up passed a custom plan, not the contract's ({run['differences']}); no "
-            f"ready file; records: {records} — {inspect}")
+        log(f"WARN: warm-up passed a custom plan, not the contract's: {run['differences']}; "
+            f"no ready file; {records_named(run['records'])} — {inspect}")
         return
     warm = run["status"] == 0 and run["verdict"] == "pass"
     gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
     if not server.alive():
         raise server.gone("during the warm-up and gate" if gate else "during the warm-up")
     if not warm:
-        log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}); "
-            f"records: {records} — {inspect}")
+        log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}{custom}); "
+            f"{records_named(run['records'])} — {inspect}")
         return
+    records = f"records: {run['records']}"
     if gate:
-        records = f"{records} and {gate['records']}"
+        records += f" and {gate['records']}" if os.path.isfile(gate["records"]) else \
+            " (the gate wrote no records)"
         if gate["status"] != 0 or gate["verdict"] != "pass":
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
-                f"{gate['verdict']}; {gate_figures(gate)}); records: {records} — {inspect}")
+                f"{gate['verdict']}; {gate_figures(gate)}); {records} — {inspect}")
             return
     if settings.ready_file:
         write_ready_file(settings, log, run["records"], gate and gate["records"])
     passed = f"gate passed ({gate_figures(gate)})" if gate else ""
-    log(f"OK: warm-up passed{', ' + passed if passed else ''}; records: {records} — read "
+    log(f"OK: warm-up passed{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
 
 
@@ -802,7 +844,12 @@ def start(settings: Settings, log: Log) -> int:
     interrupt_while_starting()
     try:
         server.launch()
-        env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
+        try:
+            env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
+        except Exit:
+            if settings.warmup == "1":
+                publish_outcome(settings, "warmup", "not_started", 1)
+            raise
         chunk = logged_chunk(server.logged_since(server.log_offset))
         if chunk and not settings.command_chunk():
             chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
@@ -831,7 +878,7 @@ def start(settings: Settings, log: Log) -> int:
         Steps.stop()
         server.stop()
         return 1
-    if settings.textfile and settings.warmup == "1":
+    if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
     if settings.supervise == "1":
         return supervise(settings, server, log)
@@ -845,7 +892,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("processes", "ready", "report"):   # these import the rest
+        for module in ("processes", "readback", "ready", "textfile", "vllm_client"):
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "

@@ -20,7 +20,8 @@ import statistics
 import textwrap
 from dataclasses import dataclass
 
-from kinds import B1_FLOOR, KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
+from contract import B1_FLOOR
+from kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
 from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
 from records import probe_line
 from runframe import (Run, RunSettings, add_run_options, argument_type, emit, flag_or_env,

@@ -13,9 +13,9 @@ check health and readiness.
                               /health and is the same process serving the same model
 
 main() finds the command in COMMANDS and imports its module only then (health and ready
-live in ready.py: a readiness probe loads nothing else). Programs over the layers beside
-this file (transport, runframe, vllm_client); never imports warmup.py. Standard library
-only. The contract: CONTRACT.md beside this file.
+live in ready.py: a readiness probe loads qualify, ready, transport and vllm_metrics, and
+nothing else). Programs over the layers beside this file; never imports warmup.py.
+Standard library only. The contract: CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
@@ -25,14 +25,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-try:
-    import runframe
-    from runframe import EXIT_PASS, EXIT_USAGE, emit
-    from transport import clean_text
-except ImportError as exc:           # a module of the folder is missing: one line, no trace
-    print(f"qualify.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
-          f"back as one folder; restore the whole folder", file=sys.stderr)
-    sys.exit(2)
+EXIT_PASS, EXIT_USAGE = 0, 2
+MISSING = ("qualify.py: cannot load {}: offload/launch/ is copied and rolled back as one "
+           "folder; restore the whole folder")
 
 PROG = "qualify.py"
 USAGE = """\
@@ -63,23 +58,23 @@ COMMANDS = {                          # name -> (module, its main); imported whe
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:
-        runframe.as_program()       # run as the process: signals stay ignored after the summary
+    as_process = argv is None
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         if argv[:1] in (["-h"], ["--help"]):
-            emit(USAGE)
+            print(USAGE)
             return EXIT_PASS
-        unknown = f"unknown command {clean_text(argv[0], 40)!r}; " if argv else ""
-        emit(f"usage: {PROG} {{{','.join(COMMANDS)}}} ...  ({unknown}see {PROG} COMMAND "
-             f"--help)", sys.stderr)
+        unknown = f"unknown command {ascii(argv[0][:40])}; " if argv else ""
+        print(f"usage: {PROG} {{{','.join(COMMANDS)}}} ...  ({unknown}see {PROG} COMMAND "
+              f"--help)", file=sys.stderr)
         return EXIT_USAGE
     module, function = COMMANDS[argv[0]]
     try:
         command = getattr(importlib.import_module(module), function)
+        if as_process and "runframe" in sys.modules:    # a run: signals stay ignored after
+            sys.modules["runframe"].as_program()         # its summary
     except ImportError as exc:           # a module of the folder is missing: one line, no trace
-        emit(f"{PROG}: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
-             f"back as one folder; restore the whole folder", sys.stderr)
+        print(MISSING.format(exc.name or exc), file=sys.stderr)
         return EXIT_USAGE
     try:
         return command(argv[1:])
@@ -87,5 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
 
 
+def script_exit(code: int) -> None:
+    """Leave with `code`: through the run frame's exit when a run was loaded (a stdout
+    nobody reads cannot hold it), else plainly (the readiness probe loads no run frame)."""
+    frame = sys.modules.get("runframe")
+    if frame is not None:
+        frame.script_exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    runframe.script_exit(main())
+    script_exit(main())

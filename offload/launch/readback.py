@@ -1,15 +1,19 @@
-"""Records read back: a JSON Lines file read within bounds, split into runs.
+"""Records read back: a JSON Lines file read within bounds, split into runs, each judged.
 
-Used by report.py, qualify.py (ready) and gate.py. A records file may be cut short by a
-kill, hold several runs, damaged lines or hostile values: load_records() reads past bad
-lines and names them, never holding more than a bounded amount; tidy() makes any value
-safe for report --json.
+Used by report.py, the launcher and gate.py. A records file may be cut short by a kill,
+hold several runs, damaged lines or hostile values: load_records() reads past bad lines
+and names them, never holding more than a bounded amount; judge_records() gives each
+run contract.decide()'s verdict, held against what its summary claims; tidy() makes any
+value safe for report --json.
 """
 
 from __future__ import annotations
 
 import math
 
+from contract import Ending, Verdict, decide, ending_of
+from ready import ready_document, write_ready
+from records import as_dict, as_list, field_problems, show
 from runframe import EXIT_FAIL
 from transport import clean_text, decode_json, open_regular
 
@@ -160,3 +164,94 @@ def exit_status(value) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255:
         return value
     return EXIT_FAIL
+
+
+def judge_run(records: list[dict]) -> dict:
+    """One run's records judged: contract.decide() on them with how its summary says it
+    ended, held against that claim. A summary that claims a pass or a custom plan the
+    records do not show, two summaries, counts that disagree: 'incomplete' (exit 1), as
+    is a run without a summary (killed, or still running). A custom plan exits 1 here:
+    it is not the contract's warm-up, whatever the run itself exited."""
+    runs = [r for r in records if r["record"] == "run"]
+    summaries = [r for r in records if r["record"] == "summary"]
+    run, summary = (runs or [None])[-1], (summaries or [None])[-1]
+    decided = decide(run, records, ending_of(summary) or Ending("fail", EXIT_FAIL))
+    found = [f"{len(summaries)} summary records (a run has exactly one)"] \
+        if len(summaries) > 1 else []
+    if summary is not None:
+        found += field_problems(summary)[:3]
+        found += summary_problems(summary, decided)
+    if summary is None:
+        verdict, code = "incomplete", EXIT_FAIL
+    elif found or (summary.get("verdict") in ("pass", "custom")
+                   and decided.verdict != summary.get("verdict")):
+        verdict, code = "incomplete", EXIT_FAIL
+        found += list(decided.structural) + list(decided.problems)
+    else:
+        verdict = decided.verdict
+        code = EXIT_FAIL if verdict == "custom" else decided.exit_code
+    return {"run": run, "summary": summary, "decided": decided, "verdict": verdict,
+            "exit_code": code, "claimed": summary.get("verdict") if summary else None,
+            "evidence_problems": list(dict.fromkeys(found))}
+
+
+def summary_problems(summary: dict, decided: Verdict) -> list[str]:
+    """Where a summary disagrees with its own records: a pass with problems, counts of
+    requests ok and planned that the records do not show."""
+    found = []
+    if summary.get("verdict") == "pass" and as_list(summary.get("problems")):
+        found.append("the summary claims a pass and names problems")
+    for key, want, differs in (
+            ("requests_ok", decided.requests_ok,
+             "the summary says {} requests ok; the records show {}"),
+            ("requests_total", decided.requests_total,
+             "the summary counts {} planned requests; the run record {}")):
+        said = summary.get(key)
+        if key in summary and (not isinstance(said, int) or isinstance(said, bool)):
+            found.append(f"the summary's {key} is not a count")
+        elif key in summary and said != want:
+            found.append(differs.format(said, want))
+    if summary.get("contract") is True and decided.differences:
+        found.append("the summary claims the contract's plan; the run record's plan "
+                     "differs: " + "; ".join(decided.differences))
+    return found
+
+
+def last_verdict(path: str, run_id: str | None = None) -> dict | None:
+    """The last run of a records file (of run `run_id` where given) judged, or None when
+    the file cannot be read or holds no run record."""
+    try:
+        records, _ = load_records(path)
+    except OSError:
+        return None
+    if run_id is not None:
+        records = [r for r in records if r.get("run_id") == run_id]
+    runs = [group for group in split_runs(records) if any(r["record"] == "run" for r in group)]
+    return judge_run(runs[-1]) if runs else None
+
+
+def last_gauges(records: list[dict]) -> dict:
+    """The last guard read's record of a run ({} when none)."""
+    return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
+
+
+def ready_from_records(path: str, records: str, run_id: str | None = None,
+                       gate_records: str | None = None) -> str | None:
+    """The ready file written from the verdict of a warm-up's records (of run `run_id`
+    where given: a records file another run also writes to is not its pass) and, with
+    --gate, the gate's; None when written, else why not."""
+    warm = last_verdict(records, run_id)
+    gate = last_verdict(gate_records) if gate_records else None
+    if warm is None or gate_records and gate is None:
+        return f"cannot read a run in {clean_text(records if warm is None else gate_records, 200)}"
+    gate_part = None if gate is None else {
+        "verdict": gate["verdict"], "records": gate_records,
+        "run_id": as_dict(gate["run"]).get("run_id")}
+    try:
+        found, _ = load_records(records)
+    except OSError as exc:
+        return f"cannot read {clean_text(records, 200)} ({exc.strerror or exc})"
+    mine = [r for r in found if r.get("run_id") == as_dict(warm["run"]).get("run_id")]
+    doc, why = ready_document(warm["verdict"], as_dict(warm["run"]), as_dict(warm["summary"]),
+                              records, last_gauges(mine).get("sleep_state"), gate_part)
+    return why or write_ready(path, doc)

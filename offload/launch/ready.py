@@ -1,13 +1,16 @@
-"""qualify.py health and ready: is the server answering, and is the ready file still true?
+"""The ready file, and qualify.py health and ready: is the server answering, and is the
+ready file still true?
 
+  ready_document()     the ready file from a passing run's verdict and records (pure)
+  write_ready(), drop_ready_file()   the file's two writers' one way to write and remove it
+                       (the warm-up from its own verdict, the launcher from the records')
   health_main()        one bounded GET /health (the check the launcher polls)
   ready_main()         read_ready_file() -> check_ready(): one /health and one /metrics,
                        check_identity() (pure: the ready file against what /metrics says)
-  write_ready()        the ready file from the records of a passing warm-up (the launcher)
 
-What a Kubernetes exec readiness probe runs every few seconds: it imports only what these
-two need (qualify.py loads a command's module when that command runs). Standard library
-only.
+What a Kubernetes exec readiness probe runs every few seconds: a layer of its own, over
+transport and vllm_metrics only, so the probe loads four of the folder's modules
+(qualify.py loads a command's module when that command runs). Standard library only.
 """
 
 from __future__ import annotations
@@ -21,15 +24,34 @@ import textwrap
 import time
 import urllib.parse
 
-from records import as_dict
-from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
-from transport import (Clock, TransportError, UsageError, clean_text, fetch, finite_number,
-                       read_json_file, write_atomically)
-from vllm_client import base_url_from, parse_base_url
+from transport import (Clock, TransportError, UsageError, base_url_from, clean_text, fetch,
+                       finite_number, parse_base_url, read_json_file, sanitize_text,
+                       write_atomically)
 from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                           served_models)
 
 PROG = "qualify.py"
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
+
+
+def emit(line: str, stream=None) -> None:
+    """One line of ours, sanitized, to a stream that may have gone away."""
+    try:
+        print(sanitize_text(line), file=stream or sys.stdout, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def timeout_type(text: str) -> float:
+    """An argparse type: seconds in (0, 60]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 60:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds greater than 0 and "
+                                         f"at most 60, got {text!r}")
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -70,7 +92,7 @@ def check_parser(command: str, description: str, epilog: str, base_url_default: 
     parser.add_argument("--base-url", metavar="URL", default=None,
                         help=f"the server's address (default: $WARMUP_BASE_URL, else "
                              f"{base_url_default})")
-    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
+    parser.add_argument("--timeout-s", metavar="S", type=timeout_type, default=2.0,
                         help=f"the longest {timeout_what} may take (default: %(default)g)")
     return parser
 
@@ -105,37 +127,49 @@ IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:requ
 MAX_READY_BYTES = 64 << 10
 
 
-def ready_document(warmup: dict, warmup_path: str, gate_report: dict | None = None,
-                   gate_path: str | None = None, written_at: str = ""
+def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_state=None,
+                   gate: dict | None = None, written_at: str | None = None
                    ) -> tuple[dict | None, str | None]:
-    """The ready file's content from the reports of the warm-up's (and the gate's) records:
-    (document, None) when they show a complete pass, else (None, why). Pure."""
-    for report, mode, name in ((warmup, "warmup", "warm-up"), (gate_report, "gate", "gate")):
-        run = as_dict(report["runs"][-1]["run"]) if report and report["runs"] else {}
-        if report is not None and run.get("mode") != mode:
-            return None, f"the {name}'s records are not a {name}'s (mode {run.get('mode')!r})"
-    if warmup["verdict"] != "pass":
-        return None, f"the warm-up's records show {warmup['verdict']}, not a pass"
-    if gate_report is not None and gate_report["verdict"] != "pass":
-        return None, f"the gate's records show {gate_report['verdict']}, not a pass"
-    last = warmup["runs"][-1]
-    run, summary = as_dict(last["run"]), as_dict(last["summary"])
-    doc = {
+    """The ready file's content from a run's verdict (contract.decide()'s), its run record
+    and summary, and with --gate the gate's pass: (document, None) for a warm-up's
+    contract pass, else (None, why). Pure."""
+    if run.get("mode") != "warmup":
+        return None, f"the records are not a warm-up's (mode {clean_text(str(run.get('mode')), 20)})"
+    if verdict != "pass":
+        return None, f"the warm-up's records show {clean_text(str(verdict), 20)}, not a pass"
+    if gate is not None and gate.get("verdict") != "pass":
+        return None, f"the gate's records show {gate.get('verdict')}, not a pass"
+    if finite_number(run.get("process_start_time_seconds")) is None:
+        return None, ("the warm-up saw no process_start_time_seconds on /metrics, so the "
+                      "ready file could never be checked")
+    versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
+    return {
         "kind": READY_KIND, "base_url": run.get("base_url"), "model": run.get("model"),
         "process_start_time_seconds": run.get("process_start_time_seconds"),
-        "engines": run.get("engines"),
-        "server_version": as_dict(run.get("versions")).get("server"),
+        "engines": run.get("engines"), "server_version": versions.get("server"),
         "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
-        "elapsed_s": summary.get("elapsed_s"), "records": warmup_path,
-        "written_at": written_at,
-        "sleep_state": last.get("sleep_state"), "time_to_warm": summary.get("time_to_warm"),
-        "gate": None,
-    }
-    if gate_report is not None:
-        gate_run = as_dict(gate_report["runs"][-1]["run"])
-        doc["gate"] = {"verdict": "pass", "run_id": gate_run.get("run_id"),
-                       "records": gate_path}
-    return doc, None
+        "elapsed_s": summary.get("elapsed_s"), "records": records,
+        "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
+        "time_to_warm": summary.get("time_to_warm"), "gate": gate,
+    }, None
+
+
+def write_ready(path: str, doc: dict) -> str | None:
+    """Write the ready file atomically (a temporary file beside it, then a rename); None
+    when written, else why not."""
+    return write_atomically(path, json.dumps(doc, indent=1) + "\n")
+
+
+def drop_ready_file(path: str) -> tuple[bool | None, str]:
+    """Remove the ready file (a regular file only): (True removed, None none to remove,
+    False could not; why not)."""
+    if not os.path.isfile(path) or os.path.islink(path):
+        return None, ""
+    try:
+        os.remove(path)
+        return True, ""
+    except OSError as exc:
+        return False, exc.strerror or type(exc).__name__
 
 
 def read_ready_file(path: str) -> tuple[dict | None, str | None]:
@@ -217,35 +251,6 @@ def check_ready(doc: dict, warmed, target, timeout_s: float) -> tuple[int, str]:
 def shown(value) -> str:
     """A ready file's string as one clean word, or 'unknown'."""
     return clean_text(value, 40) if isinstance(value, str) and value else "unknown"
-
-
-def write_ready(path: str, records: str, gate_records: str | None,
-                run_id: str | None = None) -> tuple[int, str]:
-    """Write the ready file atomically (a temporary file beside it, then a rename) when the
-    records show a pass — of run `run_id` where given (a records file another run also
-    writes to is not its pass), else of the last run; (exit code, one line)."""
-    from readback import load_records           # only writing reads records
-    from report import build_report
-    reports = []
-    for source, only in [(records, run_id)] + ([(gate_records, None)] if gate_records else []):
-        try:
-            found, issues = load_records(source)
-        except OSError as exc:
-            return EXIT_FAIL, f"not written: cannot read {source} ({exc.strerror or exc})"
-        if only is not None:
-            found = [r for r in found if r.get("run_id") == only]
-        reports.append(build_report(found, issues, source))
-    gate_report = reports[1] if gate_records else None
-    doc, why = ready_document(reports[0], records, gate_report, gate_records, iso_time(time.time()))
-    if doc is None:
-        return EXIT_FAIL, f"not written: {why}"
-    if finite_number(doc.get("process_start_time_seconds")) is None:
-        return EXIT_FAIL, ("not written: the warm-up saw no process_start_time_seconds on "
-                           "/metrics, so the ready file could never be checked")
-    why = write_atomically(path, json.dumps(doc, indent=1) + "\n")
-    if why is not None:
-        return EXIT_USAGE, f"cannot write {clean_text(path, 200)}: {why}"
-    return EXIT_PASS, f"wrote {clean_text(path, 200)}"
 
 
 def ready_main(argv: list[str]) -> int:

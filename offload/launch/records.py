@@ -46,7 +46,7 @@ DECLARED = {
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
                "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
-               "~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
+               "~parts:list ~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
                "~worst_typos:int? ~passages_ok:str ~preambles:list ~time_to_warm:dict "
                "elapsed_s:num "
                "deadline_s:num problems:list records:str",

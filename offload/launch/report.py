@@ -2,14 +2,14 @@
 
   report_main()        FILE -> load_records() (readback.py) -> build_report() ->
                        format_report(), or --json
-    build_run()        one run: its records grouped, evidence_problems() (pure: a run
-                       record, a summary, every planned request record on every engine),
-                       rejudge() (pure: each record judged again by kinds.judge() with
-                       the run's plan, never by its own ok), run_verdict() (pure: a
-                       claimed pass without the evidence is 'incomplete'; a pass of a
-                       plan that is not the contract's is 'custom')
-  drafted_findings()   --expect-k: each wave's drafted length against its k (pure)
-  start_facts()        what start.sh's launcher shows of a report (pure)
+    build_run()        one run: its records grouped and judged by readback.judge_run()
+                       (contract.decide(), the warm-up's own verdict, held against what
+                       the summary claims: a claimed pass without the evidence is
+                       'incomplete'; a pass of a plan that is not the contract's, 'custom')
+  drafted_findings()   --expect-k: each wave's drafted length against its k (pure), on
+                       that one verdict's records
+
+It never imports a program or the HTTP client: it reads records.
 
 A file cut short by a kill, holding several runs, or with damaged lines is read past its
 bad lines. Standard library only.
@@ -21,11 +21,10 @@ import argparse
 import json
 import sys
 
-from evidence import cross_check, engine_shares
-from kinds import KINDS, answer_of, contract_differences, copy_problem, count, judge
-from readback import READ_STOPPED, exit_status, load_records, split_runs, tidy
-from records import (FORMAT, JUDGED, as_dict, as_list, field_problems, gate_line,
-                     gate_summary_line, known, label, probe_line, show)
+from contract import identity
+from readback import READ_STOPPED, judge_run, last_gauges, load_records, split_runs, tidy
+from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
+                     probe_line, show)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from transport import clean_text, finite_number
 
@@ -49,239 +48,34 @@ PICKED = {
 }
 
 
-def evidence_problems(run: dict | None, summaries: list[dict], judged: list[dict]
-                      ) -> tuple[list[str], list[dict]]:
-    """What the records lack to show the run they claim: a run record, exactly one
-    summary, as many judged records as the plan announced (at least one), each of this
-    run, each once and passing when judged again, on every engine, and a summary whose
-    counts agree with them: (reasons, [] when the evidence is complete; the judged records
-    that fail their kind's rules). Pure: records in, reasons out; fails closed on any value
-    of the wrong type."""
-    problems = []
-    if run is None:
-        problems.append("no run record")
-    elif as_dict(run).get("mode") not in tuple(JUDGED):      # a list is no key
-        problems.append(f"the run record's mode is {show(as_dict(run).get('mode'))}, not "
-                        f"warmup, probe or gate")
-    for record in ([run] if run is not None else []) + summaries:
-        problems += field_problems(record)[:3]
-    if not summaries:
-        problems.append("no summary record")
-    elif len(summaries) > 1:
-        problems.append(f"{len(summaries)} summary records (a run has exactly one)")
-    summary = summaries[-1] if summaries else None
-    run_id = as_dict(run).get("run_id")
-    if isinstance(run_id, str):
-        foreign = [r for r in judged if r.get("run_id") != run_id]
-        if foreign:
-            problems.append(f"{len(foreign)} request record(s) of no run or another run")
-        judged = [r for r in judged if r.get("run_id") == run_id]
-    elif run is not None:
-        problems.append("the run record has no run id")
-    identities = [identity(r) for r in judged]
-    if len(set(identities)) != len(identities):
-        problems.append(f"{len(identities) - len(set(identities))} request record(s) repeat "
-                        f"another's id")
-    plan = as_dict(as_dict(run).get("plan"))
-    planned = plan.get("requests_total")
-    if run is not None and not (is_count(planned) and planned > 0):
-        problems.append("the run record announces no number of requests")
-    if is_count(planned) and len(judged) != planned:
-        problems.append(f"{len(judged)} of the {planned} planned request records are in the file")
-    if as_dict(summary).get("verdict") == "pass" and as_list(as_dict(summary).get("problems")):
-        problems.append("the summary claims a pass and names problems")
-    if as_dict(run).get("mode") == "warmup":
-        problems += plan_problems(as_dict(run), judged)
-    failed, disagree = rejudge(as_dict(run), judged)
-    if failed:
-        problems.append(f"{len(failed)} request record(s) fail their kind's rules: "
-                        f"{', '.join(label(r) for r in failed[:5])}")
-    problems += disagree
-    problems += engine_problems(as_dict(run).get("engines"), plan.get("requests_per_engine"),
-                                judged)
-    if summary is not None:
-        ok = len(judged) - len(failed)
-        for key, want, differs in (
-                ("requests_ok", ok, "the summary says {} requests ok; the records show {}"),
-                ("requests_total", planned,
-                 "the summary counts {} planned requests; the run record {}")):
-            said = summary.get(key)
-            if key in summary and not is_count(said):
-                problems.append(f"the summary's {key} is not a count")
-            elif is_count(said) and is_count(want) and said != want:
-                problems.append(differs.format(said, want))
-    return problems, failed
-
-
-def planned_requests(run: dict) -> list[tuple]:
-    """What a warm-up's plan sends (pure): (engine, wave, request kind, index) for each
-    request, from its waves (B<d>, d greedy requests each) and --paths kinds (<kind>-<d>
-    for each of their depths), on every engine the run record names."""
-    plan = as_dict(run.get("plan"))
-    engines = run.get("engines") if isinstance(run.get("engines"), list) else [None]
-    waves = [(as_dict(w).get("wave"), as_dict(w).get("depth"), "greedy")
-             for w in as_list(plan.get("waves"))]
-    waves += [(f"{as_dict(p).get('path')}-{d}", d, as_dict(p).get("path"))
-              for p in as_list(plan.get("paths")) for d in as_list(as_dict(p).get("depths"))]
-    return [(engine, wave, kind_, index) for engine in engines for wave, depth, kind_ in waves
-            if is_count(depth) and depth <= 64 for index in range(depth)]
-
-
-def plan_problems(run: dict, judged: list[dict]) -> list[str]:
-    """A warm-up's request records against its plan: every planned request once, of the
-    planned kind in the planned wave, and nothing else; each wave named for its depth.
-    Pure; the plan is read as data, so a file cannot choose its own rules."""
-    problems = [f"the plan's wave {show(as_dict(w).get('wave'))} has depth "
-                f"{show(as_dict(w).get('depth'))}" for w in as_list(as_dict(run.get("plan"))
-                                                           .get("waves"))
-                if as_dict(w).get("wave") != f"B{as_dict(w).get('depth')}"]
-    planned = planned_requests(run)
-    found = [(r.get("engine"), r.get("wave"), r.get("request_kind"), r.get("index"))
-             for r in judged]
-    missing = [p for p in planned if p not in found]
-    extra = [f for f in found if f not in planned]
-    if missing:
-        problems.append(f"{len(missing)} planned request(s) have no record of their wave and "
-                        f"kind: {', '.join(where(p) for p in missing[:5])}")
-    if extra:
-        problems.append(f"{len(extra)} request record(s) not in the plan (wave, kind or "
-                        f"index): {', '.join(where(f) for f in extra[:5])}")
-    return problems
-
-
-def where(item: tuple) -> str:
-    engine, wave, kind_, index = item
-    return f"{'' if engine is None else f'e{show(engine)} '}{show(wave)}#{show(index)} " \
-           f"({show(kind_)})"
-
-
-def rejudge(run: dict, judged: list[dict]) -> tuple[list[dict], list[str]]:
-    """Every judged record judged again from its recorded fields, by kinds.judge() with the
-    run record's plan (never by its own `ok`): (the records that fail, a record off its
-    declaration among them; the evidence problems: each record whose `ok` says
-    otherwise). Pure."""
-    plan, mode = as_dict(run.get("plan")), run.get("mode")
-    if run.get("format") != FORMAT:
-        return judged, [f"the run record is of format {show(run.get('format'))}, not "
-                        f"{FORMAT}: its requests cannot be judged again (run it again)"]
-    waves = [as_dict(w).get("wave") for w in as_list(plan.get("waves"))]
-    failed, problems = [], []
-    for record in judged:
-        rules = judge_record(record, mode, plan, waves[:1])
-        if rules:
-            failed.append(record)
-        if rules and record.get("ok") is True:
-            problems.append(f"{label(record)}: the record says ok, but {rules[0]}")
-        elif not rules and record.get("ok") is not True:
-            problems.append(f"{label(record)}: the record says not ok, but its fields pass")
-    return failed, problems
-
-
-def judge_record(record: dict, mode, plan: dict, first_wave: list) -> list[str]:
-    """Why one record's answer fails its kind's rules ([] when it passes)."""
-    shape = field_problems(record)
-    kind_ = KINDS.get(record.get("request_kind")) \
-        if isinstance(record.get("request_kind"), str) else None
-    if shape or kind_ is None:
-        return shape or ["a record without a known request kind"]
-    tokens = plan.get("max_tokens" if mode == "gate" else "tokens")
-    floor = plan.get("b1_min_prompt_tokens") if mode == "warmup" and kind_.path is None \
-        and record.get("wave") in first_wave else None
-    if not is_count(tokens) or floor is not None and not is_count(floor):
-        return ["the run record's plan holds no token count to judge it by"]
-    rules = judge(answer_of(record), kind_, tokens, floor=floor)
-    if mode == "gate" and not rules:
-        said = copy_problem(record, finite_number(plan.get("max_cer")) or 0.0,
-                            plan.get("max_typos") if isinstance(plan.get("max_typos"), int)
-                            else 0)
-        rules = [said] if said else []
-    return rules
-
-
-def identity(record: dict) -> str:
-    """What tells one request record from another: its id, else where it stood."""
-    rid = record.get("request_id")
-    if isinstance(rid, str):
-        return rid
-    return repr([record.get(k) for k in ("wave", "item", "round", "shape", "probe",
-                                         "engine", "index")])
-
-
-def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
-    """Each engine the run record names must hold its share of the judged records (engine
-    indexes compared as integers, never as booleans)."""
-    if engines is None:
-        return []
-    if not isinstance(engines, list) or not engines \
-            or not all(is_count(e) for e in engines):
-        return ["the run record's engines are not a list of engine indexes"]
-    if not is_count(per_engine):
-        return ["the run record announces no number of requests per engine"]
-    problems = []
-    for engine in engines:
-        mine = sum(1 for r in judged if is_count(r.get("engine")) and r.get("engine") == engine)
-        if mine != per_engine:
-            problems.append(f"engine {engine}: {mine} of its {per_engine} request records")
-    return problems
-
-
-def is_count(value) -> bool:
-    return count(value) is not None          # the judge's own rule of what a count is
-
-
-def run_verdict(summary: dict | None, evidence: list[str]) -> tuple[str, int]:
-    """The verdict the report stands behind: the summary's, unless it claims a pass the
-    evidence does not show, or there is no summary: then 'incomplete' (exit 1)."""
-    verdict = as_dict(summary).get("verdict")
-    code = exit_status(as_dict(summary).get("exit_code"))
-    if verdict not in ("pass", "fail", "refused", "killed") or verdict == "pass" and evidence \
-            or (verdict == "pass") != (code == EXIT_PASS):
-        return "incomplete", EXIT_FAIL
-    return verdict, code
-
-
 def build_run(records: list[dict], last: bool = True) -> dict:
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
-    the verdict judged from its evidence."""
+    the verdict judged from its evidence (readback.judge_run: contract.decide())."""
     by_kind: dict[str, list[dict]] = {}
     for record in records:
         by_kind.setdefault(record["record"], []).append(record)
-    summary = (by_kind.get("summary") or [None])[-1]
-    run = (by_kind.get("run") or [None])[-1]
+    judged = judge_run(records)
+    run, summary, decided = judged["run"], judged["summary"], judged["decided"]
     where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
         f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
+    failed = set(decided.failed)
     mode = as_dict(run).get("mode")
-    kind = JUDGED.get(mode, "request") if isinstance(mode, str) else "request"
-    judged = by_kind.get(kind, []) if run is not None else \
-        [r for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])]
-    evidence, failed = evidence_problems(run, by_kind.get("summary", []), judged)
-    if mode == "warmup" and as_dict(summary).get("verdict") == "pass":
-        evidence += counter_problems(run, by_kind.get("metrics", []), judged)
-    fails, judged_ids = {id(r) for r in failed}, {id(r) for r in judged}
+    judged_kind = JUDGED.get(mode, "request") if isinstance(mode, str) else "request"
     if summary:
         problems = as_list(summary.get("problems"))
-    else:                             # cut short: name what failed before the cut (a
-        problems = [f"{label(r)}: {p}"  # record's own failure, or the judge's)
-                    for kind in ("request", "probe", "gate") for r in by_kind.get(kind, [])
-                    if r.get("ok") is not True or id(r) in fails
+    else:                             # cut short: name what failed before the cut
+        problems = [f"{label(r)}: {p}" for r in by_kind.get(judged_kind, [])
+                    if r.get("ok") is not True or identity(r) in failed
                     for p in as_list(r.get("problems")) or ["fails its kind's rules"]]
-    differences = contract_differences(as_dict(as_dict(run).get("plan"))) \
-        if mode == "warmup" else []
-    if differences and as_dict(summary).get("contract") is True:
-        evidence.append("the summary claims the contract's plan; the run record's plan "
-                        "differs: " + "; ".join(differences))
-    verdict, exit_code = run_verdict(summary, evidence)
-    if verdict == "pass" and differences:
-        verdict = "custom"            # it passed its own plan, not the contract's
 
     def pick(kind: str) -> list[dict]:
         """The shown fields; a judged record's `ok` is the report's own judgement (the
         record's claim beside it as `claimed_ok`)."""
         return [dict({k: r.get(k) for k in PICKED[kind]},
-                     **({"ok": id(r) not in fails, "claimed_ok": r.get("ok")}
-                        if id(r) in judged_ids and "ok" in PICKED[kind] else {}))
+                     **({"ok": identity(r) not in failed, "claimed_ok": r.get("ok")}
+                        if kind == judged_kind and "ok" in PICKED[kind] else {}))
                 for r in by_kind.get(kind, [])]
 
     return tidy({
@@ -291,13 +85,14 @@ def build_run(records: list[dict], last: bool = True) -> dict:
         "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
         "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
         "summary": summary, "problems": problems,
-        "verdict": verdict, "exit_code": exit_code,
-        "claimed": summary.get("verdict") if summary else None,
-        "evidence": "incomplete" if evidence else "complete",
-        "evidence_problems": evidence, "differences": differences,
+        "verdict": judged["verdict"], "exit_code": judged["exit_code"],
+        "claimed": judged["claimed"],
+        "evidence": "incomplete" if judged["evidence_problems"] else "complete",
+        "evidence_problems": judged["evidence_problems"],
+        "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
         "ends": ends,
         # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
-        "sleep_state": as_dict((by_kind.get("gauges") or [{}])[-1]).get("sleep_state"),
+        "sleep_state": last_gauges(records).get("sleep_state"),
     })
 
 
@@ -308,31 +103,6 @@ def time_to_warm_line(phases: dict) -> str:
         return "unknown" if value is None else f"{value:.1f} s"
     return (f"time to warm: process start -> healthy {secs('start_to_healthy_s')} -> warm "
             f"{secs('healthy_to_warm_s')} ({secs('start_to_warm_s')} in all)")
-
-
-def counter_problems(run: dict, metrics: list[dict], requests: list[dict]) -> list[str]:
-    """What the server's own counters (the first metrics record, when complete) show
-    against the request records, checked again as the warm-up checked them: no foreign
-    work or restart (evidence.cross_check), and on a routed server every engine its share
-    (evidence.engine_shares). Pure; [] when no complete counters were recorded."""
-    main = as_dict(metrics[0]) if metrics else {}
-    deltas = as_dict(main.get("deltas"))
-    if main.get("state") != "complete" or not deltas or \
-            not all(isinstance(r.get("completion_tokens"), (int, type(None))) and
-                    isinstance(r.get("http_status"), (int, type(None))) for r in requests):
-        return []
-    problems, _ = cross_check(deltas, requests)
-    plan, engines = as_dict(run.get("plan")), as_list(run.get("engines"))
-    waves = [as_dict(w) for w in as_list(plan.get("waves"))]
-    depths = [w.get("depth") for w in waves]
-    if len(engines) > 1 and all(is_count(e) for e in engines) and \
-            all(is_count(d) for d in depths) and is_count(plan.get("tokens")) and waves:
-        want_prompt = {r.get("engine"): r["prompt_tokens"] for r in requests
-                       if r.get("wave") == waves[0].get("wave")
-                       and is_count(r.get("prompt_tokens"))}
-        problems += engine_shares(deltas, tuple(engines), sum(depths) * plan["tokens"],
-                                  want_prompt)[1]
-    return [f"the counters show: {p}" for p in problems]
 
 
 def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
@@ -475,12 +245,14 @@ def format_run(run: dict) -> list[str]:
         lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
     elif run["verdict"] == "custom":
         lines.append(f"verdict: custom plan, not the contract's (exit {run['exit_code']}; "
-                     f"{show('; '.join(run['differences']), 200)}): it passed its own plan")
+                     f"{show('; '.join(run['differences']), 300)}): it passed its own plan")
     elif run["verdict"] != run["claimed"]:
         lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
                      f"claims {show(run['claimed'])}, the evidence does not show it)")
     else:
-        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})")
+        counts = ", ".join(f"{show(n)} {show(ok)}/{show(t)}" for n, ok, t in run["parts"])
+        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})"
+                     + (f": {counts}" if counts else ""))
     return lines
 
 
@@ -512,11 +284,12 @@ def report_main(argv: list[str]) -> int:
                     "record's own 'ok' is never believed: one that disagrees is named); "
                     "otherwise the run is 'incomplete', whatever its summary claims. A "
                     "warm-up that passed a plan other than the contract's is 'custom', never "
-                    "'pass'. Exit status: the last run's (0 pass or custom; 1 fail; 3 "
-                    "refused; 124, 137, 129, 130, 143 ended by the hard bound or a signal), "
-                    "1 when it is "
-                    "incomplete or the file holds no run (or --expect-k does not hold), 2 "
-                    "when the file cannot be read.")
+                    "'pass'. The verdict is the one the warm-up gave itself (contract.py "
+                    "decides both). Exit status, for scripts to decide by: 0 only for the "
+                    "contract's pass (of the last run); 1 fail, incomplete, a custom plan, "
+                    "no run in the file, or --expect-k not holding; 3 refused; 124, 137, "
+                    "129, 130, 143 ended by the hard bound or a signal; 2 when the file "
+                    "cannot be read.")
     parser.add_argument("records", help="the JSON Lines records file")
     parser.add_argument("--json", action="store_true",
                         help="the report as one JSON object: runs (each with its run, requests, "
@@ -593,20 +366,3 @@ def drafted_findings(waves: list[dict], expected: dict[str, int]) -> list[dict]:
 
 def _last_run(report: dict) -> dict:
     return report["runs"][-1] if report["runs"] else {}
-
-
-def start_facts(report: dict) -> dict[str, str]:
-    """What the launcher's OK and WARN lines show of a report, each a short word or '-'."""
-    run = _last_run(report)
-    cache_check = as_dict(run.get("summary")).get("cache_check")
-    gate = as_dict(run.get("gate_summary"))
-    exact, cer = as_dict(gate.get("identifiers_exact")), finite_number(gate.get("worst_cer"))
-    found = {
-        "verdict": show(report["verdict"], 20),
-        "cache_check": cache_check if cache_check in ("made", "not_made", "hit") else "-",
-        "differences": "; ".join(run.get("differences") or []),
-        "identifiers_alone": show(exact.get("alone"), 20),
-        "identifiers_batched": show(exact.get("batched"), 20),
-        "worst_cer": "n/a" if cer is None else f"{cer:.3f}",
-    }
-    return {name: value or "-" for name, value in found.items()}

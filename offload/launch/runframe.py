@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from records import FORMAT, field_problems
 from textfile import publish, result_samples
@@ -137,8 +137,9 @@ class Run:
     say: object                           # one human line -> the terminal (never blocks)
     started_at: str = ""                  # UTC, to the millisecond: when the run began
     current: str | None = None            # the batch in flight, named if the run is killed
-    run_written: bool = False
+    run_record: dict | None = None        # the run record, once written
     final_record: dict | None = None      # what --json prints
+    written: list = field(default_factory=list)   # every record this run wrote, in order
 
     def write(self, record: dict) -> dict:
         """Append one record, sanitized here (the records sink) whatever its origin;
@@ -153,6 +154,7 @@ class Run:
         except (OSError, ValueError) as exc:
             raise RecordsError(f"cannot write records to {self.settings.records_path}: "
                                f"{getattr(exc, 'strerror', None) or exc}")
+        self.written.append(record)
         return record
 
     def wall(self, at_s: float | None) -> str | None:
@@ -163,13 +165,11 @@ class Run:
 
     def write_run_record(self) -> None:
         """The run record, once: what ran, against what (never prompt text or the key)."""
-        if self.run_written:
-            return
-        self.run_written = True
-        self.write({"record": "run", "run_id": self.settings.run_id,
-                    "mode": self.program.mode, "format": FORMAT,
-                    "started_at": self.started_at,
-                    **self.program.run_fields(self), "pid": os.getpid()})
+        if self.run_record is None:
+            self.run_record = self.write({
+                "record": "run", "run_id": self.settings.run_id, "mode": self.program.mode,
+                "format": FORMAT, "started_at": self.started_at,
+                **self.program.run_fields(self), "pid": os.getpid()})
 
 
 def run_session(settings: RunSettings, program: Program) -> int:
@@ -199,6 +199,8 @@ def run_session(settings: RunSettings, program: Program) -> int:
             emit_usage_json(problem)
         return EXIT_USAGE
     printer = Printer(sys.stderr if settings.json else sys.stdout)
+    if settings.textfile:                 # begun: a run KILLed from here on says so
+        publish_result(settings, program.mode, {"verdict": "running"}, [], printer.say)
     run = Run(settings, program, Clock.start(settings.deadline_s, settings.socket_cap_s),
               sink, printer.say, started_at=utc_ms(time.time()))
     previous, summary = {}, None
@@ -219,12 +221,8 @@ def run_session(settings: RunSettings, program: Program) -> int:
         except OSError:
             pass
     if summary is not None and settings.textfile:
-        prefix = f"offload_{run.program.mode}"
-        fresh = result_samples(prefix, summary, time.time()) + \
-            run.program.exported(run, summary)
-        why = publish(settings.textfile, prefix, fresh)
-        if why:
-            printer.say(f"{settings.prog}: {why}", stream=sys.stderr)
+        publish_result(settings, program.mode, summary, program.exported(run, summary),
+                       printer.say)
     if summary is not None:
         printer.say(verdict_line(summary, path))
         if settings.json:
@@ -233,6 +231,15 @@ def run_session(settings: RunSettings, program: Program) -> int:
     if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
         _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
     return summary["exit_code"] if summary is not None else EXIT_USAGE
+
+
+def publish_result(settings: RunSettings, mode: str, summary: dict, more: list,
+                   say) -> None:
+    """The run's result (or that it began) in the textfile; a failure to write it said."""
+    prefix = f"offload_{mode}"
+    why = publish(settings.textfile, prefix, result_samples(prefix, summary, time.time()) + more)
+    if why:
+        say(f"{settings.prog}: {why}", stream=sys.stderr)
 
 
 def conclude(run: Run) -> dict:
@@ -269,12 +276,12 @@ def summarize(run: Run, forced: tuple[str, int, list[str]] | None = None,
     _terminating.set()               # one summary: a signal from now on is ignored
     elapsed = run.clock.elapsed()
     program = run.program
+    run.write_run_record()            # first: the verdict is judged from the run's records
     if forced is None:
         verdict, exit_code, problems = program.judge(run, list(extra))
     else:
         verdict, exit_code, more = forced
         problems = program.problems() + list(more)
-    run.write_run_record()
     summary = {
         "record": "summary", "run_id": run.settings.run_id, "verdict": verdict,
         "exit_code": exit_code, **program.summary_fields(run),
@@ -443,14 +450,19 @@ def silence(stream) -> None:
 
 
 def verdict_line(summary: dict, records_path: str) -> str:
-    """The terminal's last lines: verdict, counts when the program has them, problems (five
-    at most), notes and warnings, where the records are."""
-    counts = (f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
-              if "requests_total" in summary else "finished in ")
+    """The terminal's last lines: the verdict with each part's count ('PASS (exit 0):
+    contract 10/10, paths stream 5/5 in 3.21 s'; a custom plan named with what made it),
+    problems (five at most), notes and warnings, where the records are."""
+    parts = summary.get("parts") or ()
+    if parts:
+        counts = ", ".join(f"{name} {ok}/{total}" for name, ok, total in parts) + " in "
+    elif "requests_total" in summary:
+        counts = f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
+    else:
+        counts = "finished in "
     verdict = summary["verdict"].upper()
-    if summary.get("plan_differences"):       # only the contract's plan passes as PASS
-        verdict = (f"{summary['verdict']}, custom plan: "
-                   f"{'; '.join(summary['plan_differences'])}")
+    if summary["verdict"] == "custom":        # only the contract's plan passes as PASS
+        verdict = f"pass, custom plan: {'; '.join(summary.get('plan_differences', []))}"
     head = f"{verdict} (exit {summary['exit_code']}): {counts}{summary['elapsed_s']:.2f} s"
     reasons = summary["problems"][:5]
     if len(summary["problems"]) > 5:
@@ -514,19 +526,31 @@ def usage_object(problem: str) -> dict:
             "problems": [problem], "records": None}
 
 
+def publish_usage(mode: str, textfile: str) -> None:
+    """A usage error in the textfile (verdict 'usage', success 0): a run that could not
+    begin leaves no stale success behind."""
+    why = publish(textfile, f"offload_{mode}", result_samples(
+        f"offload_{mode}", {"verdict": "usage", "exit_code": EXIT_USAGE}, time.time()))
+    if why:
+        emit(f"{why} (a usage error was not published)", sys.stderr)
+
+
 def emit_usage_json(problem: str) -> None:
     """Print usage_object(problem) on stdout: --json's answer to a usage error."""
     emit(json.dumps(usage_object(problem)))
 
 
-def add_run_options(parser: argparse.ArgumentParser, deadline_s: float = 90.0) -> None:
-    """The options every run has: where its records go, its bounds, --json, --debug."""
+def add_run_options(parser: argparse.ArgumentParser, deadline_s: float | None = 90.0) -> None:
+    """The options every run has: where its records go, its bounds, --json, --debug
+    (deadline_s None: the program works its default out, WARMUP_DEADLINE_S first)."""
     parser.add_argument("--records", metavar="PATH",
                         help="JSON Lines records file, appended to (default: a new "
                              "<kind>-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
+    shown = "$WARMUP_DEADLINE_S, else 90, or 5 s under a lower WARMUP_HARD_S" \
+        if deadline_s is None else "%(default)g"
     parser.add_argument("--deadline-s", metavar="S", type=seconds(), default=deadline_s,
-                        help="the deadline from the start; nothing starts after it and a run "
-                             "that ends after it fails (default: %(default)g, at most 3600)")
+                        help=f"the deadline from the start; nothing starts after it and a run "
+                             f"that ends after it fails (default: {shown}; at most 3600)")
     parser.add_argument("--socket-cap-s", metavar="S", type=seconds(), default=60.0,
                         help="the longest any one connect, send or read waits, within the "
                              "deadline (default: %(default)g)")
@@ -562,15 +586,22 @@ def argument_type(parse):
 def flag_or_env(flag, name: str, parse, default):
     """An option's value: the flag's, else the environment variable's (parsed, and named
     when bad), else the default."""
+    return given_value(flag, "", name, parse, default)[0]
+
+
+def given_value(flag, option: str, variable: str, parse, default) -> tuple:
+    """(value, where it came from): the flag's ('--waves on the command line'), else the
+    environment variable's, parsed and named when bad ('WARMUP_WAVES=1,2 from the
+    environment'), else (default, None)."""
     if flag is not None:
-        return flag
-    text = os.environ.get(name)
+        return flag, f"{option} on the command line"
+    text = os.environ.get(variable)
     if not text:
-        return default
+        return default, None
     try:
-        return parse(text)
+        return parse(text), f"{variable}={clean_text(text, 40)} from the environment"
     except (ValueError, argparse.ArgumentTypeError) as exc:
-        raise UsageError(f"{name}: {exc}")
+        raise UsageError(f"{variable}: {exc}")
 
 
 def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
@@ -578,7 +609,7 @@ def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
     run_id = new_run_id()
     return RunSettings(prog=prog, run_id=run_id,
                        records_path=args.records or default_records_path(run_id, kind),
-                       deadline_s=args.deadline_s, socket_cap_s=args.socket_cap_s,
+                       deadline_s=args.deadline_s or 90.0, socket_cap_s=args.socket_cap_s,
                        json=args.json, debug=args.debug, textfile=args.textfile)
 
 

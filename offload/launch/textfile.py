@@ -16,13 +16,23 @@ import math
 
 from transport import json_number, open_regular, parse_prometheus, write_atomically
 
-VERDICTS = ("pass", "custom", "fail", "refused", "killed")   # custom: a custom plan passed
+# The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
+# could not give one: a usage error, a server that never became healthy (start.sh's), and
+# a run begun and not yet ended (or KILLed by the hard bound: nothing else could say so).
+VERDICTS = ("pass", "custom", "fail", "refused", "killed", "usage", "not_started", "running")
 MAX_TEXTFILE_BYTES = 1 << 20
 
 
 def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
-    """The samples every run has: (name, labels, value, help). Pure."""
-    passed = summary.get("verdict") == "pass" and not summary.get("plan_differences")
+    """The samples every run has: (name, labels, value, help); success only for the
+    verdict 'pass' (contract.decide()'s: a custom plan is 'custom'). Pure."""
+    verdict = summary.get("verdict")
+    passed = verdict == "pass"
+    if verdict == "running":
+        return [(f"{prefix}_last_run_started_timestamp_seconds", {}, ended_at,
+                 "When the last run began (Unix time)."),
+                (f"{prefix}_last_run_success", {}, 0.0, "1 when the last run passed, else 0.")
+                ] + verdict_samples(prefix, verdict)
     samples = [
         (f"{prefix}_last_run_timestamp_seconds", {}, ended_at,
          "When the last run ended (Unix time)."),
@@ -34,15 +44,18 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
          "The last run's exit status (0 pass, 1 fail, 2 usage, 3 refused; 124/137 the "
          "wrapper's hard bound, 129/130/143 a signal)."),
     ]
-    verdict = "custom" if summary.get("verdict") == "pass" and not passed else \
-        summary.get("verdict")
-    samples += [(f"{prefix}_last_run_verdict", {"verdict": v}, 1.0 if verdict == v else 0.0,
-                 "The last run's verdict, one sample a verdict, 1 for the one it had.")
-                for v in VERDICTS]
+    samples += verdict_samples(prefix, verdict)
     if passed:
         samples.append((f"{prefix}_last_success_timestamp_seconds", {}, ended_at,
                         "When a run last passed (Unix time); kept while later runs fail."))
     return samples
+
+
+def verdict_samples(prefix: str, verdict) -> list[tuple]:
+    return [(f"{prefix}_last_run_verdict", {"verdict": v}, 1.0 if verdict == v else 0.0,
+             "The last run's verdict or outcome, one sample each, 1 for the one it had "
+             "(usage: it could not begin; not_started: the server never became healthy; "
+             "running: begun, not ended, or KILLed by the hard bound).") for v in VERDICTS]
 
 
 def render(samples: list[tuple]) -> str:

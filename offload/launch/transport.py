@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __version__ = "1.2.0"
 
@@ -304,6 +304,28 @@ def parse_url(text: str, option: str = "--base-url") -> Target:
     creds = parts.netloc.rpartition("@")[0] or None
     return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80),
                   parts.path.rstrip("/"), creds)
+
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000"
+
+
+def base_url_from(flag: str | None) -> Target:
+    """The server's address from --base-url, else WARMUP_BASE_URL, else the default;
+    UsageError naming where the bad value came from."""
+    if flag is not None:
+        return parse_base_url(flag, "--base-url")
+    from_env = os.environ.get("WARMUP_BASE_URL")
+    if from_env:
+        return parse_base_url(from_env, "WARMUP_BASE_URL")
+    return parse_base_url(DEFAULT_BASE_URL)
+
+
+def parse_base_url(text: str, source: str = "--base-url") -> Target:
+    """The server's address; a trailing /v1 is dropped (the programs add their paths)."""
+    target = parse_url(text, source)
+    if target.path.endswith("/v1"):
+        target = replace(target, path=target.path[:-3])
+    return target
 
 
 @dataclass(frozen=True)

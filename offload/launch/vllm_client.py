@@ -14,7 +14,8 @@ own (the long prompt it sizes is the one thing of the warm-up it knows):
   extract_fields()       the one reader of a completion body: counts and reasons, no text
   read_slot(), answer_record()   what one client got, as the judge reads it and as a
                          record keeps it
-  judge_run()            every planned request ran and passed, unrefused (pure)
+  judge_run()            the probe's and the gate's verdict: every planned request ran and
+                         passed, unrefused (pure; the warm-up's is contract.decide())
   size_long_prompts()    B1's long prompts sized with the server's /tokenize (prompts.py)
   server_main()          the one main of the warm-up, the probe and the gate: options ->
                          settings -> the program's build() -> its plan printed or run;
@@ -34,25 +35,25 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from contract import ENGINE_HEADER, said_once
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from records import ANSWER_FIELDS, label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
-                      argument_type, flag_or_env, late_problem, parse_or_explain, run_session, run_settings,
-                      seconds, usage_error)
-from transport import (REDACTIONS, Exchange, Response, Target, TransportError, UsageError,
-                       __version__, clean_text, count_value, decode_json, describe,
-                       encode_request, exact_str, exchange_batch, fetch, finite_number,
-                       is_header_value, json_number, parse_url, scrub)
+                      argument_type, flag_or_env, late_problem, parse_or_explain,
+                      publish_usage, run_session, run_settings, seconds, usage_error)
+from transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
+                       TransportError, UsageError, __version__, base_url_from, clean_text,
+                       count_value, decode_json, describe, encode_request, exact_str,
+                       exchange_batch, fetch, finite_number, is_header_value, json_number,
+                       scrub)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                           busy_gauges, exposition_of, guard_problems, process_start,
                           read_exposition, sleep_states)
 
-DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
 STOP_REASON_LIMIT = 64
 METRICS_RETRY_PAUSE_S = 0.25
 SETTLE_POLL_S = 0.1
-ENGINE_HEADER = "X-data-parallel-rank"
 REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
                          "mean_itl_ms", "tokens_per_second")
 MAX_ENGINE = 1023
@@ -711,24 +712,6 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
     return f"HTTP {status}{said}"
 
 
-def said_once(failed: list[dict]) -> list[str]:
-    """One problem a diagnosis: requests that failed the same way share one line with a
-    count ('10 requests (B1#0, B2#0, B2#1, ...): one-token response ...'); a request that
-    failed its own way keeps its label ('B2#1: HTTP 500')."""
-    groups: dict[str, list[str]] = {}
-    for record in failed:
-        diagnosis = "; ".join(str(p) for p in record["problems"]) or "not ok"
-        groups.setdefault(diagnosis, []).append(label(record))
-    said = []
-    for diagnosis, labels in groups.items():
-        if len(labels) == 1:
-            said.append(f"{labels[0]}: {diagnosis}")
-        else:
-            shown = ", ".join(labels[:3]) + (", ..." if len(labels) > 3 else "")
-            said.append(f"{len(labels)} requests ({shown}): {diagnosis}")
-    return said
-
-
 def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusal: list[str],
               late: list[str] = ()) -> tuple[str, int, list[str]]:
     """The run's verdict: pass only with every planned request passed, in time, unrefused.
@@ -823,20 +806,32 @@ def server_main(parser: argparse.ArgumentParser, argv: list[str], prog: str, mod
                 build) -> int:
     """The one main of the programs that talk to a server (warm-up, probe, gate): parse
     the options, make the run's settings, build(args, settings) -> (program, print_plan)
-    (UsageError: exit 2 naming it), then print the dry run or run the program."""
+    (UsageError: exit 2 naming it), then print the dry run or run the program. A usage
+    error is published to the textfile too (verdict 'usage'): every run begun says so."""
     try:
         args = parse_or_explain(parser, argv)
-        settings = run_settings(args, prog, mode)
+    except SystemExit as exc:             # argparse: --help, --version, a usage error
+        return usage_exit(exc, mode, os.environ.get("WARMUP_TEXTFILE"))
+    try:
         try:
+            settings = run_settings(args, prog, mode)
             program, print_plan = build(args, settings)
         except UsageError as exc:
             usage_error(parser, args.json, str(exc))
-    except SystemExit as exc:             # argparse: --help, --version, a usage error
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except SystemExit as exc:
+        return usage_exit(exc, mode, None if args.dry_run else args.textfile)
     if args.dry_run:
         print_plan()
         return EXIT_PASS
-    return run_session(settings, program)
+    return run_session(program.settings, program)
+
+
+def usage_exit(exc: SystemExit, mode: str, textfile: str | None) -> int:
+    """argparse's exit as a status; a usage error (2) is published to the textfile."""
+    code = exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if code == EXIT_USAGE and textfile:
+        publish_usage(mode, textfile)
+    return code
 
 
 def connection_from(args: argparse.Namespace) -> Connection:
@@ -856,22 +851,3 @@ def connection_from(args: argparse.Namespace) -> Connection:
     return Connection(target=target, api_key=api_key, api_key_env=args.api_key_env,
                       model=args.model or env.get("WARMUP_MODEL") or None, engines=engines,
                       settle_s=args.settle_s)
-
-
-def base_url_from(flag: str | None) -> Target:
-    """The server's address from --base-url, else WARMUP_BASE_URL, else the default;
-    UsageError naming where the bad value came from."""
-    if flag is not None:
-        return parse_base_url(flag, "--base-url")
-    from_env = os.environ.get("WARMUP_BASE_URL")
-    if from_env:
-        return parse_base_url(from_env, "WARMUP_BASE_URL")
-    return parse_base_url(DEFAULT_BASE_URL)
-
-
-def parse_base_url(text: str, source: str = "--base-url") -> Target:
-    """The server's address; a trailing /v1 is dropped (the programs add their paths)."""
-    target = parse_url(text, source)
-    if target.path.endswith("/v1"):
-        target = replace(target, path=target.path[:-3])
-    return target

@@ -9,21 +9,22 @@ and writes JSON Lines records that an operator reads before releasing producers.
 The run, in order (each step is a function or method right below):
 
   main()                vllm_client.server_main(): options -> build_warmup() -> a WarmUp
-                        (--dry-run prints the plan)
+                        (--dry-run prints the plan); the plan is a contract.Plan
   runframe.run_session  records open, signals handled, exactly one summary, exit code
     WarmUp.steps()      the warm-up's steps:
       learn_server()      model, context length, engines (vllm_client)
       size_long_prompts() B1's prompt per engine, sized with /tokenize
-      warm_waves()        for each wave: guarded_batch() (guard -> release -> collect),
-                          then request_record() judges each answer (kinds.judge), and
-                          evidence.cross_check() what the engine's counters show
+      warm_batch()        for each batch of plan.batches(): guarded_batch() (guard ->
+                          release -> collect), request_record() per answer (kinds.judge),
+                          wave records with what the engine's counters show
       Evidence.read_after counter deltas and status files over the warm-up (evidence.py)
-    WarmUp.judge()      judge_run(): every planned request ok, unrefused, in time
+    WarmUp.judge()      contract.decide() on the records this run wrote: the one verdict
+    after_summary()     with --ready-file: the ready file from that verdict (ready.py)
 
 It is a program over the layers beside it: transport.py (bytes on a socket),
-runframe.py (a run with one summary), vllm_client.py (what a vLLM server says) and
-evidence.py (what moved). Standard library only, Python 3.10+. The contract is
-CONTRACT.md beside this file.
+runframe.py (a run with one summary), contract.py (what a warm-up is and how it is
+judged), vllm_client.py (what a vLLM server says) and evidence.py (what moved).
+Standard library only, Python 3.10+. The contract is CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
@@ -34,19 +35,21 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
-    from evidence import Evidence, EvidenceOptions, cross_check, engine_shares, time_to_warm
-    from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
-                          emit, flag_or_env, seconds, whole)
-    from kinds import (B1_FLOOR, CONTRACT_PRIORITY, CONTRACT_TOKENS, KINDS, PATH_NAMES, Kind,
-                       b1_floor, contract_differences, judge, kinds_of, parse_paths,
-                       request_id)
+    from contract import (B1_FLOOR, REVIEWED, Ending, Plan, batch_name, cache_check, decide,
+                          differences, parse_waves, plan_record, wave_name)
+    from evidence import Evidence, EvidenceOptions, time_to_warm
+    from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
+    from ready import drop_ready_file, ready_document, write_ready
     from records import as_dict
+    from runframe import (EXIT_FAIL, EXIT_REFUSED, Run, RunSettings, add_file_option,
+                          add_run_options, argument_type, emit, given_value, late_problem,
+                          seconds, whole)
     from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
                            series_name, writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -60,9 +63,6 @@ except ImportError as exc:           # a module of the folder is missing: one li
           f"back as one folder; restore the whole folder", file=sys.stderr)
     sys.exit(2)
 
-DEFAULT_WAVES = (1, 2, 3, 4)
-MAX_WAVE_DEPTH = 64
-GREEDY = KINDS["greedy"]              # the contract's request: every wave sends it
 TIME_TO_WARM_HELP = {
     "start_to_healthy_s": "The last run's server: its process start to its first /health "
                           "200 (WARMUP_HEALTHY_AT, from start.sh).",
@@ -71,6 +71,8 @@ TIME_TO_WARM_HELP = {
                        "to the warm-up's end.",
 }
 MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
+DEFAULT_DEADLINE_S = 90.0
+DEFAULT_HARD_S = 95.0
 
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
@@ -82,107 +84,11 @@ def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
 
 
 # ---------------------------------------------------------------------------
-# The plan: waves, prompts and budgets, as plain data.
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Plan:
-    """What the warm-up sends on each engine: the waves, and each request's budget."""
-    waves: tuple[int, ...] = DEFAULT_WAVES
-    tokens: int = CONTRACT_TOKENS
-    priority: int = CONTRACT_PRIORITY
-    b1_tokens: int = 5000
-    gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
-    chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
-    chunk_source: str = "assumed"         # where the chunk came from: a flag, or assumed
-    paths: tuple = ()                     # --paths: request kinds warmed after the waves
-    template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
-
-    @property
-    def path_depths(self) -> tuple[int, ...]:
-        """A --paths kind runs at depth 1 and at the deepest wave's."""
-        return tuple(dict.fromkeys((1, max(self.waves))))
-
-    @property
-    def requests_per_engine(self) -> int:
-        """Every request on one engine: the waves', then every kind's."""
-        return self.wave_requests + len(kinds_of(self.paths)) * sum(self.path_depths)
-
-    @property
-    def b1_minimum(self) -> int:
-        """The fewest prompt tokens B1 may have: above 4096 and above the prefill chunk."""
-        return b1_floor(self.chunk_tokens)
-
-    @property
-    def b1_target(self) -> int:
-        """B1's target size: --b1-tokens, or past the chunk when that is not longer."""
-        if self.b1_tokens > self.chunk_tokens:
-            return self.b1_tokens
-        return self.chunk_tokens + max(self.chunk_tokens // 8, 64)
-
-    @property
-    def wave_requests(self) -> int:
-        """The waves' requests per engine (B1..Bn, --paths kinds aside)."""
-        return sum(self.waves)
-
-
-def wave_name(depth: int) -> str:
-    return f"B{depth}"
-
-
-def parse_waves(text: str) -> tuple[int, ...]:
-    """'1,2,3,4' -> (1, 2, 3, 4); distinct depths of 1 to 64, the first of them 1."""
-    try:
-        depths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"wants depths separated by commas, such as 1,2,3,4; got {text!r}")
-    if any(d < 1 or d > MAX_WAVE_DEPTH for d in depths):
-        raise ValueError(f"depths must be between 1 and {MAX_WAVE_DEPTH}; got {text!r}")
-    if len(set(depths)) != len(depths):
-        raise ValueError(f"depths must be distinct; got {text!r}")
-    if depths[0] != 1:
-        raise ValueError(f"must start with 1 (B1, the long-prompt wave); got {text!r}")
-    return depths
-
-
-def kind_wave_name(kind_: Kind, depth: int) -> str:
-    """A wave's name as records and ids carry it: B2, or a --paths kind's logprobs-chat-4."""
-    return wave_name(depth) if kind_.path is None else f"{kind_.name}-{depth}"
-
-
-def plan_description(plan: Plan, settings: RunSettings) -> dict:
-    """The plan as recorded and as printed by --dry-run (sizes only, never prompt text)."""
-    return {
-        "waves": [{"wave": wave_name(d), "depth": d,
-                   "prompt": "long" if i == 0 else "short"} for i, d in enumerate(plan.waves)],
-        "requests_per_engine": plan.requests_per_engine,
-        "completion_tokens_max": plan.requests_per_engine * plan.tokens,
-        "request_kind": GREEDY.name,
-        "tokens": plan.tokens,
-        "priority": plan.priority,
-        "b1_target_tokens": plan.b1_target,
-        "b1_min_prompt_tokens": plan.b1_minimum,
-        "chunk_tokens": plan.chunk_tokens,
-        "chunk_source": plan.chunk_source,
-        "short_prompt_words": SHORT_PROMPT_WORDS + 1,
-        "deadline_s": settings.deadline_s,
-        "socket_cap_s": settings.socket_cap_s,
-        "max_body_bytes": MAX_BODY_BYTES,
-        "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
-                   "stream": k.stream, "held_to": "1 to N tokens, length or stop"
-                   if k.holds.tokens == "upto" else "N tokens, length"}
-                  for k in kinds_of(plan.paths)],
-        "wave_evidence": bool(plan.gauge_interval_ms),
-        "gauge_interval_ms": plan.gauge_interval_ms or None,
-    }
-
-
-# ---------------------------------------------------------------------------
-# The warm-up: a ServerProgram whose steps are the waves.
+# The warm-up: a ServerProgram whose steps are the plan's batches.
 # ---------------------------------------------------------------------------
 
 class WarmUp(ServerProgram):
-    """Waves B1..Bn on every engine, each behind the guard; judged per request."""
+    """The plan's batches on every engine, each behind the guard; judged by decide()."""
 
     mode = "warmup"
 
@@ -194,21 +100,23 @@ class WarmUp(ServerProgram):
         self.evidence = Evidence(evidence)
         self.healthy_at = evidence.healthy_at
         self.ready_file = ready_file          # removed first, rewritten after a contract pass
-        self.ready_dropped = ""               # what removing it before the run did
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
+        self.ready_dropped = ""               # what removing it before the run did
+        self.verdict = None                   # contract.decide()'s, once judged
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
         if self.ready_file:           # until this run passes: a killed run leaves none
-            removed, self.ready_dropped = self.drop_ready_file()
+            removed, why = drop_ready_file(self.ready_file)
+            self.ready_dropped = "; the old one was removed" if removed else ""
             if removed is False:
-                run.say(f"ready file {self.ready_file}{self.ready_dropped}: it stays until "
-                        f"this run passes or you remove it")
+                run.say(f"ready file {self.ready_file}: the old one could not be removed "
+                        f"({why}): it stays until this run passes or you remove it")
         self.learn_server(run)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.b1_minimum)
         run.write_run_record()
-        run.say(self.start_line(run))
+        run.say(start_line(self, run))
         if self.plan.chunk_source == "assumed":
             self.tally.warnings.append(
                 f"the server's prefill chunk was not given (--chunk-tokens, "
@@ -216,30 +124,46 @@ class WarmUp(ServerProgram):
                 f"contract's chunk; a server started with a larger --max-num-batched-tokens "
                 f"prefills it in one step, which /metrics cannot show")
         self.evidence.read_before(run)
-        self.warm_waves(run)
+        batches = self.plan.batches()
+        for position, (kind_, depth) in enumerate(batches):
+            if run.clock.remaining() <= 0:
+                rest = ",".join(batch_name(*b) for b in batches[position:])
+                self.tally.problems.append(f"deadline passed before {batch_name(kind_, depth)}"
+                                           f": {rest} not run")
+                break
+            if not self.warm_batch(run, kind_, depth):
+                break
         if self.tally.requests:
             self.evidence.read_after(run, self.connection.target, self.tally.first_counters,
-                                     self.tally, self.check_engine_shares)
+                                     self.tally, self.engine_shares)
 
     def planned_per_engine(self) -> int:
         return self.plan.requests_per_engine
 
-    def b1_counts(self) -> list:
-        return [counted for _, counted in self.b1_prompts.values()]
+    def engines_skipped(self) -> list:
+        covered = routed(self.server.engines) or self.server.served
+        return sorted(set(self.server.served) - set(covered))
 
     def plan_fields(self) -> dict:
-        counts = self.b1_counts()
+        counts = [counted for _, counted in self.b1_prompts.values()]
         smallest = None if not counts or None in counts else min(counts)
         by_engine = {str(e): c for e, (_, c) in self.b1_prompts.items()
                      if e is not None and c is not None}
-        covered = routed(self.server.engines) or self.server.served
-        plan = dict(plan_description(self.plan, self.settings),
-                    engines_skipped=sorted(set(self.server.served) - set(covered)))
-        differences = contract_differences(plan)
-        return dict(plan, contract=not differences, differences=differences,
+        found = differences(self.plan, self.engines_skipped())
+        return dict(plan_record(self.plan), engines_skipped=self.engines_skipped(),
+                    contract=not found, differences=found, deadline_s=self.settings.deadline_s,
                     b1_prompt_tokens_counted=smallest,
                     b1_prompt_tokens_by_engine=by_engine or None,
                     b1_sizing="tokenize" if smallest is not None else "estimate")
+
+    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
+        """contract.decide() on the records this run wrote, with how its steps ended."""
+        problems = tuple(self.tally.problems + list(extra) + late_problem(run))
+        refusal = tuple(self.tally.refusal)
+        ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems else \
+            Ending("refused", EXIT_REFUSED, refusal) if refusal else Ending(problems=problems)
+        self.verdict = decide(run.run_record, run.written, ending)
+        return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
     def summary_fields(self, run: Run) -> dict:
         """The summary's counts, highlighted counters and, per engine, speculative
@@ -248,134 +172,92 @@ class WarmUp(ServerProgram):
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
-        differences = self.plan_fields()["differences"]
+        found = differences(self.plan, self.engines_skipped())
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
-                      spec_decode=spec, contract=not differences,
-                      plan_differences=differences,
+                      spec_decode=spec, contract=not found, plan_differences=found,
                       cache_check=cache_check(self.tally.requests),
                       time_to_warm=time_to_warm(self.server.process_start, self.healthy_at,
                                                 time.time()))
+        if self.verdict is not None:
+            fields["parts"] = [list(part) for part in self.verdict.parts]
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields
 
-    def drop_ready_file(self) -> tuple[bool | None, str]:
-        """Remove the ready file (a regular file only): (removed, or None when there was
-        none to remove; what was done, as a clause)."""
-        if not os.path.isfile(self.ready_file) or os.path.islink(self.ready_file):
-            return None, ""
-        try:
-            os.remove(self.ready_file)
-            return True, "; the old one was removed"
-        except OSError as exc:
-            return False, f"; the old one could not be removed ({exc.strerror})"
-
     def after_summary(self, run: Run, summary: dict) -> None:
         """With --ready-file: the ready file, removed before anything was sent (a re-warm
-        after a wake that fails or is killed leaves no stale 'ready'), rewritten from these
-        records when they show a contract pass (as start.sh writes it)."""
+        after a wake that fails or is killed leaves no stale 'ready'), written again from
+        this run's own verdict when it is a contract pass (as start.sh writes it)."""
         if not self.ready_file:
             return None
-        from ready import write_ready
-        code, line = write_ready(self.ready_file, run.settings.records_path, None,
-                                 run.settings.run_id)
-        if code == 0:
+        gauges = [r for r in run.written if r.get("record") == "gauges"]
+        doc, why = ready_document(summary["verdict"], run.run_record or {}, summary,
+                                  self.settings.records_path,
+                                  gauges[-1].get("sleep_state") if gauges else None)
+        why = why or write_ready(self.ready_file, doc)
+        if why is None:
             run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
                     f"{self.ready_file}` says while it stays true")
-            return None
-        removed = self.drop_ready_file()[1] or self.ready_dropped
-        run.say(f"ready file {self.ready_file} {line}{removed}")
+        else:
+            run.say(f"ready file {self.ready_file} not written: {why}{self.ready_dropped}")
         return None
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
-        """Requests ok and failed in the last run, per engine (the engine index only), and
-        the time to warm: process start -> first /health 200 -> warm-up end."""
-        samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
-                   for phase, help_text in TIME_TO_WARM_HELP.items()
-                   if (value := as_dict(summary.get("time_to_warm")).get(phase)) is not None]
-        for engine in self.server.engines:
-            mine = [r for r in self.tally.requests if r["engine"] == engine]
-            ok = sum(1 for r in mine if r["ok"])
-            labels = {} if engine is None else {"engine": str(engine)}
-            for result, value in (("ok", ok), ("failed", self.plan.requests_per_engine - ok)):
-                samples.append(("offload_warmup_requests", dict(labels, result=result),
-                                float(value), "Requests of the last run, ok or failed (not "
-                                              "run counts as failed), per engine."))
-        return samples
+        return exported_samples(self.server.engines, self.tally.requests,
+                                self.plan.requests_per_engine, summary)
 
-    # -- the waves -------------------------------------------------------------
+    def engine_shares(self, deltas: dict, record: dict) -> None:
+        """Each engine's figures in the main metrics record (its share is decide()'s)."""
+        from contract import b1_prompts, engine_shares
+        engines = routed(self.server.engines)
+        if engines and deltas:
+            record["engines"], _, warnings = engine_shares(
+                deltas, engines, self.plan.wave_requests * self.plan.tokens,
+                b1_prompts(self.tally.requests))
+            self.tally.warnings += warnings
 
-    def warm_waves(self, run: Run) -> None:
-        """Guard, then wave, in order: the waves, then each request kind of --paths at depth
-        1 and at the deepest wave's, on every engine; stops at a refusal or the deadline."""
-        plan = self.plan
-        batches = [(GREEDY, d) for d in plan.waves] + \
-            [(k, d) for k in kinds_of(plan.paths) for d in plan.path_depths]
-        for position, (kind_, depth) in enumerate(batches):
-            if run.clock.remaining() <= 0:
-                rest = ",".join(wave_name(d) for d in plan.waves[position:])
-                self.tally.problems.append(f"deadline passed before {kind_wave_name(kind_, depth)}"
-                                           + (f": waves {rest} not run" if rest else ""))
-                return
-            if not self.warm_wave(run, depth, position == 0, kind_):
-                return
+    # -- one batch ---------------------------------------------------------------
 
-    def warm_wave(self, run: Run, depth: int, first: bool, kind_: Kind) -> bool:
-        """One wave of a kind on every engine at once; False when the guard refused it."""
-        name = kind_wave_name(kind_, depth)
-        slots = self.wave_slots(run, depth, first, kind_)
+    def warm_batch(self, run: Run, kind_: Kind, depth: int) -> bool:
+        """One batch of a kind on every engine at once; False when the guard refused it."""
+        name = batch_name(kind_, depth)
+        slots = self.batch_slots(run, kind_, depth)
         started = run.clock.elapsed()
-        finished = self.guarded_batch(run, name, slots, first=first,
+        finished = self.guarded_batch(run, name, slots, first=not self.tally.requests,
                                       observe_ms=self.plan.gauge_interval_ms)
         if finished is None:
             return False
         duration = self.batch_ended_at - started
-        wave_requests = [self.request_record(run, depth, slot, first, kind_)
-                         for slot in finished]
-        for record in wave_requests:
+        answers = [request_record(run, self, depth, slot, kind_) for slot in finished]
+        for record in answers:
             run.write(record)
-        self.tally.requests += wave_requests
+        self.tally.requests += answers
         evidence = self.wave_evidence(run, name)
-        # What every engine counted over the wave against all its requests: foreign work
-        # or a restart (a request sent to another engine is the engine shares' to name).
-        shown = [] if evidence is None else cross_check(
-            evidence["deltas"], wave_requests, name, evidence["went_down"])[0]
-        self.tally.problems += shown
+        shown = [] if evidence is None else cross_check_wave(evidence, answers, name)
         for engine in self.server.engines:
-            mine = [r for r in wave_requests if r["engine"] == engine]
-            slots = [s for s in finished if s.engine == engine]
-            skew = release_skew_ms(slots)
-            sent = [s.sent_at for s in slots if s.sent_at is not None]
-            done = [s.done_at for s in slots if s.done_at is not None]
+            mine = [r for r in answers if r["engine"] == engine]
+            mine_slots = [s for s in finished if s.engine == engine]
             seen = wave_figures(evidence, engine, self.observed)
-            problems = judge_wave(mine, depth, engine, name) + shown
-            run.write({"record": "wave", "run_id": run.settings.run_id, "wave": name,
-                       **({} if kind_.path is None else {"path": kind_.name}),
-                       "depth": depth, "engine": engine,
-                       "release_skew_ms": skew,
-                       "batch_release_skew_ms": release_skew_ms(finished),
-                       "duration_s": round(duration, 4), "started_at_s": round(started, 4),
-                       "released_at": run.wall(min(sent, default=None)),
-                       "last_answer_at": run.wall(max(done, default=None)),
-                       "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
-                       "problems": problems, **seen})
-            run.say(wave_line(name, engine, mine, skew, duration, first, seen))
-        if first and cache_check(wave_requests) == "not_made" \
-                and any(r["http_status"] == 200 for r in wave_requests):
+            run.write(wave_record(run, name, kind_, depth, engine, mine, mine_slots, finished,
+                                  duration, started, shown, seen))
+            run.say(wave_line(name, engine, mine, release_skew_ms(mine_slots), duration,
+                              kind_.holds.long_prompt, seen))
+        if kind_.holds.long_prompt and cache_check(answers) == "not_made" \
+                and any(r["http_status"] == 200 for r in answers):
             self.tally.notes.append("B1 cache check not made: the server does not report "
                                     "cached tokens (start it with "
                                     "--enable-prompt-tokens-details to check)")
         return True
 
-    def wave_slots(self, run: Run, depth: int, first: bool, kind_: Kind) -> list[Slot]:
-        """The wave's requests on every engine, encoded before any client connects."""
+    def batch_slots(self, run: Run, kind_: Kind, depth: int) -> list[Slot]:
+        """The batch's requests on every engine, encoded before any client connects."""
         run_id, plan = run.settings.run_id, self.plan
         slots = []
         for engine in self.server.engines:
             for index in range(depth):
-                rid = request_id("warmup", run_id, engine, kind_wave_name(kind_, depth), index)
+                rid = request_id("warmup", run_id, engine, batch_name(kind_, depth), index)
                 seed = f"{run_id}/{engine}" + ("" if kind_.path is None else f"/{kind_.name}")
-                prompt = self.b1_prompts[engine][0] if first else \
+                prompt = self.b1_prompts[engine][0] if kind_.holds.long_prompt else \
                     make_short_prompt(seed, depth, index)
                 slots.append(self.make_slot(kind_, index, rid, engine, prompt, plan.tokens,
                                             plan.priority, plan.template_kwargs))
@@ -398,68 +280,6 @@ class WarmUp(ServerProgram):
                            if v is not None or (k in before and k in after)},
                 "went_down": went_down(before, after), "why": None}
 
-    def request_record(self, run: Run, depth: int, slot: Slot, first: bool,
-                       kind_: Kind) -> dict:
-        """A request record from what one client got: counts, reasons, verdict (judge())."""
-        timing, answer = slot_timing(slot), read_slot(slot)
-        problems = judge(answer, kind_, self.plan.tokens,
-                         floor=self.plan.b1_minimum if first else None,
-                         diagnose=self.diagnose)
-        path = {} if kind_.path is None else {"path": kind_.name}
-        return {
-            "record": "request", "run_id": run.settings.run_id,
-            "request_id": slot.request_id, "request_kind": kind_.name,
-            "wave": kind_wave_name(kind_, depth),
-            **path, "depth": depth, "index": slot.index, "engine": slot.engine,
-            **answer_record(answer),
-            "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
-            "ok": not problems, "problems": problems,
-            "metrics": answer.get("metrics"),
-            "speculative_decoding": answer.get("speculative_decoding"),
-        }
-
-    def check_engine_shares(self, deltas: dict, record: dict) -> None:
-        """Proof per engine: each engine's own counters must show its planned work (only
-        when every planned request ran, on a routed server)."""
-        engines = routed(self.server.engines)
-        if not engines or len(self.tally.requests) != self.planned():
-            return
-        want_prompt = {}
-        for r in self.tally.requests:
-            if r["wave"] == wave_name(self.plan.waves[0]) \
-                    and isinstance(r.get("prompt_tokens"), int):
-                want_prompt[r["engine"]] = r["prompt_tokens"]
-        shares, problems, warnings = engine_shares(
-            deltas, engines, self.plan.wave_requests * self.plan.tokens, want_prompt)
-        record["engines"] = shares
-        self.tally.problems += problems
-        self.tally.warnings += warnings
-
-    def start_line(self, run: Run) -> str:
-        """What the run is about to do: server, model, engines, waves, B1's size, deadline."""
-        engines = routed(self.server.engines)
-        shown = "" if engines is None else f", engines {format_engines(engines)}"
-        count = len(kinds_of(self.plan.paths))
-        kinds = f" and {count} request kinds of --paths" if count else ""
-        counted = sorted(self.b1_counts(), key=lambda c: (c is None, c or 0)) or [None]
-        b1_size = "estimated" if None in counted else \
-            "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
-        return (f"warm-up {run.settings.run_id}: {self.connection.target.display} model "
-                f"{clean_text(self.server.model or '', 80)}{shown}, waves "
-                f"{','.join(wave_name(d) for d in self.plan.waves)}{kinds} ({self.planned()} "
-                f"requests), B1 prompt {b1_size} tokens, deadline "
-                f"{run.settings.deadline_s:g} s")
-
-
-def cache_check(requests: list[dict]) -> str:
-    """B1's cache check as a code (pure): 'made' (every B1 reported cached tokens, none
-    cached), 'hit' (a B1 was served from the prefix cache), 'not_made' (not reported, or
-    no B1 answered)."""
-    b1 = [r for r in requests if r["wave"] == "B1" and r["http_status"] == 200]
-    if any(r["cached_tokens"] for r in b1):
-        return "hit"
-    return "made" if b1 and all(r["cached_tokens"] is not None for r in b1) else "not_made"
-
 
 def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
     """Each --paths kind's result (pure): ok, failed with its first problem, or not run."""
@@ -470,6 +290,87 @@ def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
         results[kind_.name] = "not run" if not mine else "ok" if not failed else \
             f"failed: {failed[0]['problems'][0] if failed[0]['problems'] else 'not ok'}"
     return results
+
+
+def cross_check_wave(evidence: dict, answers: list[dict], name: str) -> list[str]:
+    """What the engines counted over one wave against its records (a wave record says it;
+    decide() judges it from the wave records)."""
+    from contract import cross_check
+    return cross_check(evidence["deltas"], answers, name, evidence["went_down"])[0]
+
+
+def request_record(run: Run, warm: WarmUp, depth: int, slot: Slot, kind_: Kind) -> dict:
+    """A request record from what one client got: counts, reasons, verdict (judge())."""
+    timing, answer = slot_timing(slot), read_slot(slot)
+    problems = judge(answer, kind_, warm.plan.tokens, floor=warm.plan.b1_minimum,
+                     diagnose=warm.diagnose)
+    path = {} if kind_.path is None else {"path": kind_.name}
+    return {
+        "record": "request", "run_id": run.settings.run_id,
+        "request_id": slot.request_id, "request_kind": kind_.name,
+        "wave": batch_name(kind_, depth),
+        **path, "depth": depth, "index": slot.index, "engine": slot.engine,
+        **answer_record(answer),
+        "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
+        "ok": not problems, "problems": problems,
+        "metrics": answer.get("metrics"),
+        "speculative_decoding": answer.get("speculative_decoding"),
+    }
+
+
+def wave_record(run: Run, name: str, kind_: Kind, depth: int, engine, mine: list[dict],
+                slots: list[Slot], finished: list[Slot], duration: float, started: float,
+                shown: list[str], seen: dict) -> dict:
+    """One engine's record of a wave: its release skew, times, requests ok, evidence."""
+    sent = [s.sent_at for s in slots if s.sent_at is not None]
+    done = [s.done_at for s in slots if s.done_at is not None]
+    problems = judge_wave(mine, depth, engine, name) + shown
+    return {"record": "wave", "run_id": run.settings.run_id, "wave": name,
+            **({} if kind_.path is None else {"path": kind_.name}),
+            "depth": depth, "engine": engine, "release_skew_ms": release_skew_ms(slots),
+            "batch_release_skew_ms": release_skew_ms(finished),
+            "duration_s": round(duration, 4), "started_at_s": round(started, 4),
+            "released_at": run.wall(min(sent, default=None)),
+            "last_answer_at": run.wall(max(done, default=None)),
+            "ok": not problems, "requests_ok": sum(r["ok"] for r in mine),
+            "problems": problems, **seen}
+
+
+def exported_samples(engines: tuple, requests: list[dict], per_engine: int,
+                     summary: dict) -> list[tuple]:
+    """Requests ok and failed in the last run, per engine (the engine index only), and
+    the time to warm: process start -> first /health 200 -> warm-up end."""
+    samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
+               for phase, help_text in TIME_TO_WARM_HELP.items()
+               if (value := as_dict(summary.get("time_to_warm")).get(phase)) is not None]
+    for engine in engines:
+        ok = sum(1 for r in requests if r["engine"] == engine and r["ok"])
+        labels = {} if engine is None else {"engine": str(engine)}
+        for result, value in (("ok", ok), ("failed", per_engine - ok)):
+            samples.append(("offload_warmup_requests", dict(labels, result=result),
+                            float(value), "Requests of the last run, ok or failed (not "
+                                          "run counts as failed), per engine."))
+    return samples
+
+
+def start_line(warm: WarmUp, run: Run) -> str:
+    """What the run is about to do: server, model, engines, waves, B1's size, deadline,
+    and every setting that changed the plan or added requests, with where it came from."""
+    plan = warm.plan
+    engines = routed(warm.server.engines)
+    shown = "" if engines is None else f", engines {format_engines(engines)}"
+    count = len(kinds_of(plan.paths))
+    kinds = f" and {count} request kinds of --paths" if count else ""
+    counted = sorted((c for _, c in warm.b1_prompts.values()),
+                     key=lambda c: (c is None, c or 0)) or [None]
+    b1_size = "estimated" if None in counted else \
+        "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
+    given = ", ".join(source for _, source in plan.given)
+    return (f"warm-up {run.settings.run_id}: {warm.connection.target.display} model "
+            f"{clean_text(warm.server.model or '', 80)}{shown}, waves "
+            f"{','.join(wave_name(d) for d in plan.waves)}{kinds} ({warm.planned()} "
+            f"requests), B1 prompt {b1_size} tokens, deadline "
+            f"{run.settings.deadline_s:g} s" + (f"; given: {given}" if given else ""))
 
 
 def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:
@@ -500,13 +401,10 @@ def wave_figures(evidence: dict | None, engine: int | None, observed: dict | Non
     }
 
 
-# ---------------------------------------------------------------------------
-# The judge: what makes a warm-up response, and a wave, pass (pure functions).
-# ---------------------------------------------------------------------------
-
 def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
                name: str | None = None) -> list[str]:
-    """A wave passes (on one engine) when all `depth` requests ran and passed."""
+    """A wave record's own problems (on one engine): fewer than `depth` requests ran, or
+    some failed (the run's verdict is decide()'s, from the request records)."""
     name = (name or wave_name(depth)) + ("" if engine is None else f" engine {engine}")
     problems = []
     if len(requests) != depth:
@@ -557,22 +455,26 @@ def evidence_text(seen: dict, depth: int) -> str:
 
 EPILOG = ENVIRONMENT_HELP + """\
   WARMUP_TOKENS       default for --tokens (not 32: a custom plan)
-  WARMUP_WAVES        default for --waves (not starting 1,2,3,4: a custom plan)
-  WARMUP_PATHS        default for --paths
+  WARMUP_WAVES        default for --waves (not 1,2,3,4: a custom plan)
+  WARMUP_PRIORITY     default for --priority (not 20: a custom plan)
+  WARMUP_PATHS        default for --paths (extra requests, named on the verdict line)
+  WARMUP_DEADLINE_S   default for --deadline-s
   WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
                       command's --max-num-batched-tokens)
   WARMUP_READY_FILE   default for --ready-file
   WARMUP_HEALTHY_AT   when /health first answered 200 (Unix time; start.sh sets it): the
                       summary's time_to_warm then has all three phases
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
-                      --deadline-s must be below it
+                      the default deadline is 90 s, or 5 s under a lower bound; an
+                      explicit --deadline-s (or WARMUP_DEADLINE_S) must be below it
   WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
 
 exit status:
   0    pass: every response as required (32 tokens, finish 'length', no stop reason;
        B1 more than 4096 prompt tokens, none cached), in time; a custom plan (another
        --tokens, --waves, --priority, or engines left cold) that passed also exits 0,
-       its verdict line saying 'pass, custom plan: ...', never PASS
+       its verdict line saying 'pass, custom plan: ...' and the setting that made it,
+       never PASS (qualify.py report exits 1 for it: not the contract's warm-up)
   1    fail: a wrong response, a request error, cannot connect, context too small,
        an engine short of its share, an internal error, or late
   2    usage or configuration error (bad option, bad URL, records or textfile not
@@ -586,8 +488,9 @@ exit status:
 
 A wave's depth is client concurrency (requests released together), not the engine's
 batch shape. Not covered: long-context attention, every verification depth, deeper
-bands (B6/B8; --waves 1,2,3,4,6,8 sends them, but a server with --max-num-seqs 4 never
-runs six at once). Readiness is not warm-up success: read the
+bands (B6/B8; --waves 1,2,3,4,6,8 sends them, a custom plan, but a server with
+--max-num-seqs 4 never runs six at once). Every setting that changes the plan or adds
+requests is named with where it came from on the run's first line. Readiness is not warm-up success: read the
 records before releasing producers. The contract: CONTRACT.md beside this file.
 """
 
@@ -599,19 +502,18 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                     "every engine; check every response; write JSON Lines records for the\n"
                     "operator to inspect. After a start: qualify.py report|probe|gate.")
     add_server_options(parser)
-    add_run_options(parser)
+    add_run_options(parser, deadline_s=None)
     parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=None,
                         help="completion tokens per request: max_tokens = min_tokens, 2 to "
                              "4096; not 32 is a custom plan (default: $WARMUP_TOKENS, else 32)")
-    parser.add_argument("--priority", metavar="N", type=whole(-(1 << 31), (1 << 31) - 1),
-                        default=20,
+    parser.add_argument("--priority", metavar="N", type=PRIORITY, default=None,
                         help="request priority; with --scheduling-policy priority, real "
                              "traffic at 0 goes first; not 20 is a custom plan (default: "
-                             "%(default)s)")
+                             "$WARMUP_PRIORITY, else 20)")
     parser.add_argument("--waves", type=argument_type(parse_waves), default=None, metavar="1,2,3,4",
                         help="client concurrency of each wave, in order: distinct depths of 1 "
                              "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; "
-                             "not starting 1,2,3,4 is a custom plan (default: $WARMUP_WAVES, "
+                             "not 1,2,3,4 is a custom plan (default: $WARMUP_WAVES, "
                              "else 1,2,3,4)")
     parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR, MAX_LONG_PROMPT_TOKENS),
                         default=None,
@@ -660,29 +562,44 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     return parser
 
 
+PRIORITY = whole(-(1 << 31), (1 << 31) - 1)
+
+
 def build_warmup(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmUp, its dry run); UsageError naming a bad value."""
-    check_deadline(settings.deadline_s)
-    chunk = flag_or_env(args.chunk_tokens, "WARMUP_CHUNK_TOKENS",
-                        whole(1, MAX_LONG_PROMPT_TOKENS - 1), 4096)
+    settings = replace(settings, deadline_s=deadline_for(args.deadline_s))
+    chunk, chunk_source = given_value(args.chunk_tokens, "--chunk-tokens",
+                                      "WARMUP_CHUNK_TOKENS",
+                                      whole(1, MAX_LONG_PROMPT_TOKENS - 1), 4096)
     if args.b1_tokens is not None and args.b1_tokens <= chunk:
         raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                          f"longer; leave --b1-tokens out to size it past the chunk")
-    chunk_source = "--chunk-tokens" if args.chunk_tokens is not None else \
-        "WARMUP_CHUNK_TOKENS" if os.environ.get("WARMUP_CHUNK_TOKENS") else "assumed"
-    plan = Plan(waves=flag_or_env(args.waves, "WARMUP_WAVES", parse_waves, DEFAULT_WAVES),
-                tokens=flag_or_env(args.tokens, "WARMUP_TOKENS", whole(2, 4096), 32),
-                priority=args.priority, b1_tokens=args.b1_tokens or 5000,
-                gauge_interval_ms=args.gauge_interval_ms, chunk_tokens=chunk,
-                chunk_source=chunk_source,
-                paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
-                template_kwargs=args.chat_template_kwargs)
+    given = {}
+
+    def planned(name, flag, variable, parse, default):
+        value, source = given_value(getattr(args, name), flag, variable, parse, default)
+        if source:
+            given[name] = source
+        return value
+    plan = Plan(waves=planned("waves", "--waves", "WARMUP_WAVES", parse_waves, REVIEWED.waves),
+                tokens=planned("tokens", "--tokens", "WARMUP_TOKENS", whole(2, 4096),
+                               REVIEWED.tokens),
+                priority=planned("priority", "--priority", "WARMUP_PRIORITY", PRIORITY,
+                                 REVIEWED.priority),
+                paths=planned("paths", "--paths", "WARMUP_PATHS", parse_paths, ()),
+                b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
+                chunk_tokens=chunk, chunk_source=chunk_source.split("=")[0].split(" ")[0]
+                if chunk_source else "assumed", template_kwargs=args.chat_template_kwargs)
     connection = connection_from(args)
+    if connection.engines is not None:
+        given["engines"] = "--engines on the command line" if hasattr(args, "engines") \
+            else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
+    plan = replace(plan, given=tuple(given.items()))
     evidence = EvidenceOptions(
         metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
         status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
-        healthy_at=flag_or_env(None, "WARMUP_HEALTHY_AT", unix_time, None))
+        healthy_at=given_value(None, "", "WARMUP_HEALTHY_AT", unix_time, None)[0])
     if args.ready_file:
         same = [name for path, name in ((settings.records_path, "the records file"),
                                         (settings.textfile, "the --textfile"))
@@ -707,33 +624,56 @@ def unix_time(text: str) -> float:
     return float(text)
 
 
-def check_deadline(deadline_s: float) -> None:
-    """Under warmup_serve.sh (WARMUP_HARD_S), the deadline must fall before the hard bound:
-    a run the bound kills leaves a 'killed' summary, never a verdict."""
+def hard_bound() -> float | None:
+    """WARMUP_HARD_S, the bound warmup_serve.sh holds (None when not set); UsageError when
+    it is not a positive number of seconds."""
     text = os.environ.get("WARMUP_HARD_S")
+    if not text:
+        return None
     try:
-        hard = float(text) if text else None
+        hard = float(text)
     except ValueError:
         hard = -1.0
-    if hard is not None and not 0 < hard < float("inf"):
-        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, got {text!r}")
-    if hard is not None and deadline_s >= hard:
-        raise UsageError(f"--deadline-s {deadline_s:g} is not below the hard bound "
-                         f"WARMUP_HARD_S={text} (warmup_serve.sh ends the run there); lower "
-                         f"--deadline-s or raise WARMUP_HARD_S")
+    if not 0 < hard < float("inf"):
+        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, got "
+                         f"{clean_text(text, 40)!r}")
+    return hard
+
+
+def deadline_for(flag: float | None) -> float:
+    """The deadline: --deadline-s, else WARMUP_DEADLINE_S, else 90 s, or 5 s under a lower
+    hard bound (half of a bound under 10 s), so a run fits under the bound that ends it.
+    An explicit deadline at or past the bound is a usage error: the bound would end the
+    run with a 'killed' summary, never a verdict."""
+    deadline, source = given_value(flag, "--deadline-s", "WARMUP_DEADLINE_S", seconds(), None)
+    source = re.split("[= ]", source or "")[0]
+    hard = hard_bound()
+    if deadline is None:
+        return DEFAULT_DEADLINE_S if hard is None else \
+            min(DEFAULT_DEADLINE_S, max(hard - 5, hard / 2))
+    if hard is not None and deadline >= hard:
+        raise UsageError(f"{source}: the deadline {deadline:g} s is not below "
+                         f"the hard bound WARMUP_HARD_S={hard:g} (warmup_serve.sh ends the "
+                         f"run there); lower the deadline, leave it out, or raise "
+                         f"WARMUP_HARD_S")
+    return deadline
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
                as_json: bool) -> None:
     """Print the plan, sending nothing."""
     target, engines = connection.target, format_engines(connection.engines)
-    hard = os.environ.get("WARMUP_HARD_S") or "95"      # a number: check_deadline() held it
-    description = dict(plan_description(plan, settings), base_url=target.display,
-                       engines=engines, hard_bound_s=float(hard))
+    hard = hard_bound() or DEFAULT_HARD_S
+    description = dict(plan_record(plan), base_url=target.display, engines=engines,
+                       deadline_s=settings.deadline_s, socket_cap_s=settings.socket_cap_s,
+                       max_body_bytes=MAX_BODY_BYTES, hard_bound_s=hard,
+                       differences=differences(plan))
     if as_json:
         emit(json.dumps(description, indent=2))
         return
     lines = [f"plan for {target.display} (dry run: nothing sent)"]
+    if plan.given:
+        lines.append(f"  given: {', '.join(source for _, source in plan.given)}")
     for i, depth in enumerate(plan.waves):
         prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than "
                   f"{plan.b1_minimum - 1}: above 4096 and the prefill chunk "
@@ -746,13 +686,16 @@ def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
                 if kind_.holds.tokens == "upto" else f"{plan.tokens} tokens")
         lines.append(f"  {kind_.name:<13} depths {','.join(map(str, plan.path_depths))}: "
                      f"{'streamed ' if kind_.stream else ''}{kind_.endpoint}, held to {held}")
+    custom = differences(plan)
+    if custom:
+        lines.append(f"  custom plan, not the contract's: {'; '.join(custom)}")
     lines.append(f"  budget: {plan.requests_per_engine} requests, at most "
                  f"{plan.requests_per_engine * plan.tokens} completion tokens ({plan.tokens} "
                  f"each, min = max, ignore_eos, priority {plan.priority}; the waves greedy), "
                  f"per engine (engines: {engines})")
     lines.append(f"  bounds: deadline {settings.deadline_s:g} s, socket cap "
                  f"{settings.socket_cap_s:g} s, body cap {MAX_BODY_BYTES} bytes, hard bound "
-                 f"{hard} s (warmup_serve.sh)")
+                 f"{hard:g} s (warmup_serve.sh)")
     emit("\n".join(lines))
 
 

@@ -29,6 +29,7 @@ FAKE = os.path.join(TESTS, "fake_vllm.py")
 if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
 
+import contract  # noqa: E402
 import qualify  # noqa: E402
 import ready  # noqa: E402
 import transport  # noqa: E402
@@ -225,9 +226,7 @@ GOOD_ANSWER = {"http_status": 200, "choices": 1, "usage": True, "body_error": No
                "reasoning_tokens": None, "finish_reason": "length", "stop_reason": None,
                "stream_done": None, "first_token": None, "logprobs_count": None,
                "usage_problems": [], "error": None}
-CONTRACT_PLAN = {"waves": [{"wave": f"B{d}", "depth": d} for d in (1, 2, 3, 4)],
-                 "request_kind": "greedy", "tokens": 32, "priority": 20,
-                 "b1_min_prompt_tokens": 4097, "engines_skipped": []}
+CONTRACT_PLAN = dict(contract.plan_record(contract.REVIEWED), engines_skipped=[])
 
 
 class StartCase(HelperCase):
@@ -311,7 +310,8 @@ def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) ->
 def request_record(run_id: str, index: int, wave: str = "B1", **changes) -> dict:
     """A greedy request record whose fields pass the contract's rules (unless changed)."""
     return dict({"record": "request", "run_id": run_id,
-                 "request_id": f"warmup-{run_id}-{wave}-{index}", "request_kind": "greedy",
+                 "request_id": f"warmup-{run_id}-{wave}-{index}",
+                 "request_kind": "long" if wave == "B1" else "greedy",
                  "wave": wave, "depth": int(wave[1:]) if wave[1:].isdigit() else 1,
                  "index": index, "engine": None, **GOOD_ANSWER, "latency_s": 0.1,
                  "sent_at_s": 0.1, "ok": True, "problems": [], "metrics": None,

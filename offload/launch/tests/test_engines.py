@@ -12,6 +12,7 @@ import time
 import unittest
 
 from support import HelperCase
+import contract  # noqa: E402
 import evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
 import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
@@ -53,12 +54,12 @@ class TestGuardPerEngine(unittest.TestCase):
                   'vllm:generation_tokens_total{engine="1"}': 0.0,
                   'vllm:prompt_tokens_total{engine="0"}': 5200.0,
                   'vllm:prompt_tokens_total{engine="1"}': 0.0}
-        shares, problems, warnings = evidence.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
+        shares, problems, warnings = contract.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
         self.assertEqual([s["generation_tokens"] for s in shares], [320.0, 0.0])
         self.assertEqual(problems[0], "engine 1 generated 0 of 320 tokens: is "
                                       "X-data-parallel-rank honoured by this server?")
         self.assertEqual(warnings, [])
-        _, problems, warnings = evidence.engine_shares({}, (0, 1), 320, {})
+        _, problems, warnings = contract.engine_shares({}, (0, 1), 320, {})
         self.assertEqual(problems, [])
         self.assertEqual(len(warnings), 2)
 

@@ -8,11 +8,14 @@ import os
 import re
 import unittest
 
-from support import LAUNCH, HelperCase, request_record, run_record, summary_record
-import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+from support import (LAUNCH, HelperCase, contract_requests, request_record, run_record,
+                     summary_record)
+import contract  # noqa: E402  (support puts offload/launch on sys.path)
+import kinds  # noqa: E402
 import launcher  # noqa: E402
 import qualify  # noqa: E402
 import ready  # noqa: E402
+import readback  # noqa: E402
 import records  # noqa: E402
 
 GREEDY = kinds.KINDS["greedy"]
@@ -39,22 +42,22 @@ class TestTheJudge(unittest.TestCase):
         self.assertEqual(kinds.judge(copy, kinds.KINDS["copy"], 2048), [],
                          "the gate's copy: any count, any finish; its text is scored apart")
 
-    def test_the_long_prompt_rules_belong_to_the_long_wave(self):
+    def test_the_long_prompt_rules_belong_to_the_long_kind(self):
         short = dict(ANSWER, prompt_tokens=4096, cached_tokens=128)
-        self.assertEqual(kinds.judge(short, GREEDY, 32), [])
-        said = kinds.judge(short, GREEDY, 32, floor=4097)
+        self.assertEqual(kinds.judge(short, GREEDY, 32, floor=4097), [], "not by position")
+        said = kinds.judge(short, kinds.KINDS["long"], 32, floor=4097)
         self.assertIn("B1 prompt_tokens 4096, expected more than 4096", said[0])
         self.assertIn("B1 cached_tokens 128, expected 0", said[1])
 
     def test_the_floor_is_never_below_4097(self):
-        self.assertEqual([kinds.b1_floor(c) for c in (1, 2048, 4096, 8192)],
+        self.assertEqual([contract.Plan(chunk_tokens=c).b1_minimum for c in (1, 2048, 4096, 8192)],
                          [4097, 4097, 4097, 8193])
 
     def test_hostile_values_are_problems_not_crashes(self):
         for value in ("32", 32.0, True, None, [32], -1):
             with self.subTest(value=value):
                 said = kinds.judge(dict(ANSWER, completion_tokens=value, prompt_tokens=value),
-                                   kinds.KINDS["json"], 32, floor=4097)
+                                   kinds.KINDS["long"], 32, floor=4097)
                 self.assertTrue(said)
 
     def test_a_record_is_judged_as_its_answer_was(self):
@@ -63,16 +66,81 @@ class TestTheJudge(unittest.TestCase):
         cut = kinds.answer_of(dict(record, http_status=None, error="read timed out"))
         self.assertEqual(kinds.judge(cut, GREEDY, 32), ["read timed out"])
 
-    def test_contract_differences(self):
-        plan = dict(run_record("r", 10)["plan"])
-        self.assertEqual(kinds.contract_differences(plan), [])
-        deeper = dict(plan, waves=plan["waves"] + [{"wave": "B6"}, {"wave": "B8"}])
-        self.assertEqual(kinds.contract_differences(deeper), [], "deeper waves are extras")
-        custom = dict(plan, tokens=2, waves=[{"wave": "B1"}])
-        self.assertEqual(kinds.contract_differences(custom), ["tokens 2", "waves B1"])
-        self.assertEqual(kinds.contract_differences(dict(plan, b1_min_prompt_tokens=4096,
-                                                         priority="20")),
-                         ["priority '20'", "B1 floor 4096 tokens"])
+    def test_a_recorded_plan_is_read_back_in_one_place(self):
+        plan, why = contract.read_plan(run_record("r", 10)["plan"])
+        self.assertEqual((plan, why), (contract.REVIEWED, []))
+        self.assertEqual(contract.differences(plan), [])
+        self.assertEqual((plan.requests_per_engine, plan.requests_per_engine * plan.tokens),
+                         (10, 320), "the reviewed budget: ten requests, 320 tokens")
+        recorded = contract.plan_record(contract.Plan(waves=(1, 2, 3, 4, 6, 8)))
+        deeper, _ = contract.read_plan(recorded)
+        self.assertEqual(contract.differences(deeper), ["waves B1,B2,B3,B4,B6,B8"],
+                         "waves past B4 make a custom plan")
+        given = contract.Plan(tokens=2, waves=(1,), given=(("waves", "WARMUP_WAVES=1 from "
+                                                                     "the environment"),))
+        self.assertEqual(contract.differences(contract.read_plan(contract.plan_record(given))[0]),
+                         ["tokens 2", "waves B1 (WARMUP_WAVES=1 from the environment)"])
+
+    def test_a_recorded_plan_that_cannot_be_read_fails_closed(self):
+        plan = run_record("r", 10)["plan"]
+        for name, bad in (("priority", "20"), ("tokens", True), ("waves", [{"wave": "B1"}]),
+                          ("waves", [{"wave": "B1", "depth": 1, "kind": "greedy"}]),
+                          ("paths", [{"path": "nonsense"}]), ("chunk_tokens", None)):
+            with self.subTest(name=name, bad=bad):
+                self.assertEqual(contract.read_plan(dict(plan, **{name: bad}))[0], None)
+
+
+class TestTheVerdict(unittest.TestCase):
+    """contract.decide(): one pure function from a run record, its records and how its
+    steps ended to the verdict the summary, the report and the launcher all give."""
+
+    def decide(self, records, ending=None, run=None):
+        return contract.decide(run or run_record("r"), records, ending or contract.Ending())
+
+    def test_a_run_and_its_records_make_its_verdict(self):
+        passed = self.decide(contract_requests("r"))
+        self.assertEqual((passed.verdict, passed.exit_code, passed.counts()),
+                         ("pass", 0, "contract 10/10"))
+        one_token = contract_requests("r")
+        one_token[3] = dict(one_token[3], completion_tokens=1, ok=False,
+                            problems=["one-token response"])
+        failed = self.decide(one_token)
+        self.assertEqual((failed.verdict, failed.exit_code), ("fail", 1))
+        self.assertEqual(failed.problems, ("B3#0: one-token response",))
+        short = self.decide(contract_requests("r")[:9])
+        self.assertIn("only 9 of 10 requests ran", short.problems)
+
+    def test_how_the_steps_ended_comes_first(self):
+        late = self.decide(contract_requests("r"),
+                           contract.Ending(problems=("finished after the deadline",)))
+        self.assertEqual((late.verdict, late.problems), ("fail", ("finished after the deadline",)))
+        refused = self.decide(contract_requests("r")[:3],
+                              contract.Ending("refused", 3, ("refused before B3: busy",)))
+        self.assertEqual((refused.verdict, refused.exit_code), ("refused", 3))
+        killed = self.decide(contract_requests("r")[:1], contract.Ending("killed", 143, ("x",)))
+        self.assertEqual((killed.verdict, killed.exit_code), ("killed", 143))
+
+    def test_a_record_that_claims_ok_is_judged_again(self):
+        lying = contract_requests("r")
+        lying[0] = dict(lying[0], prompt_tokens=4000)          # B1 under its floor, "ok"
+        said = self.decide(lying)
+        self.assertEqual(said.verdict, "fail")
+        self.assertIn("B1#0: the record says ok, but B1 prompt_tokens 4000, expected more "
+                      "than 4096", said.problems)
+
+    def test_a_custom_plan_is_custom_and_extras_are_counted(self):
+        plan = contract.plan_record(contract.Plan(paths=("stream",)))
+        run = run_record("r", 15, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
+        streams = [request_record("r", i, f"stream-{d}", request_kind="stream", path="stream",
+                                  depth=d, stream_done=True, first_token=True)
+                   for d in (1, 4) for i in range(d)]
+        said = self.decide(contract_requests("r") + streams, run=run)
+        self.assertEqual((said.verdict, said.counts()), ("pass", "contract 10/10, paths stream 5/5"))
+        plan = contract.plan_record(contract.Plan(waves=(1,)))
+        custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
+        said = self.decide(contract_requests("r")[:1], run=custom)
+        self.assertEqual((said.verdict, said.exit_code, said.differences),
+                         ("custom", 0, ("waves B1",)))
 
 
 class TestCustomPlan(HelperCase):
@@ -80,32 +148,64 @@ class TestCustomPlan(HelperCase):
         server = self.start_fake()
         result = self.run_helper(server, "--tokens", "2", "--waves", "1")
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("pass, custom plan: tokens 2; waves B1 (exit 0)", result.stdout)
+        differences = ["tokens 2 (--tokens on the command line)",
+                       "waves B1 (--waves on the command line)"]
+        self.assertIn(f"pass, custom plan: {'; '.join(differences)} (exit 0)", result.stdout)
         self.assertNotIn("PASS", result.stdout)
-        self.assertEqual((result.summary["contract"], result.summary["plan_differences"]),
-                         (False, ["tokens 2", "waves B1"]))
+        self.assertEqual((result.summary["verdict"], result.summary["contract"],
+                          result.summary["plan_differences"]), ("custom", False, differences))
         self.assertFalse(result.kind("run")[0]["plan"]["contract"])
         shown = self.run_argv(["report", self.records_path], main=qualify.main)
-        self.assertEqual(shown.code, 0)
-        self.assertIn("verdict: custom plan, not the contract's (exit 0; tokens 2; waves B1)",
-                      shown.stdout)
-        facts = launcher.judged(self.records_path, {})
-        self.assertEqual((facts["verdict"], facts["differences"]), ("custom", "tokens 2; waves B1"))
+        self.assertEqual(shown.code, 1, "a script deciding by the report's exit never "
+                                        "releases HOLD on a custom plan")
+        self.assertIn(f"verdict: custom plan, not the contract's (exit 1; "
+                      f"{'; '.join(differences)})", shown.stdout)
+        facts = launcher.judged(self.records_path)
+        self.assertEqual((facts["verdict"], facts["differences"]),
+                         ("custom", "; ".join(differences)))
 
-    def test_the_environment_makes_a_custom_plan_too(self):
+    def test_the_environment_makes_a_custom_plan_too_and_is_named(self):
         server = self.start_fake()
         result = self.run_helper(server, env={"WARMUP_TOKENS": "8", "WARMUP_WAVES": "1,2"})
-        self.assertEqual(result.summary["plan_differences"], ["tokens 8", "waves B1,B2"])
-        bad = self.run_helper(server, env={"WARMUP_TOKENS": "lots"})
+        self.assertEqual(result.summary["plan_differences"],
+                         ["tokens 8 (WARMUP_TOKENS=8 from the environment)",
+                          "waves B1,B2 (WARMUP_WAVES=1,2 from the environment)"])
+        first = result.stdout.splitlines()[0]
+        self.assertIn("given: WARMUP_WAVES=1,2 from the environment, WARMUP_TOKENS=8 from the "
+                      "environment", first)
+        self.assertEqual(result.kind("run")[0]["plan"]["given"],
+                         {"waves": "WARMUP_WAVES=1,2 from the environment",
+                          "tokens": "WARMUP_TOKENS=8 from the environment"})
+        textfile = os.path.join(self.tmp, "offload.prom")
+        bad = self.run_helper(server, "--textfile", textfile, env={"WARMUP_TOKENS": "lots"})
         self.assertEqual(bad.code, 2)
         self.assertIn("WARMUP_TOKENS: must be a whole number", bad.stderr)
+        with open(textfile) as handle:
+            self.assertIn('offload_warmup_last_run_verdict{verdict="usage"} 1.0', handle.read(),
+                          "a run that could not begin is published too")
+
+    def test_waves_past_b4_are_a_custom_plan_and_leave_no_ready_file(self):
+        server = self.start_fake()
+        ready_file = os.path.join(self.tmp, "ready")
+        result = self.run_helper(server, "--ready-file", ready_file,
+                                 env={"WARMUP_WAVES": "1,2,3,4,6,8"})
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.summary["verdict"], "custom")
+        self.assertNotIn("PASS", result.stdout)
+        self.assertIn("waves B1,B2,B3,B4,B6,B8 (WARMUP_WAVES=1,2,3,4,6,8 from the environment)",
+                      result.stdout)
+        self.assertFalse(os.path.exists(ready_file))
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertNotEqual(shown.code, 0)
+        self.assertIn("verdict: custom plan", shown.stdout)
 
     def test_warming_some_engines_only_is_a_custom_plan(self):
         server = self.start_fake(engines=2)
         result = self.run_helper(server, "--engines", "0")
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertEqual(result.summary["plan_differences"], ["engines not warmed: [1]"])
-        self.assertIn("pass, custom plan: engines not warmed: [1]", result.stdout)
+        said = "engines not warmed: [1] (--engines on the command line)"
+        self.assertEqual(result.summary["plan_differences"], [said])
+        self.assertIn(f"pass, custom plan: {said}", result.stdout)
 
     def test_a_custom_plan_is_no_success_in_the_textfile(self):
         server = self.start_fake()
@@ -123,9 +223,9 @@ class TestCustomPlan(HelperCase):
                                         self.records_path, "--rounds", "2"],
                                        main=qualify.main).code, 0)
         ready_file = os.path.join(self.tmp, "ready")
-        code, line = ready.write_ready(ready_file, self.records_path, None)
-        self.assertEqual(code, 1)
-        self.assertIn("the warm-up's records are not a warm-up's (mode 'probe')", line)
+        line = readback.ready_from_records(ready_file, self.records_path)
+        self.assertIsNotNone(line)
+        self.assertIn("the records are not a warm-up's (mode probe)", line)
         self.assertFalse(os.path.exists(ready_file))
 
     def test_json_is_one_whole_object_however_long(self):
@@ -135,12 +235,17 @@ class TestCustomPlan(HelperCase):
         self.assertGreater(len(result.stdout), 4000, "longer than a terminal line is cut")
         self.assertEqual(summary["verdict"], "pass")
 
-    def test_extras_keep_a_contract_run(self):
+    def test_extras_keep_a_contract_run_and_are_counted_on_the_verdict_line(self):
         server = self.start_fake()
-        result = self.run_helper(server, "--waves", "1,2,3,4,6", "--paths", "stream")
+        result = self.run_helper(server, env={"WARMUP_PATHS": "stream"})
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("PASS (exit 0)", result.stdout)
+        self.assertIn("PASS (exit 0): contract 10/10, paths stream 5/5 in ", result.stdout)
+        self.assertIn("given: WARMUP_PATHS=stream from the environment",
+                      result.stdout.splitlines()[0])
         self.assertTrue(result.summary["contract"])
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertEqual(shown.code, 0)
+        self.assertIn("verdict: pass (exit 0): contract 10/10, paths stream 5/5", shown.stdout)
 
 
 class TestB1(HelperCase):

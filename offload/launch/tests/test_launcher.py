@@ -877,14 +877,67 @@ class TestStartSaysItWaits(StartCase):
 
 
 class TestStartWarnsOnACustomPlan(StartCase):
-    def test_warn_and_no_ready_file(self):
+    def test_warn_names_the_variable_and_no_ready_file(self):
         result = self.start("--ready-file", self.ready, server=self.fake(),
-                            env={"WARMUP_TOKENS": "2", "WARMUP_WAVES": "1"})
+                            env={"WARMUP_TOKENS": "2", "WARMUP_WAVES": "1,2"})
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("WARN: warm-up passed a custom plan, not the contract's (tokens 2; "
-                      "waves B1); no ready file", result.stdout)
+        self.assertIn("WARN: warm-up passed a custom plan, not the contract's: tokens 2 "
+                      "(WARMUP_TOKENS=2 from the environment); waves B1,B2 (WARMUP_WAVES=1,2 "
+                      "from the environment); no ready file", result.stdout)
         self.assertNotIn("OK:", result.stdout)
         self.assertFalse(os.path.exists(self.ready))
+
+
+class TestStartPublishesEveryOutcome(StartCase):
+    """The textfile is rewritten for every start that begins a warm-up: a server that never
+    became healthy and a warm-up that could not begin both leave success 0."""
+
+    def setUp(self):
+        super().setUp()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+
+    def published(self) -> str:
+        with open(self.textfile) as handle:
+            return handle.read()
+
+    def test_a_pass_then_a_server_that_never_answers_health(self):
+        passed = self.start("--textfile", self.textfile, server=self.fake())
+        self.assertIn("OK: warm-up passed", passed.stdout)
+        self.assertIn("offload_warmup_last_run_success 1.0", self.published())
+        os.killpg(self.server_pid(), signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while group_alive(self.server_pid()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        never = self.start("--textfile", self.textfile, "--start-guard-s", "1",
+                           server=self.fake("--health-delay-s", "1000"), timeout=30)
+        self.assertEqual(never.code, 1)
+        text = self.published()
+        self.assertIn("offload_warmup_last_run_success 0.0", text)
+        self.assertIn('offload_warmup_last_run_verdict{verdict="not_started"} 1.0', text)
+        self.assertIn("offload_warmup_last_success_timestamp_seconds", text,
+                      "the last success's time is kept")
+
+    def test_a_warm_up_that_cannot_begin_is_published_and_its_warn_names_what_exists(self):
+        result = self.start("--textfile", self.textfile, server=self.fake(),
+                            env={"WARMUP_TOKENS": "abc"})
+        self.assertEqual(result.code, 0, result.stderr)
+        text = self.published()
+        self.assertIn("offload_warmup_last_run_success 0.0", text)
+        self.assertIn('offload_warmup_last_run_verdict{verdict="usage"} 1.0', text)
+        warn = [line for line in result.stdout.splitlines() if "WARN:" in line]
+        self.assertEqual(len(warn), 1, result.stdout)
+        self.assertIn("exit 2", warn[0])
+        self.assertIn("no records file", warn[0])
+        for path in re.findall(r"(/[^\s;,()]+)", warn[0]):
+            self.assertTrue(os.path.exists(path), f"the WARN names {path}, which is not there")
+        self.assertNotIn("results published", result.stdout.replace(
+            f"results published for monitoring in {self.textfile}", ""))
+
+    def test_a_lowered_hard_bound_still_passes(self):
+        result = self.start("--textfile", self.textfile, server=self.fake(),
+                            env={"WARMUP_HARD_S": "60"})
+        self.assertIn("OK: warm-up passed", result.stdout)
+        self.assertIn("offload_warmup_last_run_success 1.0", self.published())
 
 
 class TestStartFindsTheChunk(StartCase):

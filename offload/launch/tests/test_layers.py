@@ -11,21 +11,25 @@ import unittest
 
 from support import LAUNCH, copy_product, product_files
 
-# Each module's layer: a module may import only from lower layers (or, among the programs,
-# another program's module, but qualify.py never warmup.py).
+# Each module's layer: a module imports only from lower layers; no program imports another
+# (qualify.py loads a command's module by name when that command runs).
 LAYERS = {
     "transport": 0, "processes": 0,
     "records": 0.2,
     "textfile": 0.5,
     "runframe": 1,
     "prompts": 2,
-    "vllm_metrics": 2.5,
     "kinds": 2.2,
+    "vllm_metrics": 2.5,
+    "ready": 2.6,
+    "contract": 2.7,
+    "readback": 2.8,
     "vllm_client": 3,
-    "evidence": 4, "readback": 4,
-    "warmup": 5, "qualify": 5, "gate": 5, "report": 5, "probe": 5, "ready": 5,
-    "launcher": 6,
+    "evidence": 4,
+    "warmup": 5, "qualify": 5, "gate": 5, "report": 5, "probe": 5, "launcher": 5,
 }
+PROGRAMS = {name for name, layer in LAYERS.items() if layer == 5}
+MAX_FUNCTION_LINES = 150
 MAX_LINES = 900
 
 
@@ -55,19 +59,44 @@ class TestLayers(unittest.TestCase):
         for name, path in modules().items():
             for imported in local_imports(path):
                 with self.subTest(module=name, imports=imported):
-                    if LAYERS[name] == LAYERS[imported] == LAYERS["warmup"]:
-                        continue            # programs side by side (checked below)
                     self.assertLess(LAYERS[imported], LAYERS[name],
                                     f"{name}.py imports {imported}.py, a layer above it")
 
-    def test_programs_do_not_import_the_warm_up(self):
+    def test_no_program_imports_another(self):
         for name, path in modules().items():
-            if name != "warmup":
-                self.assertNotIn("warmup", local_imports(path), f"{name}.py imports warmup.py")
+            self.assertFalse(local_imports(path) & (PROGRAMS - {name}),
+                             f"{name}.py imports a program")
 
-    def test_the_report_reads_records_not_programs(self):
-        imported = local_imports(modules()["report"])
-        self.assertFalse(imported & {"gate", "probe", "warmup"}, imported)
+    def test_the_report_reads_records_not_programs_nor_the_http_client(self):
+        graph = {name: local_imports(path) for name, path in modules().items()}
+        reached, todo = set(), ["report"]
+        while todo:
+            for found in graph[todo.pop()] - reached:
+                reached.add(found)
+                todo.append(found)
+        self.assertFalse(reached & (PROGRAMS | {"vllm_client", "evidence"}), reached)
+
+    def test_no_class_or_function_is_longer_than_the_bound(self):
+        for name, path in modules().items():
+            with open(path, encoding="utf-8") as handle:
+                tree = ast.parse(handle.read())
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    with self.subTest(module=name, name=node.name):
+                        self.assertLessEqual(lines, MAX_FUNCTION_LINES)
+
+    def test_the_readiness_probe_loads_four_of_the_folder_s_modules(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run([sys.executable, "-X", "importtime",
+                                   os.path.join(LAUNCH, "qualify.py"), "ready", "--ready-file",
+                                   os.path.join(tmp, "missing")], capture_output=True,
+                                  text=True, timeout=30, cwd=tmp)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        loaded = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                  if line.startswith("import time:") and "|" in line}
+        ours = (loaded & set(LAYERS)) | {"qualify"}      # qualify runs as __main__
+        self.assertLessEqual(ours, {"qualify", "ready", "transport", "vllm_metrics"}, ours)
 
     def test_no_import_cycle(self):
         graph = {name: local_imports(path) for name, path in modules().items()}

@@ -14,7 +14,8 @@ import unittest
 
 from support import (FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
                      read_records, run_script)
-import ready as readiness  # noqa: E402  (support puts offload/launch on sys.path)
+import readback  # noqa: E402  (support puts offload/launch on sys.path)
+import ready as readiness  # noqa: E402
 import textfile  # noqa: E402
 import transport  # noqa: E402
 
@@ -74,8 +75,8 @@ class TestReadyStaysTrue(StartCase):
     def test_ready_follows_sleep_and_wake(self):
         server = self.start_fake(dev_mode=True)
         self.assertEqual(self.run_helper(server).code, 0)
-        code, line = readiness.write_ready(self.ready, self.records_path, None)
-        self.assertEqual(code, 0, line)
+        line = readback.ready_from_records(self.ready, self.records_path)
+        self.assertIsNone(line)
         with open(self.ready) as handle:
             self.assertEqual(json.load(handle)["sleep_state"], {"0": "awake"})
         self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
@@ -216,12 +217,12 @@ class TestReadyRefuses(HelperCase):
             for record in failed.records[:1] + passed.records + failed.records[1:]:
                 handle.write(json.dumps(record) + "\n")
         path = os.path.join(self.tmp, "ready")
-        code, line = readiness.write_ready(path, shared, None, failed.summary["run_id"])
-        self.assertEqual(code, 1, line)
+        line = readback.ready_from_records(path, shared, failed.summary["run_id"])
+        self.assertIsNotNone(line)
         self.assertIn("records show fail, not a pass", line)
         self.assertFalse(os.path.exists(path))
-        code, line = readiness.write_ready(path, shared, None, passed.summary["run_id"])
-        self.assertEqual(code, 0, line)
+        line = readback.ready_from_records(path, shared, passed.summary["run_id"])
+        self.assertIsNone(line)
 
     def test_a_warm_up_vouches_only_for_its_own_run_in_a_shared_records_file(self):
         hung = self.start_fake(fault="hang", fault_match="-B1-")
@@ -260,9 +261,9 @@ class TestReadyRefuses(HelperCase):
         server = self.start_fake(fault="one_token", fault_match="-B4-0")
         self.assertEqual(self.run_helper(server).code, 1)
         path = os.path.join(self.tmp, "ready")
-        code, line = readiness.write_ready(path, self.records_path, None)
-        self.assertEqual(code, 1)
-        self.assertIn("not written: the warm-up's records show fail", line)
+        line = readback.ready_from_records(path, self.records_path)
+        self.assertIsNotNone(line)
+        self.assertIn("the warm-up's records show fail", line)
         self.assertFalse(os.path.exists(path))
 
 
@@ -346,8 +347,8 @@ class TestReadyEdges(HelperCase):
                     record["process_start_time_seconds"] = None
                 handle.write(json.dumps(record) + "\n")
         path = os.path.join(self.tmp, "ready")
-        code, line = readiness.write_ready(path, self.records_path, None)
-        self.assertEqual(code, 1)
+        line = readback.ready_from_records(path, self.records_path)
+        self.assertIsNotNone(line)
         self.assertIn("could never be checked", line)
         self.assertFalse(os.path.exists(path))
 

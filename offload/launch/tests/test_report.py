@@ -54,7 +54,7 @@ class TestReportJudgesEvidence(HelperCase):
         self.rewrite(kept)
         shown = self.report(self.records_path)
         self.assertEqual(shown.returncode, 1)
-        self.assertIn("9 of the 10 planned request records are in the file", shown.stdout)
+        self.assertIn("only 9 of 10 requests ran", shown.stdout)
         self.assertIn("the summary says 10 requests ok; the records show 9", shown.stdout)
         self.assertIn("verdict: incomplete (exit 1; the summary claims pass", shown.stdout)
         doc = json.loads(self.report(self.records_path, "--json").stdout)
@@ -151,7 +151,7 @@ class TestReportJudgesAgain(HelperCase):
                   if r["record"] == "summary" else r for r in found]
         shown = self.report(forged)
         self.assertEqual(shown.code, 1, shown.stdout)
-        self.assertIn("the counters show: engine 1 generated 0 of 320 tokens", shown.stdout)
+        self.assertIn("engine 1 generated 0 of 320 tokens", shown.stdout)
         os.remove(self.records_path)
         passed = self.warmed()
         doubled = [dict(r, deltas={k: v * 2 if "generation_tokens" in k else v
@@ -159,7 +159,7 @@ class TestReportJudgesAgain(HelperCase):
                    if r["record"] == "metrics" else r for r in passed]
         shown = self.report(doubled)
         self.assertEqual(shown.code, 1, shown.stdout)
-        self.assertIn("the counters show: the warm-up: generation tokens delta 640 exceeds "
+        self.assertIn("the warm-up: generation tokens delta 640 exceeds "
                       "the records' 320", shown.stdout)
         self.assertEqual(self.report(passed).code, 0, "the run as written passes")
 
@@ -293,7 +293,7 @@ class TestReportPieces(unittest.TestCase):
         settings = runframe.RunSettings(prog="probe", run_id="r", records_path="unused",
                                         deadline_s=90, socket_cap_s=60)
         connection = vllm_client.Connection(
-            target=vllm_client.parse_base_url("http://h:1"), api_key=None,
+            target=transport.parse_base_url("http://h:1"), api_key=None,
             api_key_env="OPS_KEY", model="m", engines=None)
         program = probe.WarmthProbe(connection, probe.ProbeOptions(), settings)
         run = runframe.Run(settings, program, transport.Clock.start(90, 60), None, print)

@@ -177,8 +177,8 @@ class TestGuard(unittest.TestCase):
 
 class TestJudge(unittest.TestCase):
     def judge(self, is_b1=False, **changes):
-        return kinds.judge(fields(**changes), kinds.KINDS["greedy"], 32,
-                           floor=4097 if is_b1 else None, diagnose=self.diagnose)
+        return kinds.judge(fields(**changes), kinds.KINDS["long" if is_b1 else "greedy"], 32,
+                           floor=4097, diagnose=self.diagnose)
 
     @staticmethod
     def diagnose(answer, api_key_env="VLLM_API_KEY", key_set=False):
@@ -464,7 +464,7 @@ class TestRuns(HelperCase):
         self.assertTrue(all("deadline" in r["problems"][0] for r in b2), b2)
         self.assertEqual({e["body"]["request_id"].split("-")[-2]
                           for e in server.state.completions()}, {"B1", "B2"})
-        self.assertIn("deadline passed before B3: waves B3,B4 not run", result.summary["problems"])
+        self.assertIn("deadline passed before B3: B3,B4 not run", result.summary["problems"])
 
     def test_late_run_fails_even_with_every_response_correct(self):
         server = self.start_fake(latency_s=0.15)
@@ -551,13 +551,45 @@ class TestProcesses(HelperCase):
         if server.state.completions():     # on a busy machine the bound may come before B1
             self.assertIn("during B1", problem)
 
+    def test_a_killed_warm_up_leaves_no_success_in_the_textfile(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        self.assertEqual(self.run_helper(self.start_fake(), "--textfile", textfile).code, 0)
+        hung = self.start_fake(fault="hang", fault_match="-B1-")
+        proc = self.start_helper_process(hung, "--textfile", textfile)
+        self.wait_for_completions(hung, 1)
+        proc.kill()                                   # as the hard bound's KILL: no summary
+        proc.wait(30)
+        with open(textfile) as handle:
+            text = handle.read()
+        self.assertIn("offload_warmup_last_run_success 0.0", text)
+        self.assertIn('offload_warmup_last_run_verdict{verdict="running"} 1.0', text)
+        self.assertIn("offload_warmup_last_run_started_timestamp_seconds", text)
+
+    def test_a_lowered_hard_bound_lowers_the_default_deadline(self):
+        server = self.start_fake()
+        result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",
+                                   self.records_path, "--json"], env={"WARMUP_HARD_S": "60"})
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertEqual(result.summary["deadline_s"], 55.0)
+        plan = self.run_argv(["--dry-run", "--json"], env={"WARMUP_DEADLINE_S": "30"})
+        self.assertEqual(json.loads(plan.stdout)["deadline_s"], 30.0)
+
     def test_a_deadline_at_the_hard_bound_is_a_usage_error(self):
         result = self.run_process(["bash", WRAPPER, "--deadline-s", "95", "--dry-run"])
         self.assertEqual(result.code, 2)
-        self.assertIn("--deadline-s 95 is not below the hard bound WARMUP_HARD_S=95",
-                      result.stderr)
+        self.assertIn("--deadline-s: the deadline 95 s is not below the hard bound "
+                      "WARMUP_HARD_S=95", result.stderr)
         self.assertEqual(self.run_process(["bash", WRAPPER, "--deadline-s", "94",
                                            "--dry-run"]).code, 0)
+        lowered = self.run_process(["bash", WRAPPER, "--deadline-s", "70", "--dry-run"],
+                                   env={"WARMUP_HARD_S": "60"})
+        self.assertEqual(lowered.code, 2, "only an explicit deadline past the bound is refused")
+        self.assertIn("the deadline 70 s is not below the hard bound WARMUP_HARD_S=60",
+                      lowered.stderr)
+        by_variable = self.run_argv(["--dry-run"], env={"WARMUP_HARD_S": "60",
+                                                        "WARMUP_DEADLINE_S": "60"})
+        self.assertEqual(by_variable.code, 2)
+        self.assertIn("WARMUP_DEADLINE_S: the deadline 60 s", by_variable.stderr)
         for hard in ("nan", "inf", "-5", "x"):
             with self.subTest(hard=hard):
                 said = self.run_argv(["--dry-run"], env={"WARMUP_HARD_S": hard})

@@ -1,0 +1,528 @@
+"""What a warm-up is: the reviewed plan, declared once, and the one verdict on a run.
+
+Pure: plain data and functions, no I/O (kinds <- contract <- readback, programs).
+
+  REVIEWED             the reviewed plan: waves B1..B4 by kind and depth (B1 the long-prompt
+                       kind, whose own rules make it longer than max(4096, the chunk) and
+                       uncached), 32 tokens, priority 20: ten requests and 320 completion
+                       tokens per engine
+  Plan                 a plan as run: the reviewed one, or one a flag or WARMUP_* variable
+                       changed (`given` says which, and from where)
+  plan_record(), read_plan()   the plan as a run record holds it, and the one reader of it
+  differences()        how a plan differs from the reviewed one (a custom plan)
+  decide()             a run record and its records, and how its steps ended -> the
+                       Verdict: the warm-up calls it on what it has just written, the
+                       report and the launcher on a file; the summary, the terminal, the
+                       textfile, start.sh's OK/WARN and the ready file all read it
+  cross_check(), engine_shares()   what the server's counters show against the records
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
+from prompts import MIN_LONG_PROMPT_TOKENS
+from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, show
+from runframe import EXIT_FAIL, EXIT_PASS
+from transport import finite_number
+from vllm_metrics import series_sum
+
+B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
+ENGINE_HEADER = "X-data-parallel-rank"
+MAX_WAVE_DEPTH = 64
+MODES = tuple(JUDGED)
+ENDINGS = ("pass", "custom", "fail", "refused", "killed")    # what a summary may claim
+
+
+def wave_name(depth: int) -> str:
+    return f"B{depth}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a warm-up sends on each engine: waves by depth (the first, B1, of the long-prompt
+    kind; the others greedy short prompts), each request's budget, and --paths kinds after
+    the waves. `given`: (setting, where it came from) for each setting a flag or a WARMUP_*
+    variable gave."""
+    waves: tuple[int, ...] = (1, 2, 3, 4)
+    tokens: int = 32
+    priority: int = 20
+    chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
+    chunk_source: str = "assumed"         # where the chunk came from: a flag, or assumed
+    paths: tuple = ()                     # --paths: request kinds warmed after the waves
+    b1_tokens: int = 5000
+    gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
+    template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
+    given: tuple = field(default=(), compare=False)
+
+    def batches(self) -> list[tuple[Kind, int]]:
+        """Every batch in order: (kind, depth) of each wave, then each --paths kind at depth
+        1 and at the deepest wave's."""
+        waves = [(KINDS["long" if i == 0 else "greedy"], d) for i, d in enumerate(self.waves)]
+        return waves + [(k, d) for k in kinds_of(self.paths) for d in self.path_depths]
+
+    @property
+    def path_depths(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys((1, max(self.waves))))
+
+    @property
+    def wave_requests(self) -> int:
+        """The waves' requests per engine (B1..Bn, --paths kinds aside)."""
+        return sum(self.waves)
+
+    @property
+    def requests_per_engine(self) -> int:
+        return self.wave_requests + len(kinds_of(self.paths)) * sum(self.path_depths)
+
+    @property
+    def b1_minimum(self) -> int:
+        """The fewest prompt tokens B1 may have: above 4096 and above the prefill chunk."""
+        return max(B1_FLOOR, self.chunk_tokens + 1)
+
+    @property
+    def b1_target(self) -> int:
+        """B1's target size: --b1-tokens, or past the chunk when that is not longer."""
+        if self.b1_tokens > self.chunk_tokens:
+            return self.b1_tokens
+        return self.chunk_tokens + max(self.chunk_tokens // 8, 64)
+
+
+REVIEWED = Plan()                     # the reviewed plan: 10 requests, 320 tokens per engine
+
+
+def batch_name(kind_: Kind, depth: int) -> str:
+    """A batch's name as records and ids carry it: B2, or a --paths kind's logprobs-chat-4."""
+    return wave_name(depth) if kind_.path is None else f"{kind_.name}-{depth}"
+
+
+def parse_waves(text: str) -> tuple[int, ...]:
+    """'1,2,3,4' -> (1, 2, 3, 4); distinct depths of 1 to 64, the first of them 1."""
+    try:
+        depths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"wants depths separated by commas, such as 1,2,3,4; got {text!r}")
+    if any(d < 1 or d > MAX_WAVE_DEPTH for d in depths):
+        raise ValueError(f"depths must be between 1 and {MAX_WAVE_DEPTH}; got {text!r}")
+    if len(set(depths)) != len(depths):
+        raise ValueError(f"depths must be distinct; got {text!r}")
+    if depths[0] != 1:
+        raise ValueError(f"must start with 1 (B1, the long-prompt wave); got {text!r}")
+    return depths
+
+
+# ---------------------------------------------------------------------------
+# The plan as a run record holds it, read back in one place.
+# ---------------------------------------------------------------------------
+
+def plan_record(plan: Plan) -> dict:
+    """The plan as recorded (and printed by --dry-run): sizes only, never prompt text."""
+    return {
+        "waves": [{"wave": batch_name(k, d), "depth": d, "kind": k.name}
+                  for k, d in plan.batches()[:len(plan.waves)]],
+        "tokens": plan.tokens, "priority": plan.priority,
+        "chunk_tokens": plan.chunk_tokens, "chunk_source": plan.chunk_source,
+        "b1_target_tokens": plan.b1_target, "b1_min_prompt_tokens": plan.b1_minimum,
+        "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
+                   "stream": k.stream} for k in kinds_of(plan.paths)],
+        "requests_per_engine": plan.requests_per_engine,
+        "completion_tokens_max": plan.requests_per_engine * plan.tokens,
+        "gauge_interval_ms": plan.gauge_interval_ms or None,
+        "given": dict(plan.given),
+    }
+
+
+def read_plan(recorded) -> tuple[Plan | None, list[str]]:
+    """The one reader of a recorded warm-up plan: (the Plan, []) or (None, why it cannot be
+    read). Any value of the wrong type fails closed; a file cannot choose its own rules."""
+    recorded = as_dict(recorded)
+    waves = [as_dict(w) for w in as_list(recorded.get("waves"))]
+    depths = tuple(w.get("depth") for w in waves)
+    try:
+        parse_waves(",".join(str(d) if count(d) else "x" for d in depths))
+    except ValueError:
+        return None, [f"the run record's plan has no waves to judge by ({show(depths)})"]
+    expected = [(wave_name(d), "long" if i == 0 else "greedy") for i, d in enumerate(depths)]
+    if [(w.get("wave"), w.get("kind")) for w in waves] != expected:
+        return None, ["the run record's waves are not named for their depths and kinds"]
+    paths = [as_dict(p).get("path") for p in as_list(recorded.get("paths"))]
+    if not all(isinstance(p, str) and p in KINDS and KINDS[p].path for p in paths):
+        return None, ["the run record's plan names a request kind that is not a --paths kind"]
+    tokens, priority, chunk = (recorded.get(k) for k in ("tokens", "priority", "chunk_tokens"))
+    if not (count(tokens) and count(chunk) and isinstance(priority, int)):
+        return None, ["the run record's plan holds no token count, priority or chunk to "
+                      "judge it by"]
+    given = as_dict(recorded.get("given"))
+    plan = Plan(waves=depths, tokens=tokens, priority=priority, chunk_tokens=chunk,
+                chunk_source=show(recorded.get("chunk_source")),
+                paths=tuple(dict.fromkeys(KINDS[p].path for p in paths)),
+                given=tuple((str(k), show(v, 120)) for k, v in given.items()))
+    if [k.name for k in kinds_of(plan.paths)] != paths:
+        return None, ["the run record's --paths kinds are not whole paths"]
+    return plan, []
+
+
+def differences(plan: Plan, engines_skipped=()) -> list[str]:
+    """How a plan differs from the reviewed one ([]: the contract's plan), each said with
+    the setting that made it, where one was given. --paths kinds are extras, not
+    differences; waves past B4 are."""
+    given = dict(plan.given)
+    found = []
+    for name, shown in (("tokens", plan.tokens), ("priority", plan.priority),
+                        ("waves", ",".join(map(wave_name, plan.waves)))):
+        if getattr(plan, name) != getattr(REVIEWED, name):
+            found.append(f"{name} {shown}" + (f" ({given[name]})" if name in given else ""))
+    if engines_skipped:
+        found.append(f"engines not warmed: {show(engines_skipped)}"
+                     + (f" ({given['engines']})" if "engines" in given else ""))
+    return found
+
+
+def planned_requests(plan: Plan, engines: list) -> list[tuple]:
+    """(engine, batch, request kind, index) of every request a plan sends."""
+    return [(engine, batch_name(k, d), k.name, index) for engine in engines
+            for k, d in plan.batches() for index in range(d)]
+
+
+# ---------------------------------------------------------------------------
+# What the server's counters show against the records.
+# ---------------------------------------------------------------------------
+
+def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
+                down: list | tuple = ()) -> tuple[list[str], list[str]]:
+    """What counter deltas show against the records of `scope` (a wave, or the warm-up):
+    (problems, warnings). A counter that went down (`down`) is a restart; more counted
+    than the records hold is foreign or concurrent work (both problems); less, or a
+    counter absent, a warning. The one rule for a wave and for the whole run."""
+    problems = [f"{scope}: {key} went down: the server restarted, and what was warmed "
+                f"before is gone" for key in list(down)[:1]]
+    warnings = []
+    for name, counted, what in (
+            ("vllm:generation_tokens_total",
+             sum(count(r.get("completion_tokens")) or 0 for r in requests), "completion tokens"),
+            ("vllm:request_success_total",
+             sum(1 for r in requests if r.get("http_status") == 200), "requests answered 200")):
+        delta = series_sum(deltas, name)
+        short = name.replace("vllm:", "").replace("_total", "").replace("_", " ")
+        if delta is None:
+            warnings.append(f"cross-check not made: {name} absent")
+        elif delta > counted:
+            problems.append(f"{scope}: {short} delta {delta:g} exceeds the records' {counted} "
+                            f"{what}: foreign or concurrent work (hold producers; one helper "
+                            f"at a time)")
+        elif delta < counted:
+            warnings.append(f"{short} delta {delta:g} is below the records' {counted} {what} "
+                            f"(a counting difference)")
+    return problems, warnings
+
+
+def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
+                  want_prompt: dict) -> tuple[list[dict], list[str], list[str]]:
+    """Each engine's share of the work from its own counter deltas: (per-engine figures,
+    problems: an engine short of its share, warnings: counters absent, never made up)."""
+    shares, problems, warnings = [], [], []
+    for engine in engines:
+        generated = series_sum(deltas, "vllm:generation_tokens_total", engine)
+        prompt = series_sum(deltas, "vllm:prompt_tokens_total", engine)
+        shares.append({"engine": engine, "generation_tokens": generated,
+                       "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
+                       "b1_prompt_tokens": want_prompt.get(engine)})
+        if generated is None or prompt is None:
+            warnings.append(f"engine {engine}: counters absent, its share cannot be checked")
+            continue
+        if generated < want_generated:
+            problems.append(f"engine {engine} generated {generated:g} of {want_generated} "
+                            f"tokens: is {ENGINE_HEADER} honoured by this server?")
+        needed = want_prompt.get(engine)
+        if needed is not None and prompt < needed:
+            problems.append(f"engine {engine} prefilled {prompt:g} prompt tokens, fewer than "
+                            f"its B1 prompt's {needed}: is {ENGINE_HEADER} honoured by this "
+                            f"server?")
+    return shares, problems, warnings
+
+
+def b1_prompts(requests: list[dict]) -> dict:
+    """Each engine's B1 prompt tokens, as its share of prefill must show them."""
+    return {r.get("engine"): r["prompt_tokens"] for r in requests
+            if r.get("request_kind") == "long" and count(r.get("prompt_tokens"))}
+
+
+def counter_problems(plan: Plan, engines: list, records: list[dict],
+                     requests: list[dict]) -> list[str]:
+    """What the counters the run recorded show: each wave's (from its wave records) and the
+    whole run's (the first metrics record, when complete), foreign work or a restart; on
+    a routed server, every engine its share."""
+    problems = []
+    waves: dict[str, tuple[dict, list]] = {}
+    for wave in (r for r in records if r.get("record") == "wave"):
+        deltas, down = waves.setdefault(str(wave.get("wave")), ({}, []))
+        deltas.update(as_dict(wave.get("counters")))
+        down += as_list(wave.get("counters_went_down"))
+    for name, (deltas, down) in waves.items():
+        if deltas or down:
+            problems += cross_check(deltas, [r for r in requests if r.get("wave") == name],
+                                    name, down)[0]
+    main = next((as_dict(r) for r in records if r.get("record") == "metrics"), {})
+    deltas = as_dict(main.get("deltas"))
+    if main.get("state") != "complete" or not deltas:
+        return problems
+    problems += [str(p) for p in as_list(main.get("problems"))]    # a restart it saw
+    problems += cross_check(deltas, requests)[0]
+    if len(engines) > 1 and len(requests) == plan.requests_per_engine * len(engines):
+        problems += engine_shares(deltas, tuple(engines), plan.wave_requests * plan.tokens,
+                                  b1_prompts(requests))[1]
+    return problems
+
+
+# ---------------------------------------------------------------------------
+# The verdict.
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Ending:
+    """How a run's steps ended, as only the run knows it: ran to their end ('pass'), or
+    stopped ('fail', 'refused', 'killed') with an exit code; and the problems no record
+    shows (a deadline passed, a connection lost, a guard's refusal, a signal)."""
+    verdict: str = "pass"
+    exit_code: int = EXIT_PASS
+    problems: tuple = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A run judged: verdict (pass, custom, fail, refused, killed), exit code, problems,
+    how the plan differs from the reviewed one, and the requests ok of each part."""
+    verdict: str
+    exit_code: int
+    problems: tuple = ()
+    differences: tuple = ()
+    requests_ok: int = 0
+    requests_total: int = 0
+    parts: tuple = ()                     # ("contract", ok, total), ("paths stream", ok, total)
+    structural: tuple = ()                # what the records lack to show the run they claim
+    failed: tuple = ()                    # the identities of the records that fail
+
+    def counts(self) -> str:
+        """'contract 10/10, paths stream 5/5', or 'N/M requests ok'."""
+        if not self.parts:
+            return f"{self.requests_ok}/{self.requests_total} requests ok"
+        return ", ".join(f"{name} {ok}/{total}" for name, ok, total in self.parts)
+
+
+def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
+    """The one verdict on a run: its run record, its records (request, wave, metrics ...)
+    and how its steps ended. Pure; fails closed on any value of the wrong type.
+
+    A pass needs a run record of this format, every planned request once, each passing its
+    kind's rules when judged again from its recorded fields (never by its own `ok`), and,
+    for a warm-up, counters that show no foreign work or restart and every engine its
+    share. A warm-up that passed a plan other than the reviewed one is 'custom'."""
+    run = as_dict(run)
+    mode = run.get("mode") if run.get("mode") in MODES else None    # a list is no key
+    judged = [r for r in records if r.get("record") == JUDGED.get(mode, "request")]
+    structural = run_problems(run, judged)
+    plan, differs = None, []
+    if mode == "warmup":
+        plan, why = read_plan(run.get("plan"))
+        structural += why
+    failed, disagree = rejudge(run, plan, judged)
+    structural += disagree
+    engines = run.get("engines") if isinstance(run.get("engines"), list) else [None]
+    planned = as_dict(run.get("plan")).get("requests_total")
+    missing = [f"only {len(judged)} of {planned} requests ran"] \
+        if count(planned) is not None and len(judged) < planned else []
+    found = said_once(failed)
+    if plan is not None:
+        structural += coverage_problems(plan, engines, judged, planned)
+        found += counter_problems(plan, engines, records, judged)
+        differs = differences(plan, as_list(as_dict(run.get("plan")).get("engines_skipped")))
+    parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
+    ok = len(judged) - len(failed)
+    base = dict(differences=tuple(differs), requests_ok=ok,
+                failed=tuple(identity(r) for r in failed),
+                requests_total=planned if count(planned) is not None else len(judged),
+                parts=parts, structural=tuple(dict.fromkeys(structural)))
+    problems = list(ending.problems) + found
+    if ending.verdict == "killed" or ending.verdict == "refused" and not found + structural:
+        return Verdict(ending.verdict, ending.exit_code,
+                       tuple(dict.fromkeys(problems + missing)), **base)
+    problems = list(dict.fromkeys(problems + structural + missing))
+    if problems or ending.verdict not in ("pass", "custom"):
+        code = ending.exit_code if ending.verdict == "fail" else EXIT_FAIL
+        return Verdict("fail", code, tuple(problems), **base)
+    return Verdict("custom" if differs else "pass", EXIT_PASS, (), **base)
+
+
+def run_problems(run: dict, judged: list[dict]) -> list[str]:
+    """The run record itself and its judged records' identities: a run record of a known
+    mode and run id, every judged record of this run, each id once."""
+    if not run:
+        return ["no run record"]
+    problems = field_problems(run)[:3]
+    if not isinstance(run.get("mode"), str) or run.get("mode") not in MODES:
+        problems.append(f"the run record's mode is {show(run.get('mode'))}, not warmup, "
+                        f"probe or gate")
+    run_id = run.get("run_id")
+    if not isinstance(run_id, str):
+        problems.append("the run record has no run id")
+    foreign = [r for r in judged if r.get("run_id") != run_id]
+    if foreign:
+        problems.append(f"{len(foreign)} request record(s) of no run or another run")
+    ids = [identity(r) for r in judged]
+    if len(set(ids)) != len(ids):
+        problems.append(f"{len(ids) - len(set(ids))} request record(s) repeat another's id")
+    planned = as_dict(run.get("plan")).get("requests_total")
+    if not (count(planned) and planned > 0):
+        problems.append("the run record announces no number of requests")
+    elif len(judged) > planned:
+        problems.append(f"{len(judged)} request records, more than the {planned} planned")
+    problems += engine_problems(run.get("engines"),
+                                as_dict(run.get("plan")).get("requests_per_engine"), judged)
+    return problems
+
+
+def identity(record: dict) -> str:
+    """What tells one request record from another: its id, else where it stood."""
+    rid = record.get("request_id")
+    if isinstance(rid, str):
+        return rid
+    return repr([record.get(k) for k in ("wave", "item", "round", "shape", "probe",
+                                         "engine", "index")])
+
+
+def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
+    """Each engine the run record names holds no more than its share of the records
+    (indexes compared as integers, never as booleans)."""
+    if engines is None:
+        return []
+    if not isinstance(engines, list) or not engines or not all(count(e) is not None
+                                                               for e in engines):
+        return ["the run record's engines are not a list of engine indexes"]
+    if not count(per_engine):
+        return ["the run record announces no number of requests per engine"]
+    return [f"engine {engine}: {mine} request records, more than its {per_engine}"
+            for engine in engines
+            if (mine := sum(1 for r in judged if count(r.get("engine")) == engine
+                            and r.get("engine") is not True)) > per_engine]
+
+
+def coverage_problems(plan: Plan, engines: list, judged: list[dict], planned) -> list[str]:
+    """A warm-up's request records against its plan: what ran was planned (its wave, kind
+    and index), and the plan's count is the one announced."""
+    want = planned_requests(plan, engines)
+    problems = [] if planned == len(want) else [
+        f"the run record announces {show(planned)} requests; its plan sends {len(want)}"]
+    extra = [(r.get("engine"), r.get("wave"), r.get("request_kind"), r.get("index"))
+             for r in judged]
+    extra = [f for f in extra if f not in want]
+    if extra:
+        problems.append(f"{len(extra)} request record(s) not in the plan (wave, kind or "
+                        f"index): {', '.join(where(f) for f in extra[:5])}")
+    return problems
+
+
+def where(item: tuple) -> str:
+    engine, wave, kind_, index = item
+    return (f"{'' if engine is None else f'e{show(engine)} '}{show(wave)}#{show(index)} "
+            f"({show(kind_)})")
+
+
+def rejudge(run: dict, plan: Plan | None, judged: list[dict]) -> tuple[list[dict], list[str]]:
+    """Every judged record judged again from its recorded fields, by kinds.judge() with the
+    run's plan (never by its own `ok`): (the records that fail; a problem for each record
+    whose `ok` says otherwise)."""
+    if run.get("format") != FORMAT:
+        return judged, [f"the run record is of format {show(run.get('format'))}, not "
+                        f"{FORMAT}: its requests cannot be judged again (run it again)"]
+    failed, problems = [], []
+    for record in judged:
+        rules = judge_record(record, run, plan)
+        if rules:
+            failed.append(dict(record, problems=as_list(record.get("problems")) or rules)
+                          if record.get("ok") is not True else dict(record, problems=rules))
+        if rules and record.get("ok") is True:
+            problems.append(f"{label(record)}: the record says ok, but {rules[0]}")
+        elif not rules and record.get("ok") is not True:
+            problems.append(f"{label(record)}: the record says not ok, but its fields pass")
+    return failed, problems
+
+
+def judge_record(record: dict, run: dict, plan: Plan | None) -> list[str]:
+    """Why one record's answer fails its kind's rules ([] when it passes)."""
+    shape = field_problems(record)
+    kind_ = KINDS.get(record.get("request_kind")) \
+        if isinstance(record.get("request_kind"), str) else None
+    if shape or kind_ is None:
+        return shape[:3] or ["a record without a known request kind"]
+    recorded = as_dict(run.get("plan"))
+    if run.get("mode") == "warmup":
+        if plan is None:
+            return ["the run record's plan cannot be read"]
+        return judge(answer_of(record), kind_, plan.tokens, floor=plan.b1_minimum)
+    tokens = recorded.get("max_tokens" if run.get("mode") == "gate" else "tokens")
+    if not count(tokens):
+        return ["the run record's plan holds no token count to judge it by"]
+    rules = judge(answer_of(record), kind_, tokens)
+    if run.get("mode") == "gate" and not rules:
+        said = copy_problem(record, finite_number(recorded.get("max_cer")) or 0.0,
+                            recorded.get("max_typos")
+                            if isinstance(recorded.get("max_typos"), int) else 0)
+        rules = [said] if said else []
+    return rules
+
+
+def part_counts(plan: Plan, engines: int, judged: list[dict], failed: list[dict]):
+    """('contract', ok, total) over the waves, then ('paths <name>', ok, total) for each
+    --paths name, on every engine."""
+    bad = {identity(r) for r in failed}
+    groups = [("contract", None)] + [(f"paths {p}", p) for p in plan.paths]
+    for name, path in groups:
+        mine = [r for r in judged if (KINDS.get(r.get("request_kind")) or KINDS["long"]).path
+                == path]
+        total = (plan.wave_requests if path is None else
+                 sum(plan.path_depths) * len([k for k in kinds_of((path,))])) * engines
+        yield name, sum(1 for r in mine if identity(r) not in bad), total
+
+
+def said_once(failed: list[dict]) -> list[str]:
+    """One problem a diagnosis: requests that failed the same way share one line with a
+    count ('10 requests (B1#0, B2#0, B2#1, ...): one-token response ...'); a request that
+    failed its own way keeps its label ('B2#1: HTTP 500')."""
+    groups: dict[str, list[str]] = {}
+    for record in failed:
+        diagnosis = "; ".join(str(p) for p in as_list(record.get("problems"))) or "not ok"
+        groups.setdefault(diagnosis, []).append(label(record))
+    said = []
+    for diagnosis, labels in groups.items():
+        if len(labels) == 1:
+            said.append(f"{labels[0]}: {diagnosis}")
+        else:
+            shown = ", ".join(labels[:3]) + (", ..." if len(labels) > 3 else "")
+            said.append(f"{len(labels)} requests ({shown}): {diagnosis}")
+    return said
+
+
+def ending_of(summary: dict | None) -> Ending | None:
+    """How a summary says its run ended, as decide() takes it; None without a summary
+    (the run was killed, or is still running)."""
+    if summary is None:
+        return None
+    claimed = summary.get("verdict")
+    code = summary.get("exit_code")
+    if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
+            or not 0 <= code <= 255:
+        return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
+    if claimed in ("pass", "custom"):
+        return Ending()
+    return Ending(claimed, code, tuple(str(p) for p in as_list(summary.get("problems"))))
+
+
+def cache_check(requests: list[dict]) -> str:
+    """B1's cache check as a code: 'made' (every B1 reported cached tokens, none cached),
+    'hit' (a B1 was served from the prefix cache), 'not_made' (not reported, or no B1
+    answered)."""
+    b1 = [r for r in requests if r.get("request_kind") == "long" and r.get("http_status") == 200]
+    if any(r.get("cached_tokens") for r in b1):
+        return "hit"
+    return "made" if b1 and all(r.get("cached_tokens") is not None for r in b1) else "not_made"
+
