@@ -69,7 +69,8 @@ options (environment variable in brackets):
                       probe); its folder must exist [START_READY_FILE]
   --textfile PATH     the warm-up and the gate also publish their result there for
                       monitoring (node_exporter's textfile collector, *.prom), as
-                      WARMUP_TEXTFILE [START_TEXTFILE]
+                      WARMUP_TEXTFILE; every start rewrites it, a server that never
+                      became healthy too (success 0) [START_TEXTFILE]
   --no-warmup         start and guard only [START_WARMUP=0]
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
@@ -83,12 +84,10 @@ options (environment variable in brackets):
                       server's status when it ends [START_SUPERVISE=1]
   -h, --help          this text
   START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
-  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits;
-  WARMUP_* variables (WARMUP_HARD_S, WARMUP_MODEL, ...) reach the warm-up and the gate
-  unchanged, except WARMUP_BASE_URL, which start.sh sets to --base-url, and
-  WARMUP_CHUNK_TOKENS, which it sets from the server command's --max-num-batched-tokens,
-  else from the server log's "Chunked prefill is enabled with max_num_batched_tokens=N"
-  (the server's own chunk wins over the variable; start.log says when it did).
+  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
+  the warm-up and the gate unchanged (a WARN names one that made a custom plan), but
+  WARMUP_BASE_URL (set to --base-url) and WARMUP_CHUNK_TOKENS (set from the command's
+  --max-num-batched-tokens, else from server.log's start line; start.log says so).
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -614,20 +613,17 @@ def records_named(path: str) -> str:
         "no records file (the step ended before writing one)"
 
 
-def publish_outcome(settings: Settings, mode: str, verdict: str, code: int) -> None:
-    """A run that left no summary (a usage error, the hard bound's KILL) or never began
-    (the server never became healthy) in the textfile: success 0, the outcome as the
-    verdict label. Every start publishes."""
+def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "") -> None:
+    """A step that left no summary (a usage error, the hard bound's KILL: its verdict from
+    its exit status) or never began (the server never became healthy) in the textfile:
+    success 0, the outcome as the verdict label. Every start publishes."""
     if settings.textfile:
         from textfile import publish, result_samples
         prefix = f"offload_{mode}"
+        verdict = verdict or ("usage" if status == 2 else "fail" if status in (0, 1, 3)
+                              else "killed")
         publish(settings.textfile, prefix, result_samples(
-            prefix, {"verdict": verdict, "exit_code": code}, time.time()))
-
-
-def outcome_of(status: int) -> str:
-    """The textfile's verdict of a step that wrote no summary, from its exit status."""
-    return "usage" if status == 2 else "fail" if status in (0, 1, 3) else "killed"
+            prefix, {"verdict": verdict, "exit_code": status}, time.time()))
 
 
 def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
@@ -637,8 +633,8 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
     run = judged(records)
-    if run["judged"] is None or run["judged"]["summary"] is None:
-        publish_outcome(settings, "warmup", outcome_of(status), status)
+    if not (run["judged"] or {}).get("summary"):
+        publish_outcome(settings, "warmup", status)
     compiles = sum(1 for line in server.logged_since(offset).splitlines()
                    if COMPILE_LINES.search(line))
     run.update(records=records, status=status, compiles=compiles)
@@ -656,9 +652,9 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
                         sys.executable, QUALIFY, "gate", "--records", records], env)
     gate = judged(records)
-    if gate["judged"] is None or gate["judged"]["summary"] is None:
-        publish_outcome(settings, "gate", outcome_of(status), status)
-    gate.update(gate_facts(gate["judged"]), records=records, status=status)
+    if not (gate["judged"] or {}).get("summary"):
+        publish_outcome(settings, "gate", status)
+    gate.update(figures=gate_figures(gate["judged"]), records=records, status=status)
     log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
         f"{int(time.monotonic() - started)} s")
     return gate
@@ -693,24 +689,17 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
     return removed
 
 
-def gate_facts(found: dict | None) -> dict:
+def gate_figures(found: dict | None) -> str:
     """A gate's identifiers and worst CER as the OK and WARN lines show them."""
     from records import as_dict, show
     summary = as_dict(found and found["summary"])
     exact = as_dict(summary.get("identifiers_exact"))
+    alone, batched = show(exact.get("alone"), 20), show(exact.get("batched"), 20)
     cer = summary.get("worst_cer")
-    return {"identifiers_alone": show(exact.get("alone"), 20),
-            "identifiers_batched": show(exact.get("batched"), 20),
-            "worst_cer": f"{cer:.3f}" if isinstance(cer, (int, float)) and not
-            isinstance(cer, bool) else "n/a"}
-
-
-def gate_figures(gate: dict) -> str:
-    """Identifiers and worst CER as the OK and WARN lines show them."""
-    alone, batched = gate["identifiers_alone"], gate["identifiers_batched"]
     shapes = f"{alone} alone and batched" if alone == batched else \
         f"{alone} alone, {batched} batched"
-    return f"identifiers {shapes}, worst CER {gate['worst_cer']}"
+    return f"identifiers {shapes}, worst CER " + (
+        f"{cer:.3f}" if isinstance(cer, (int, float)) and not isinstance(cer, bool) else "n/a")
 
 
 def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None):
@@ -752,11 +741,11 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
             " (the gate wrote no records)"
         if gate["status"] != 0 or gate["verdict"] != "pass":
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
-                f"{gate['verdict']}; {gate_figures(gate)}); {records} — {inspect}")
+                f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
             return
     if settings.ready_file:
         write_ready_file(settings, log, run["records"], gate and gate["records"])
-    passed = f"gate passed ({gate_figures(gate)})" if gate else ""
+    passed = f"gate passed ({gate['figures']})" if gate else ""
     log(f"OK: warm-up passed{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
 
@@ -848,7 +837,7 @@ def start(settings: Settings, log: Log) -> int:
             env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
         except Exit:
             if settings.warmup == "1":
-                publish_outcome(settings, "warmup", "not_started", 1)
+                publish_outcome(settings, "warmup", 1, "not_started")
             raise
         chunk = logged_chunk(server.logged_since(server.log_offset))
         if chunk and not settings.command_chunk():

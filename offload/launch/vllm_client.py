@@ -5,11 +5,12 @@ knows vLLM's OpenAI-compatible API and its /metrics; a program's waves or probes
 own (the long prompt it sizes is the one thing of the warm-up it knows):
 
   ServerProgram          a run-frame Program that talks to one vLLM server; the warm-up,
-                         the probe and the gate are ServerPrograms
-    learn_server()         the server to ourselves (a lock) and healthy; the model and its
-                           context (/v1/models), the version, engines
-    guarded_batch()        the step every batch shares: guard -> release -> collect
-    make_slot()            one request encoded (routing header, API key, prompt registered)
+                         the probe and the gate are ServerPrograms. Its two parts:
+    ServerLearning         learn_server(): the server to ourselves (a lock) and healthy;
+                           the model and its context (/v1/models), the version, engines
+    GuardedBatches         guarded_batch(): the step every batch shares, guard -> release
+                           -> collect; make_slot(): one request encoded (routing header,
+                           API key, prompt registered)
   guard_problems()       is the server idle? (pure: both request gauges, every engine)
   extract_fields()       the one reader of a completion body: counts and reasons, no text
   read_slot(), answer_record()   what one client got, as the judge reads it and as a
@@ -138,76 +139,9 @@ def routed(engines: tuple) -> tuple[int, ...] | None:
     return None if engines == NO_ROUTING else tuple(engines)
 
 
-class ServerProgram(Program):
-    """A program against one vLLM server. Subclasses give steps(), plan_fields() and
-    planned_per_engine(); the judgement (every planned request ok, unrefused, in time),
-    the run record and the summary's counts are shared."""
-
-    def __init__(self, connection: Connection):
-        self.connection = connection
-        self.server = Server()
-        self.tally = Tally()
-        self.counters_before: dict | None = None   # counters of the last guard read
-        self.observed: dict | None = None          # what the last batch's sampler saw
-        self.batch_ended_at: float | None = None   # when the last batch's requests ended
-        self.lock: int | None = None               # the server's lock, held for the run
-        REDACTIONS.secret(connection.api_key)
-        REDACTIONS.secret(connection.target.credentials)
-
-    # -- what a subclass says ------------------------------------------------
-
-    def plan_fields(self) -> dict:
-        """The plan as recorded in the run record (sizes and bounds, never prompt text)."""
-        return {}
-
-    def planned_per_engine(self) -> int:
-        return 0
-
-    # -- the run-frame interface -----------------------------------------------
-
-    def planned(self) -> int:
-        return self.planned_per_engine() * len(self.server.engines)
-
-    def run_fields(self, run: Run) -> dict:
-        plan = dict(self.plan_fields())
-        plan.update(requests_per_engine=self.planned_per_engine(),   # one name, one
-                    requests_total=self.planned())                   # meaning each
-        engines = routed(self.server.engines)
-        return {
-            "base_url": self.connection.target.display,
-            "model": clean_text(self.server.model, 200) if self.server.model else None,
-            "max_model_len": self.server.max_model_len,
-            "engines": list(engines) if engines else None,
-            "plan": plan,
-            "versions": {"helper": __version__, "python": sys.version.split()[0],
-                         "server": self.server.version},
-            "process_start_time_seconds": self.server.process_start,
-            "api_key_env": self.connection.api_key_env,
-            "api_key_set": bool(self.connection.api_key),
-        }
-
-    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
-        return judge_run(requests=self.tally.requests, planned=self.planned(),
-                         problems=self.tally.problems + list(extra),
-                         refusal=self.tally.refusal, late=late_problem(run))
-
-    def problems(self) -> list[str]:
-        return self.tally.problems + self.tally.refusal
-
-    def summary_fields(self, run: Run) -> dict:
-        tally = self.tally
-        return {"requests_ok": sum(r["ok"] for r in tally.requests),
-                "requests_total": self.planned(), "requests_ran": len(tally.requests),
-                "notes": tally.notes, "warnings": tally.warnings,
-                "settled_s": tally.settled_s}
-
-    def close(self) -> None:
-        """Let the server's lock go (its file stays: removing it would race a newcomer)."""
-        if self.lock is not None:
-            os.close(self.lock)           # the lock goes with its descriptor
-            self.lock = None
-
-    # -- talking to the server -------------------------------------------------
+class ServerLearning:
+    """What a ServerProgram learns of its server before its first batch: a part of
+    ServerProgram (it uses the program's connection, server and tally)."""
 
     def learn_server(self, run: Run) -> None:
         """The server to ourselves (a lock per address on this host) and healthy; the
@@ -326,6 +260,11 @@ class ServerProgram(Program):
                                                    nonce, budget, minimum)
             prompts[engine] = (prompt, counted)
         return prompts
+
+
+class GuardedBatches:
+    """How a ServerProgram sends a batch, guard -> release -> collect, and reads the guard:
+    a part of ServerProgram (it uses the program's connection, server and tally)."""
 
     def make_slot(self, kind_, index: int, rid: str, engine: int | None, prompt: str,
                   tokens: int, priority: int, template_kwargs: dict | None,
@@ -453,6 +392,76 @@ class ServerProgram(Program):
         return diagnose_http_error(fields["http_status"], fields.get("error"),
                                    fields.get("error_param"), self.connection.api_key_env,
                                    bool(self.connection.api_key))
+
+
+class ServerProgram(ServerLearning, GuardedBatches, Program):
+    """A program against one vLLM server. Subclasses give steps(), plan_fields() and
+    planned_per_engine(); the judgement (every planned request ok, unrefused, in time),
+    the run record and the summary's counts are shared."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.server = Server()
+        self.tally = Tally()
+        self.counters_before: dict | None = None   # counters of the last guard read
+        self.observed: dict | None = None          # what the last batch's sampler saw
+        self.batch_ended_at: float | None = None   # when the last batch's requests ended
+        self.lock: int | None = None               # the server's lock, held for the run
+        REDACTIONS.secret(connection.api_key)
+        REDACTIONS.secret(connection.target.credentials)
+
+    # -- what a subclass says ------------------------------------------------
+
+    def plan_fields(self) -> dict:
+        """The plan as recorded in the run record (sizes and bounds, never prompt text)."""
+        return {}
+
+    def planned_per_engine(self) -> int:
+        return 0
+
+    # -- the run-frame interface -----------------------------------------------
+
+    def planned(self) -> int:
+        return self.planned_per_engine() * len(self.server.engines)
+
+    def run_fields(self, run: Run) -> dict:
+        plan = dict(self.plan_fields())
+        plan.update(requests_per_engine=self.planned_per_engine(),   # one name, one
+                    requests_total=self.planned())                   # meaning each
+        engines = routed(self.server.engines)
+        return {
+            "base_url": self.connection.target.display,
+            "model": clean_text(self.server.model, 200) if self.server.model else None,
+            "max_model_len": self.server.max_model_len,
+            "engines": list(engines) if engines else None,
+            "plan": plan,
+            "versions": {"helper": __version__, "python": sys.version.split()[0],
+                         "server": self.server.version},
+            "process_start_time_seconds": self.server.process_start,
+            "api_key_env": self.connection.api_key_env,
+            "api_key_set": bool(self.connection.api_key),
+        }
+
+    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
+        return judge_run(requests=self.tally.requests, planned=self.planned(),
+                         problems=self.tally.problems + list(extra),
+                         refusal=self.tally.refusal, late=late_problem(run))
+
+    def problems(self) -> list[str]:
+        return self.tally.problems + self.tally.refusal
+
+    def summary_fields(self, run: Run) -> dict:
+        tally = self.tally
+        return {"requests_ok": sum(r["ok"] for r in tally.requests),
+                "requests_total": self.planned(), "requests_ran": len(tally.requests),
+                "notes": tally.notes, "warnings": tally.warnings,
+                "settled_s": tally.settled_s}
+
+    def close(self) -> None:
+        """Let the server's lock go (its file stays: removing it would race a newcomer)."""
+        if self.lock is not None:
+            os.close(self.lock)           # the lock goes with its descriptor
+            self.lock = None
 
 
 # ---------------------------------------------------------------------------

@@ -40,8 +40,9 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
-    from contract import (B1_FLOOR, REVIEWED, Ending, Plan, batch_name, cache_check, decide,
-                          differences, parse_waves, plan_record, wave_name)
+    from contract import (B1_FLOOR, REVIEWED, Ending, Plan, b1_prompts, batch_name,
+                          cache_check, cross_check, decide, differences, engine_shares,
+                          parse_waves, plan_record, wave_name)
     from evidence import Evidence, EvidenceOptions, time_to_warm
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
@@ -135,7 +136,8 @@ class WarmUp(ServerProgram):
                 break
         if self.tally.requests:
             self.evidence.read_after(run, self.connection.target, self.tally.first_counters,
-                                     self.tally, self.engine_shares)
+                                     self.tally, lambda deltas, record: engine_figures(
+                                         self, deltas, record))
 
     def planned_per_engine(self) -> int:
         return self.plan.requests_per_engine
@@ -145,16 +147,7 @@ class WarmUp(ServerProgram):
         return sorted(set(self.server.served) - set(covered))
 
     def plan_fields(self) -> dict:
-        counts = [counted for _, counted in self.b1_prompts.values()]
-        smallest = None if not counts or None in counts else min(counts)
-        by_engine = {str(e): c for e, (_, c) in self.b1_prompts.items()
-                     if e is not None and c is not None}
-        found = differences(self.plan, self.engines_skipped())
-        return dict(plan_record(self.plan), engines_skipped=self.engines_skipped(),
-                    contract=not found, differences=found, deadline_s=self.settings.deadline_s,
-                    b1_prompt_tokens_counted=smallest,
-                    b1_prompt_tokens_by_engine=by_engine or None,
-                    b1_sizing="tokenize" if smallest is not None else "estimate")
+        return recorded_plan(self)
 
     def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
         """contract.decide() on the records this run wrote, with how its steps ended."""
@@ -185,36 +178,13 @@ class WarmUp(ServerProgram):
         return fields
 
     def after_summary(self, run: Run, summary: dict) -> None:
-        """With --ready-file: the ready file, removed before anything was sent (a re-warm
-        after a wake that fails or is killed leaves no stale 'ready'), written again from
-        this run's own verdict when it is a contract pass (as start.sh writes it)."""
-        if not self.ready_file:
-            return None
-        gauges = [r for r in run.written if r.get("record") == "gauges"]
-        doc, why = ready_document(summary["verdict"], run.run_record or {}, summary,
-                                  self.settings.records_path,
-                                  gauges[-1].get("sleep_state") if gauges else None)
-        why = why or write_ready(self.ready_file, doc)
-        if why is None:
-            run.say(f"ready file {self.ready_file} written: `qualify.py ready --ready-file "
-                    f"{self.ready_file}` says while it stays true")
-        else:
-            run.say(f"ready file {self.ready_file} not written: {why}{self.ready_dropped}")
-        return None
+        """With --ready-file: the ready file from this run's own verdict."""
+        if self.ready_file:
+            rewrite_ready_file(self, run, summary)
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         return exported_samples(self.server.engines, self.tally.requests,
                                 self.plan.requests_per_engine, summary)
-
-    def engine_shares(self, deltas: dict, record: dict) -> None:
-        """Each engine's figures in the main metrics record (its share is decide()'s)."""
-        from contract import b1_prompts, engine_shares
-        engines = routed(self.server.engines)
-        if engines and deltas:
-            record["engines"], _, warnings = engine_shares(
-                deltas, engines, self.plan.wave_requests * self.plan.tokens,
-                b1_prompts(self.tally.requests))
-            self.tally.warnings += warnings
 
     # -- one batch ---------------------------------------------------------------
 
@@ -232,7 +202,7 @@ class WarmUp(ServerProgram):
         for record in answers:
             run.write(record)
         self.tally.requests += answers
-        evidence = self.wave_evidence(run, name)
+        evidence = wave_evidence(self, run, name)
         shown = [] if evidence is None else cross_check_wave(evidence, answers, name)
         for engine in self.server.engines:
             mine = [r for r in answers if r["engine"] == engine]
@@ -263,22 +233,55 @@ class WarmUp(ServerProgram):
                                             plan.priority, plan.template_kwargs))
         return slots
 
-    def wave_evidence(self, run: Run, name: str) -> dict | None:
-        """What the engine counted during the wave: counter deltas from the guard's read
-        before it to a settled read after it (None without per-wave evidence)."""
-        if not self.plan.gauge_interval_ms:
-            return None
-        before = self.counters_before
-        after, why = self.counters_after(run, name)
-        if before is None or after is None:
-            return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
-        def engine_series(counts: dict) -> dict:       # its own, a histogram's buckets aside
-            return {k: v for k, v in counts.items()
-                    if k.startswith("vllm:") and not series_name(k).endswith("_bucket")}
-        before, after = engine_series(before), engine_series(after)
-        return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
-                           if v is not None or (k in before and k in after)},
-                "went_down": went_down(before, after), "why": None}
+
+
+def recorded_plan(warm: WarmUp) -> dict:
+    """The plan as the run record holds it (contract.plan_record()), with what this run
+    learned: engines left cold, how it differs from the reviewed plan, B1's counted size."""
+    counts = [counted for _, counted in warm.b1_prompts.values()]
+    smallest = None if not counts or None in counts else min(counts)
+    by_engine = {str(e): c for e, (_, c) in warm.b1_prompts.items()
+                 if e is not None and c is not None}
+    found = differences(warm.plan, warm.engines_skipped())
+    return dict(plan_record(warm.plan), engines_skipped=warm.engines_skipped(),
+                contract=not found, differences=found, deadline_s=warm.settings.deadline_s,
+                b1_prompt_tokens_counted=smallest, b1_prompt_tokens_by_engine=by_engine or None,
+                b1_sizing="tokenize" if smallest is not None else "estimate")
+
+
+def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
+    """The ready file, removed before anything was sent (a re-warm after a wake that fails
+    or is killed leaves no stale 'ready'), written again from this run's own verdict when
+    it is a contract pass (as start.sh writes it)."""
+    gauges = [r for r in run.written if r.get("record") == "gauges"]
+    doc, why = ready_document(summary["verdict"], run.run_record or {}, summary,
+                              warm.settings.records_path,
+                              gauges[-1].get("sleep_state") if gauges else None)
+    why = why or write_ready(warm.ready_file, doc)
+    if why is None:
+        run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "
+                f"{warm.ready_file}` says while it stays true")
+    else:
+        run.say(f"ready file {warm.ready_file} not written: {why}{warm.ready_dropped}")
+
+
+def wave_evidence(warm: WarmUp, run: Run, name: str) -> dict | None:
+    """What the engine counted during the wave: counter deltas from the guard's read
+    before it to a settled read after it (None without per-wave evidence)."""
+    if not warm.plan.gauge_interval_ms:
+        return None
+    before = warm.counters_before
+    after, why = warm.counters_after(run, name)
+    if before is None or after is None:
+        return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
+
+    def engine_series(counts: dict) -> dict:       # its own, a histogram's buckets aside
+        return {k: v for k, v in counts.items()
+                if k.startswith("vllm:") and not series_name(k).endswith("_bucket")}
+    before, after = engine_series(before), engine_series(after)
+    return {"deltas": {k: v for k, v in counter_deltas(before, after).items()
+                       if v is not None or (k in before and k in after)},
+            "went_down": went_down(before, after), "why": None}
 
 
 def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
@@ -292,10 +295,19 @@ def path_results(requests: list[dict], kinds: list[Kind]) -> dict:
     return results
 
 
+def engine_figures(warm: WarmUp, deltas: dict, record: dict) -> None:
+    """Each engine's figures in the main metrics record (its share is decide()'s to judge)."""
+    engines = routed(warm.server.engines)
+    if engines and deltas:
+        record["engines"], _, warnings = engine_shares(
+            deltas, engines, warm.plan.wave_requests * warm.plan.tokens,
+            b1_prompts(warm.tally.requests))
+        warm.tally.warnings += warnings
+
+
 def cross_check_wave(evidence: dict, answers: list[dict], name: str) -> list[str]:
     """What the engines counted over one wave against its records (a wave record says it;
     decide() judges it from the wave records)."""
-    from contract import cross_check
     return cross_check(evidence["deltas"], answers, name, evidence["went_down"])[0]
 
 
