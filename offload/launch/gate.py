@@ -627,6 +627,7 @@ identifiers_exact ({"alone": "6/6", "batched": "6/6"}), worst_typos and worst_ce
 
 def build_gate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=PROG, epilog=GATE_EPILOG + "\n" + ENVIRONMENT_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(

@@ -2,17 +2,18 @@
 
   main() -> Settings(argv, env).check() (flags over START_* variables, all checked
             before anything is launched) -> start():
-    refuse_a_running_server() -> Server.launch() (own session and process group, output
-    appended to server.log) -> wait_ready() (GET /health in-process)
+    refuse_a_running_server() -> Server.start() (own session and process group, output
+    to server.log; with --supervise also to ours, the log rotated) -> wait_ready()
     -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
        run_gate() (under coreutils timeout), verdicts judged() by contract.decide()
        (readback.last_verdict), the ready file from ready.ready_document() -> OK or WARN;
        publish_outcome() for a step that left no summary, or a server never healthy
     -> prune_records() (--keep) -> with --supervise, supervise(): stay the server's parent
-       until it ends
+       until it ends, then end with it (non-zero when it ended unasked)
 
-start.sh execs this file. The server is followed by its process group (a server that
-forks and exits is still followed); a zombie counts as gone. Standard library only.
+start.sh execs this file. The server is the launched process (supervisor.py): its end
+is the server's end, and what it leaves of its process group is stopped. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -28,12 +29,15 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import group_alive, process_alive, signalable
+    from processes import group_alive, process_alive
+    from supervisor import ServerProcess, first_error, shell_status
 except ImportError:                       # main() names the missing module (exit 2)
-    group_alive = process_alive = signalable = None
+    group_alive = process_alive = None
+    ServerProcess = object
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
 TAIL_LINES = 20
+SIGNALS = {s.value for s in signal.Signals}
 KILL_AFTER_S = 5
 PROBE_TIMEOUT_S = 2.0
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
@@ -51,15 +55,16 @@ Start the server in the background (own process group, output to LOG_DIR/server.
 wait for GET /health = 200 within the start guard, run the warm-up
 (offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
 The server keeps running. start.sh refuses to start when something already answers at
-the base URL: it reports only on a server it launched and still sees running (its
-process group: a server that forks and exits is still followed).
+the base URL: it reports only on a server it launched and still sees running (the
+launched process itself: a server that forks and exits has ended).
 
 options (environment variable in brackets):
   --base-url URL      where the server answers, passed to the warm-up and the gate as
                       is (as WARMUP_BASE_URL, out of their command lines); user:pass@
                       in it is never shown, and sent (as Basic auth) only by the
-                      /health and ready checks
-                      [START_BASE_URL, default http://127.0.0.1:8000]
+                      /health and ready checks [START_BASE_URL, default: from the
+                      server command's --port and --host, else http://127.0.0.1:8000;
+                      one that differs from them is a usage error]
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
   --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
   --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
@@ -78,10 +83,16 @@ options (environment variable in brackets):
   --keep N            keep the records of the last N warm-ups (and gates) in the log
                       folder, removing older ones, each named in start.log; 0 keeps
                       every one [START_KEEP, 10]
-  --supervise         a container's entry point: after the warm-up stay the server's
-                      parent, pass TERM and INT on to its process group (KILL after
-                      START_STOP_GRACE_S), reap what it leaves, and exit with the
-                      server's status when it ends [START_SUPERVISE=1]
+  --supervise         a container's entry point: stay the server's parent, its output
+                      also on start.sh's own ("server| " before each line) and
+                      server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
+                      server.log.1); pass TERM and INT on to its process group. When
+                      the server ends, stop what is left of its group (KILL after
+                      START_STOP_GRACE_S) and exit: with its status when TERM or INT
+                      asked it to stop, else non-zero (a crash, or an exit 0 nobody
+                      asked for) [START_SUPERVISE=1]. Without it, server.log grows
+                      with the server's output: rotate it with copytruncate
+                      (logrotate), as start.sh keeps appending
   -h, --help          this text
   START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
   and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
@@ -93,7 +104,8 @@ Read the records before releasing HOLD, after OK as after WARN.
 
 exit status:
   0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
-  N    with --supervise: the server's own exit status once it ended
+  N    with --supervise, once the server ended: its status when TERM or INT asked it
+       to stop; unasked, its status, 1 for an exit 0 nobody asked for
   1    server not started or not trustworthy: something already answered at the base
        URL, a live server.pid, the server exited (also during the warm-up), or it
        missed the start guard (its process group is stopped)
@@ -178,16 +190,20 @@ def address_problem(target, command: list[str]) -> str | None:
     return None
 
 
+def command_url(command: list[str]) -> str:
+    """The base URL the server command says with its --port and --host (vLLM's defaults:
+    8000, every address; a wildcard host is reached on 127.0.0.1)."""
+    host = flag_value("--host", command).strip("[]")
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    port = flag_value("--port", command) or "8000"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
 def logged_chunk(text: str) -> str:
     """The prefill chunk vLLM logged at start ("Chunked prefill is enabled with
     max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
     found = CHUNK_LINES.findall(text)
     return found[-1] if found else ""
-
-
-def shell_status(returncode: int) -> int:
-    """A child's return code as a shell shows it: the exit code, or 128 + the signal."""
-    return returncode if returncode >= 0 else 128 - returncode
 
 
 # ---------------------------------------------------------------------------
@@ -205,6 +221,7 @@ class Settings:
         "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
         "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
         "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
+        "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
     }
 
     def __init__(self, argv: list[str], env: dict):
@@ -257,12 +274,17 @@ class Settings:
         check_whole(self.stop_grace_s, 4, "START_STOP_GRACE_S",
                     "whole seconds from 0 to 99999", prefix="must be ", zero=True)
         check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
+        check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
+                    prefix="must be ")
         for name in ("warmup", "gate", "supervise"):
             if getattr(self, name) not in ("0", "1"):
                 raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
         if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
             raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
                         f"got '{self.gate_hard_s}'")
+        if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:
+            self.base_url = command_url(self.command)     # the port, said once
+            self.source["base_url"] = "the server command's --port and --host"
         if not re.match(r"https?://", self.base_url):
             raise Usage(f"{self.source['base_url']} must start with http:// or https://")
         self._check_log_dir()
@@ -381,115 +403,59 @@ class Log:
         self("ERROR: " + text, sys.stderr)
 
 
-class Server:
-    """The launched server: its pid is its process group (its own session)."""
+class Server(ServerProcess):
+    """The launched server as start.sh reports it: its launch line, server.pid, the first
+    error and end of its log, an ERROR when it is gone."""
 
     def __init__(self, settings: Settings, log: Log):
+        super().__init__(os.path.join(settings.log_dir, "server.log"))
         self.settings, self.log = settings, log
-        self.server_log = os.path.join(settings.log_dir, "server.log")
-        self.pid = 0
-        self.status: int | None = None      # the launched pid's exit status, once reaped
-        self.launched_at = 0.0
+        self.server_log = self.log_path
         self.log_offset = 0
-        self.popen = None                   # kept: a dropped Popen would reap our pid
-        self.daemonized = False             # the launched pid exited, its group lived on
-        self.last_reaped: int | None = None  # then: the status of the last child reaped
 
-    def launch(self) -> None:
-        """Start the command in a new session, its output appended to server.log."""
+    def start(self) -> None:
+        """Launch the command; under --supervise its output also reaches our own, and
+        server.log is rotated at START_LOG_MAX_BYTES."""
         self.log_offset = size_of(self.server_log)
-        command = self.settings.command
-        with open(self.server_log, "ab") as out:
-            try:
-                self.popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out,
-                                              stderr=subprocess.STDOUT, start_new_session=True)
-                self.pid = self.popen.pid
-            except OSError as exc:          # as setsid(1) says it, and exits 126 / 127
-                out.write(f"start.sh: failed to execute {command[0]}: "
-                          f"{exc.strerror}\n".encode())
-                self.status = 127 if isinstance(exc, FileNotFoundError) else 126
-        self.launched_at = time.monotonic()
+        supervised = self.settings.supervise == "1"
+        self.launch(self.settings.command, sys.stdout if supervised else None,
+                    int(self.settings.log_max_bytes) if supervised else 0)
         if self.pid:
             with open(os.path.join(self.settings.log_dir, "server.pid"), "w") as handle:
                 handle.write(f"{self.pid}\n")
         self.log(f"launch pid {self.pid or 'none'} (process group {self.pid or 'none'}): "
-                 f"{redacted_command(command)}")
+                 f"{redacted_command(self.settings.command)}")
 
-    def since_launch(self) -> int:
-        return int(time.monotonic() - self.launched_at)
+    def stop_group(self) -> None:
+        self.stop(int(self.settings.stop_grace_s), self.log)
 
-    def reap(self, pid: int = -1) -> None:
-        """Collect exited children without waiting (as PID 1, orphans too); the launched
-        pid's status is kept."""
-        while True:
-            try:
-                found, status = os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if found == 0:
-                return
-            if found == self.pid and self.status is None:
-                self.status = shell_status(os.waitstatus_to_exitcode(status))
-                self.popen.returncode = self.status
-            elif self.daemonized:           # as PID 1: the forked server's own status
-                self.last_reaped = shell_status(os.waitstatus_to_exitcode(status))
-            if pid > 0:
-                return
-
-    def alive(self) -> bool:
-        """The launched pid runs, or once it has exited, a process of its group (a server
-        that forks and exits leaves its group running, which is then followed)."""
-        if not self.pid:
-            return False
-        if self.status is None:
-            self.reap(self.pid)
-            if self.status is None:
-                return True
-            if group_alive(self.pid):
-                self.daemonized = True
-                self.log(f"launched pid {self.pid} exited with status {self.status} but its "
-                         f"process group is still running: the server daemonized; start.sh "
-                         f"tracks process group {self.pid}")
-        return group_alive(self.pid)
-
-    def kill(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        """TERM the process group, KILL it after the grace period."""
-        if not self.pid or not signalable(-self.pid):
-            return
-        self.kill(signal.SIGTERM)
-        grace = int(self.settings.stop_grace_s)
-        started = time.monotonic()
-        while group_alive(self.pid):
-            self.reap(self.pid)
-            if time.monotonic() - started >= grace:
-                self.log(f"server group {self.pid} still alive after {grace} s: KILL")
-                self.kill(signal.SIGKILL)
-                break
-            time.sleep(0.1)
-        self.log(f"server process group {self.pid} stopped")
-
-    def tail(self) -> None:
-        """The end of server.log on stderr, for an ERROR about the server."""
-        lines = self.logged_since(max(size_of(self.server_log) - (256 << 10), 0)).splitlines()
-        shown = "\n".join(lines[-TAIL_LINES:])
-        print(f"---- last {TAIL_LINES} lines of {self.server_log} ----\n{shown}\n----",
-              file=sys.stderr, flush=True)
+    def show_error(self) -> None:
+        """This start's first error in server.log (a Traceback, an ERROR line, an
+        out-of-memory line, with its context) and the end of the log, on stderr."""
+        text = self.logged_since(max(self.log_offset, size_of(self.server_log) - (4 << 20)))
+        found, lines = first_error(text), text.splitlines()
+        shown = f"---- the server's first error in {self.server_log} ----\n" + \
+            "\n".join(found) + "\n" if found else ""
+        if not found or found[-1] not in lines[-TAIL_LINES:]:
+            shown += f"---- last {TAIL_LINES} lines of {self.server_log} ----\n" + \
+                "\n".join(lines[-TAIL_LINES:]) + "\n"
+        print(shown + "----", file=sys.stderr, flush=True)
 
     def gone(self, when: str) -> Exit:
-        """ERROR for a server that is gone, with the end of its log: Exit(1)."""
+        """ERROR for a server whose launched process ended, what is left of its group
+        stopped, its first error shown: Exit(1)."""
         status = "unknown" if self.status is None else self.status
-        hint = (" (a server that detaches into a new session cannot be followed: run it in "
-                "the foreground)") if status == 0 else ""
+        hint = (" (a server that forks and exits has ended for start.sh: run it in the "
+                "foreground)") if status == 0 else ""
+        left = self.left()
         self.log.error(f"server exited with status {status} after {self.since_launch()} s, "
-                       f"{when}; nothing of its process group {self.pid or 'none'} is left"
-                       f"{hint}")
-        self.tail()
+                       f"{when}{hint}; " + (f"stopping what is left of its process group "
+                                            f"{self.pid}" if left else
+                                            f"nothing of its process group {self.pid or 'none'} "
+                                            f"is left"))
+        if left:
+            self.stop_group()
+        self.show_error()
         return Exit(1)
 
     def logged_since(self, offset: int) -> str:
@@ -559,8 +525,8 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
         if left <= 0:
             log.error(f"server not ready: {url}/health did not answer 200 within the {guard} "
                       f"s start guard (is --base-url the server's address?)")
-            server.tail()
-            server.stop()
+            server.show_error()
+            server.stop_group()
             raise Exit(1)
         if health(settings, min(left, 5.0)) == 0:
             healthy_at = time.time()
@@ -766,9 +732,12 @@ def interrupt_while_starting() -> None:
 
 
 def supervise(settings: Settings, server: Server, log: Log) -> int:
-    """Stay the server's parent until it ends (a container's entry point); its status.
-    TERM and INT go to its group, which is KILLed when still alive after the grace; every
-    child is reaped, so orphans handed to a PID 1 launcher are too."""
+    """Stay the server's parent until its launched process ends (a container's entry
+    point): TERM and INT go to its group; every child is reaped (as PID 1, orphans too).
+    When it ends, say how and after how long, stop what is left of its group (KILL after
+    the grace), and exit: with its status when a signal asked it to stop, else non-zero
+    (a crash, a signal from elsewhere, or an exit 0 nobody asked for), so that every
+    restart policy restarts it."""
     asked: list = []                        # (signal name, when), from the handler
 
     def pass_on(signum, frame):
@@ -777,7 +746,7 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
     log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
-        f"it; start.sh ends with the server's status")
+        f"it; start.sh ends when the server does")
     told, killed = 0, False
     grace = int(settings.stop_grace_s)
     while True:
@@ -792,13 +761,24 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
             server.kill(signal.SIGKILL)
             killed = True
         time.sleep(0.1)
+    status = 1 if server.status is None else server.status
+    how = f"with status {status}" if status < 128 else \
+        f"by signal {signal.Signals(status - 128).name if status - 128 in SIGNALS else status - 128}"
+    if asked:
+        code = status
+        log(f"server ended {how} after {server.ended_after} s, asked to stop ({asked[0][0]} "
+            f"passed on): start.sh exits {code}")
+    else:
+        code = status or 1
+        log.error(f"server ended {how} after {server.ended_after} s, unasked (a crash, a "
+                  f"signal from elsewhere, or an exit nobody asked for): start.sh exits "
+                  f"{code}, so that a restart policy restarts it")
+    if server.left():
+        log(f"stopping what is left of server process group {server.pid}")
+        server.stop_group()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    status = server.last_reaped if server.daemonized and server.last_reaped is not None \
-        else server.status
-    log(f"server ended with status {'unknown' if status is None else status}: start.sh exits "
-        f"with it")
-    return 1 if status is None else status
+    return code
 
 
 def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str) -> None:
@@ -832,7 +812,7 @@ def start(settings: Settings, log: Log) -> int:
                                f"({exc.strerror})")
     interrupt_while_starting()
     try:
-        server.launch()
+        server.start()
         try:
             env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
         except Exit:
@@ -859,13 +839,13 @@ def start(settings: Settings, log: Log) -> int:
         log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
                   f"launched")
         Steps.stop()
-        server.stop()
+        server.stop_group()
         return signalled.code
     except (OSError, ValueError) as exc:    # a step that cannot run (no bash, no timeout)
         log.error(f"start.sh cannot go on: {type(exc).__name__}: {exc}; stopping the server "
                   f"it launched")
         Steps.stop()
-        server.stop()
+        server.stop_group()
         return 1
     if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
@@ -881,7 +861,8 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("processes", "readback", "ready", "textfile", "vllm_client"):
+        for module in ("processes", "supervisor", "readback", "ready", "textfile",
+                       "vllm_client"):
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "

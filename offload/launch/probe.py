@@ -226,6 +226,7 @@ exit status:
 
 def build_probe_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=PROG, epilog=PROBE_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(

@@ -87,6 +87,7 @@ def check_parser(command: str, description: str, epilog: str, base_url_default: 
                  timeout_what: str) -> argparse.ArgumentParser:
     """The options of a bounded check (health, ready): --base-url and --timeout-s."""
     parser = argparse.ArgumentParser(prog=f"{PROG} {command}", epilog=epilog,
+                                     allow_abbrev=False,
                                      description=textwrap.fill(description, 79),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", metavar="URL", default=None,

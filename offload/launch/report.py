@@ -274,6 +274,7 @@ def format_report(report: dict) -> str:
 
 def report_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=PROG,
         description="Print a readable report of a records file (warm-up, probe or gate), run "
                     "by run; also a file cut short by a kill, holding several runs, or with "

@@ -33,6 +33,7 @@ import fcntl
 import os
 import re
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
@@ -97,41 +98,74 @@ class Tally:
 
 def lock_path(target: Target) -> str:
     """The lock file of a server's address (localhost and 127.0.0.1 are one address), in
-    one folder for every helper on the host: WARMUP_LOCK_DIR, else /tmp."""
+    one folder for every helper on the host: WARMUP_LOCK_DIR, else the temporary folder."""
     host = "127.0.0.1" if target.host in ("localhost", "127.0.0.1") else target.host
     name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{host}_{target.port}")
-    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or "/tmp",
+    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or tempfile.gettempdir(),
                         f"offload-launch-{name}.lock")
 
 
 def take_server_lock(target: Target) -> int:
     """An exclusive lock on the server's address for the run (flock): a second helper
     against the same server on this host is refused at once, while the first runs on.
-    Returns the lock's descriptor. A file another user made is locked read-only."""
+    Returns the lock's descriptor. The holder removes the file when it lets go, so a lock
+    taken on a file that is no longer the path's is taken again on the new one. A file
+    another user made is locked read-only."""
     path = lock_path(target)
-    try:
+    for _ in range(10):
+        fd = open_lock_file(path, target)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except PermissionError:           # another user's file: a read-only lock holds too
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Fatal(f"cannot take the lock {path} for {target.display} "
-                    f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
-                    f"helper on this host can write; nothing was sent", EXIT_USAGE)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        os.close(fd)
-        raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) is "
-                    f"sending to {target.display} from this host; one at a time, or neither "
-                    f"warm-up shows what it did; nothing was sent", EXIT_REFUSED)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) "
+                        f"is sending to {target.display} from this host; one at a time, or "
+                        f"neither warm-up shows what it did; nothing was sent", EXIT_REFUSED)
+        if same_file(fd, path):
+            break
+        os.close(fd)                      # its holder removed it as we opened it: again
+    else:
+        raise Fatal(f"cannot take the lock {path} for {target.display}: it keeps being "
+                    f"replaced; nothing was sent", EXIT_USAGE)
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
     except OSError:
         pass                              # a read-only lock: no pid to name
     return fd
+
+
+def open_lock_file(path: str, target: Target) -> int:
+    try:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except PermissionError:           # another user's file: a read-only lock holds too
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Fatal(f"cannot take the lock {path} for {target.display} "
+                    f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
+                    f"helper on this host can write; nothing was sent", EXIT_USAGE)
+
+
+def same_file(fd: int, path: str) -> bool:
+    """The descriptor is the file at path (not one its holder removed)."""
+    try:
+        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def release_server_lock(fd: int, target: Target) -> None:
+    """Remove the lock file while still holding it, then let go: no file is left behind,
+    and a helper that opened it meanwhile finds it replaced and locks the new one."""
+    try:
+        if same_file(fd, lock_path(target)):
+            os.unlink(lock_path(target))
+    except OSError:
+        pass                              # another user's file in a shared folder
+    os.close(fd)
 
 
 def routed(engines: tuple) -> tuple[int, ...] | None:
@@ -458,9 +492,9 @@ class ServerProgram(ServerLearning, GuardedBatches, Program):
                 "settled_s": tally.settled_s}
 
     def close(self) -> None:
-        """Let the server's lock go (its file stays: removing it would race a newcomer)."""
+        """Let the server's lock go, its file removed (release_server_lock)."""
         if self.lock is not None:
-            os.close(self.lock)           # the lock goes with its descriptor
+            release_server_lock(self.lock, self.connection.target)
             self.lock = None
 
 
@@ -749,8 +783,9 @@ environment:
   WARMUP_ENGINES      default for --engines
   WARMUP_RECORDS_DIR  where the default records file goes (else ./warmup-records/)
   WARMUP_TEXTFILE     default for --textfile
-  WARMUP_LOCK_DIR     where the per-server lock files are (default /tmp): one folder
-                      for every helper on the host
+  WARMUP_LOCK_DIR     where the per-server lock files are (default: the temporary
+                      folder, $TMPDIR or /tmp): one folder for every helper on the
+                      host; a run removes its file when it ends
   VLLM_API_KEY        the API key, sent as "Authorization: Bearer" to /v1 paths only;
                       never printed or recorded (another variable: --api-key-env)
 """

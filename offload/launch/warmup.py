@@ -508,6 +508,7 @@ records before releasing producers. The contract: CONTRACT.md beside this file.
 
 def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog=prog, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Warm up a freshly started vLLM server: waves B1..B4 of raw completions\n"
                     "(a ~5K-token prefill, then 2, 3 and 4 requests released together), on\n"

@@ -990,7 +990,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--late-gauge-s", type=float, default=0.0,
                         help="count a finished request out of the gauges this much later")
     parser.add_argument("--exit-after-s", type=float, default=0.0,
-                        help="exit with status 3 this long after start (a dying server)")
+                        help="exit with --exit-status this long after start (a dying server)")
+    parser.add_argument("--exit-status", type=int, default=3,
+                        help="the status of --exit-after-s (vLLM exits 0 when its engine "
+                             "core dies)")
+    parser.add_argument("--chatter-bytes", type=int, default=0,
+                        help="write this many bytes of log lines at start (a log to rotate)")
+    parser.add_argument("--fail-start", action="store_true",
+                        help="fail at start as vLLM does without its memory: a traceback, "
+                             "then 60 lines of shutdown, exit 1")
     parser.add_argument("--dev-mode", action="store_true",
                         help="as VLLM_SERVER_DEV_MODE=1: POST /sleep?level=N, POST /wake_up "
                              "and GET /is_sleeping answer (vllm:engine_sleep_state follows)")
@@ -1046,6 +1054,8 @@ def main(argv: list[str] | None = None) -> int:
                         dev_mode=args.dev_mode, sleep_level=args.asleep,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
+    if args.fail_start:
+        return fail_start()
     try:
         server = FakeServer(config, 0 if args.demo else args.port).start()
     except OSError as exc:
@@ -1061,12 +1071,25 @@ def main(argv: list[str] | None = None) -> int:
     print(f"INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens="
           f"{args.max_num_batched_tokens}.", flush=True)
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
+    for number in range(args.chatter_bytes // 100 + bool(args.chatter_bytes % 100)):
+        print(f"INFO [chatter.py:1] line {number:08d} " + "x" * 70, flush=True)
     died = not done.wait(args.exit_after_s or None)     # a timeout means --exit-after-s
     server.stop()
     if died:
         print("fake vLLM: engine died (--exit-after-s)", flush=True)
-        return 3
+        return args.exit_status
     return 0
+
+
+def fail_start() -> int:
+    """What vLLM prints when it cannot get its memory: the cause, then a long shutdown."""
+    print("INFO [api_server.py:1] vLLM API server version 0.32.0 (fake)", flush=True)
+    print("ERROR [core.py:708] EngineCore failed to start.\nTraceback (most recent call "
+          "last):\n  File \"core.py\", line 699, in run_engine_core\n"
+          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+    for number in range(60):
+        print(f"INFO [shutdown.py:{number}] releasing resource {number}", flush=True)
+    return 1
 
 
 if __name__ == "__main__":

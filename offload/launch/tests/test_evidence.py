@@ -4,15 +4,18 @@ the textfile found unwritable first, wall-clock wave times and the drafted lengt
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
 import sys
 import time
 import unittest
+from unittest import mock
 
 from support import QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
-import evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import evidence  # noqa: E402
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import report  # noqa: E402
 import transport  # noqa: E402
 import vllm_client  # noqa: E402
@@ -319,6 +322,27 @@ class TestEvidenceDecides(HelperCase):
         locked = ["another helper" in " ".join(problems) for problems in said]
         self.assertEqual(locked, [False, True, True], f"localhost is the same address: {said}")
         self.assertEqual(codes, [0, 3, 3])
+
+    def test_a_run_leaves_no_lock_file_and_the_lock_still_holds(self):
+        folder = os.path.join(self.tmp, "locks")
+        os.mkdir(folder)
+        server = self.start_fake()
+        for _ in range(3):
+            self.assertEqual(self.run_helper(server, env={"WARMUP_LOCK_DIR": folder}).code, 0)
+        self.assertEqual(os.listdir(folder), [], "every run removes its lock file")
+        target = transport.parse_base_url(server.url)
+        with mock.patch.dict(os.environ, {"WARMUP_LOCK_DIR": folder}):
+            first = vllm_client.take_server_lock(target)
+            stale = os.open(vllm_client.lock_path(target), os.O_RDWR)   # opened meanwhile
+            vllm_client.release_server_lock(first, target)
+            fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a lock on a removed file
+            second = vllm_client.take_server_lock(target)      # on the new file
+            with self.assertRaises(runframe.Fatal) as refused:
+                vllm_client.take_server_lock(target)
+            self.assertEqual(refused.exception.exit_code, 3, "one helper per server still")
+            os.close(stale)
+            vllm_client.release_server_lock(second, target)
+        self.assertEqual(os.listdir(folder), [])
 
     def test_a_lock_folder_that_cannot_be_used_is_named(self):
         server = self.start_fake()

@@ -24,6 +24,7 @@ from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, StartCase,
                      copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
+import launcher  # noqa: E402
 from launcher import (Log, Server, Settings, flag_value, logged_chunk,  # noqa: E402
                       redacted_command, tokens_value)
 from processes import group_alive, proc_stat  # noqa: E402
@@ -269,31 +270,30 @@ time.sleep(0.8)
         """A server command that forks the fake into the background and exits 0."""
         return ["bash", "-c", '"$@" & exit 0', "daemonize", *self.fake(*args)]
 
-    def test_server_that_daemonizes_is_followed_by_its_group(self):
-        result = self.start("--ready-file", self.ready, server=self.daemonizing())
-        self.assertEqual(result.code, 0, result.stdout + result.stderr)
-        pid = self.server_pid()
-        self.assertIn(f"launched pid {pid} exited with status 0 but its process group is still "
-                      f"running: the server daemonized; start.sh tracks process group {pid}",
-                      result.stdout)
-        self.assertIn("OK: warm-up passed", result.stdout)
-        self.assertTrue(os.path.exists(self.ready))
-        self.assertTrue(group_alive(pid), "the daemonized server keeps running")
-
-    def test_daemonized_server_is_stopped_on_error(self):
-        result = self.start("--start-guard-s", "1",
-                            server=self.daemonizing("--health-delay-s", "1000"), timeout=30)
-        self.assertEqual(result.code, 1, result.stdout + result.stderr)
-        self.assertIn("did not answer 200 within the 1 s start guard", result.stderr)
-        self.assertFalse(group_alive(self.server_pid()), "the whole group must be stopped")
-
-    def test_server_that_forks_and_leaves_nothing(self):
-        result = self.start(server=["bash", "-c", "sleep 0.3 & exit 0"], timeout=30)
+    def test_a_server_that_forks_and_exits_has_ended_and_its_group_is_stopped(self):
+        result = self.start("--ready-file", self.ready, server=self.daemonizing(), timeout=60)
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
         pid = self.server_pid()
         self.assertIn("server exited with status 0", result.stderr)
-        self.assertIn(f"nothing of its process group {pid} is left", result.stderr)
+        self.assertIn("a server that forks and exits has ended", result.stderr)
+        self.assertNotIn("OK:", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertFalse(group_alive(pid), "what the server left of its group is stopped")
+
+    def test_server_that_forks_and_leaves_little(self):
+        result = self.start(server=["bash", "-c", "sleep 0.3 & exit 0"], timeout=30)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("server exited with status 0", result.stderr)
+        self.assertFalse(group_alive(self.server_pid()))
         self.assertLess(result.elapsed, 10)
+
+    def test_a_failed_start_shows_the_server_s_first_error(self):
+        result = self.start(server=self.fake("--fail-start"), timeout=30)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("the server's first error", result.stderr)
+        self.assertIn("torch.OutOfMemoryError: CUDA out of memory", result.stderr,
+                      "the cause, 60 lines above the end of the log")
+        self.assertIn("releasing resource 59", result.stderr, "and the end of the log")
 
     def test_unwritable_paths_are_usage_errors_before_launch(self):
         marker = os.path.join(self.tmp, "launched")
@@ -692,14 +692,15 @@ class TestWrapper(HelperCase):
 
 
 class TestSupervise(StartCase):
-    def supervised(self, *launcher: str, server: list[str] | None = None) -> subprocess.Popen:
+    def supervised(self, *launcher: str, server: list[str] | None = None,
+                   stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
         """start.sh --supervise against the fake, as a process; running until it logs that
         it supervises (60 s at most; a quiet machine needs about 1 s)."""
         command = [*launcher, "bash", START, "--base-url", self.url, "--log-dir", self.logs,
                    "--supervise", "--", *(server or self.fake())]
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        proc = subprocess.Popen(command, stdout=stdout, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, START_POLL_S="0.2",
-                                                    START_STOP_GRACE_S="3"),
+                                         START_STOP_GRACE_S="3", **(env or {})),
                                 start_new_session=True)
         self.addCleanup(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
         deadline = time.monotonic() + 60
@@ -731,7 +732,8 @@ class TestSupervise(StartCase):
         os.kill(proc.pid, signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=30), 0, "the fake ends gracefully on TERM: 0")
         self.assertIn("TERM received: passed on to server process group", self.start_log())
-        self.assertIn("server ended with status 0: start.sh exits with it", self.start_log())
+        self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, asked to "
+                                           r"stop \(TERM passed on\): start.sh exits 0")
         self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
 
     def test_a_server_killed_from_outside_ends_start_sh_at_once(self):
@@ -740,6 +742,44 @@ class TestSupervise(StartCase):
         started = time.monotonic()
         self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
         self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
+        self.assertRegex(self.start_log(), r"ERROR: server ended by signal SIGKILL after \d+ "
+                                           r"s, unasked")
+
+    def test_a_crashed_server_s_child_does_not_keep_it_alive(self):
+        # A server whose child outlives it (vLLM's engine core processes after a kill -9
+        # of the API server): start.sh ends, and nothing of the group is left.
+        proc = self.supervised(server=["bash", "-c", 'sleep 600 & exec "$@"', "server",
+                                       *self.fake()])
+        group = self.server_pid()
+        os.kill(group, signal.SIGKILL)
+        started = time.monotonic()
+        self.assertEqual(proc.wait(timeout=60), 128 + signal.SIGKILL)
+        self.assertLess(time.monotonic() - started, 10 + 3, "10 s and the grace, at most")
+        self.assertFalse(group_alive(group), "the child that outlived the server is stopped")
+        self.assertIn("stopping what is left of server process group", self.start_log())
+
+    def test_an_exit_0_nobody_asked_for_ends_start_sh_non_zero(self):
+        # vLLM exits 0 when its engine core dies: a restart policy must still restart it.
+        proc = self.supervised(server=self.fake("--exit-after-s", "3", "--exit-status", "0"))
+        self.assertEqual(proc.wait(timeout=60), 1)
+        self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, unasked")
+
+    def test_the_server_s_output_reaches_start_sh_s_and_its_log_is_bounded(self):
+        out = os.path.join(self.tmp, "container.log")
+        with open(out, "w") as stdout:
+            proc = self.supervised(server=self.fake("--chatter-bytes", "250000"), stdout=stdout,
+                                   env={"START_LOG_MAX_BYTES": "100000"})
+            os.kill(proc.pid, signal.SIGTERM)
+            self.assertEqual(proc.wait(timeout=30), 0)
+        with open(out) as handle:
+            shown = handle.read()
+        self.assertIn("server| fake vLLM", shown, "the server's start line, told apart")
+        self.assertIn("server| INFO [chatter.py:1] line 00002499", shown)
+        self.assertIn("supervising server process group", shown)
+        log = os.path.join(self.logs, "server.log")
+        for path in (log, log + ".1"):
+            self.assertLessEqual(os.path.getsize(path), 100000, path)
+        self.assertFalse(os.path.exists(log + ".2"), "one old copy")
 
     @NEEDS_PID_NAMESPACE
     def test_as_pid_1_of_a_pid_namespace(self):
@@ -770,14 +810,23 @@ class TestSupervise(StartCase):
         self.assertLess(time.monotonic() - started, 5, "a second on a quiet machine")
 
     @NEEDS_PID_NAMESPACE
-    def test_as_pid_1_a_server_that_forked_ends_with_its_own_status(self):
-        proc, pid_1 = self.as_pid_1("({fake} &); exit 0")
-        (server,) = [pid for pid in children_of(pid_1)
-                     if name_of(pid) == os.path.basename(sys.executable)]
-        os.kill(server, signal.SIGKILL)
-        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL,
-                         "the forked server's status, not the launched shell's 0")
-        self.assertIn(f"server ended with status {128 + signal.SIGKILL}", self.start_log())
+    def test_as_pid_1_a_crashed_server_ends_the_container(self):
+        proc, pid_1 = self.as_pid_1('sleep 600 & exec {fake}')
+        server = self.server_pid()
+        os.kill(self.outside_pid(pid_1, server), signal.SIGKILL)
+        self.assertEqual(proc.wait(timeout=60), 128 + signal.SIGKILL)
+        self.assertEqual(children_of(pid_1), [], "no process of the server is left")
+        self.assertIn("unasked", self.start_log())
+
+    def outside_pid(self, pid_1: int, inside: int) -> int:
+        """The pid, seen from here, of the namespace's process `inside` (server.pid holds
+        the namespace's own pid)."""
+        for pid in children_of(pid_1):
+            with open(f"/proc/{pid}/status") as handle:
+                for line in handle:
+                    if line.startswith("NSpid:") and line.split()[-1] == str(inside):
+                        return pid
+        self.fail(f"no process {inside} under PID 1 ({pid_1})")
 
 
 def children_of(pid: int) -> list[int]:
@@ -845,6 +894,18 @@ class TestOneAddress(StartCase):
     def test_one_address_written_two_ways_is_fine(self):
         result = self.start("--no-warmup", server=[*self.fake(), "--host", "0.0.0.0"])
         self.assertEqual(result.code, 0, result.stderr)
+
+    def test_the_port_is_said_once_in_the_server_command(self):
+        command = ["bash", START, "--log-dir", self.logs, "--", sys.executable, FAKE,
+                   "--latency-s", "0.01", "--port", str(self.port), "--host", "0.0.0.0"]
+        result = self.run_process(command, env={"START_POLL_S": "0.2"}, timeout=90,
+                                  records=self.records())
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn(f"WARMUP_BASE_URL http://127.0.0.1:{self.port}", result.stdout)
+        self.assertIn("OK: warm-up passed", result.stdout)
+        self.assertEqual(launcher.command_url(["vllm", "serve", "m"]), "http://127.0.0.1:8000")
+        self.assertEqual(launcher.command_url(["x", "--port=8041", "--host", "::1"]),
+                         "http://[::1]:8041")
 
 
 class TestStartRefusesOddPaths(StartCase):

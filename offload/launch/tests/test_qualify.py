@@ -239,3 +239,26 @@ class TestQualificationRuns(HelperCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestOneOptionGrammar(unittest.TestCase):
+    """Every program refuses an abbreviated option (exit 2), naming the one it did not
+    know: start.sh, the warm-up and every qualify.py command alike."""
+
+    def test_an_abbreviated_option_is_a_usage_error_everywhere(self):
+        from support import START, WARMUP
+        cases = [([sys.executable, WARMUP, "--chunk", "4096", "--dry-run"], "--chunk"),
+                 ([sys.executable, QUALIFY, "report", "--jso", "x.jsonl"], "--jso"),
+                 ([sys.executable, QUALIFY, "probe", "--round", "2", "--dry-run"], "--round"),
+                 ([sys.executable, QUALIFY, "gate", "--max-tok", "9", "--dry-run"],
+                  "--max-tok"),
+                 ([sys.executable, QUALIFY, "ready", "--ready", "f"], "--ready"),
+                 ([sys.executable, QUALIFY, "health", "--time", "1"], "--time"),
+                 (["bash", START, "--supe", "--", "true"], "--supe")]
+        for command, option in cases:
+            with self.subTest(command=command[1:3]):
+                proc = subprocess.run(command, capture_output=True, text=True, timeout=30,
+                                      stdin=subprocess.DEVNULL)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(option, proc.stderr)
+                self.assertNotIn("Traceback", proc.stderr)

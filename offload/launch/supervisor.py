@@ -1,0 +1,188 @@
+"""The server a launcher started: its process, its output, how it ended, stopping it.
+
+  ServerProcess.launch()   the command in its own session and process group; its output
+                           appended to server.log, or (forward, for --supervise) through a
+                           pipe that OutputPump copies to server.log, rotated at a size with
+                           one old copy kept, and line by line to the launcher's own output
+  alive(), reap()          the launched pid runs: its end is the server's end (a server
+                           that forks and exits has ended); reap() collects every child, as
+                           PID 1 orphans too
+  stop()                   TERM what is left of its process group, KILL it after the grace
+  first_error()            the first error in its output, with the lines around it (pure)
+
+Below the launcher, beside processes.py. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import threading
+import time
+
+from processes import group_alive, signalable
+
+PREFIX = "server| "                   # a forwarded line of the server, told from ours
+LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
+FORWARD_QUEUE = 10000                 # lines waiting for a slow reader; past it, dropped
+ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|out of memory|"
+                         r"OutOfMemory|\bOOM\b|CUDA error|Killed", re.I)
+
+
+def shell_status(returncode: int) -> int:
+    """A child's return code as a shell shows it: the exit code, or 128 + the signal."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class OutputPump:
+    """The server's output from a pipe: each line appended to server.log (rotated past
+    max_bytes: server.log.1 is the one old copy kept) and queued for `stream` with PREFIX.
+    A stream nobody reads drops lines (counted), never holds the server."""
+
+    def __init__(self, pipe, log_path: str, max_bytes: int, stream):
+        self.pipe, self.log_path, self.max_bytes, self.stream = pipe, log_path, max_bytes, stream
+        self.lines: queue.Queue = queue.Queue(FORWARD_QUEUE)
+        self.dropped = 0
+        self.reader = threading.Thread(target=self._read, name="server-output", daemon=True)
+        self.printer = threading.Thread(target=self._print, name="server-lines", daemon=True)
+
+    def start(self) -> None:
+        self.reader.start()
+        self.printer.start()
+
+    def _read(self) -> None:
+        out = open(self.log_path, "ab")
+        try:
+            for line in iter(lambda: self.pipe.readline(LINE_BYTES), b""):
+                if self.max_bytes and out.tell() + len(line) > self.max_bytes and out.tell():
+                    out.close()
+                    os.replace(self.log_path, self.log_path + ".1")
+                    out = open(self.log_path, "ab")
+                out.write(line)
+                out.flush()
+                try:
+                    self.lines.put_nowait(line)
+                except queue.Full:
+                    self.dropped += 1
+        except (OSError, ValueError):
+            pass                          # the disk or the pipe failed: the server runs on
+        finally:
+            out.close()
+            self.lines.put(None)
+
+    def _print(self) -> None:
+        while (line := self.lines.get()) is not None:
+            text = line.decode("utf-8", "replace").rstrip("\r\n")
+            try:
+                print(PREFIX + text, file=self.stream, flush=True)
+            except (OSError, ValueError):
+                return                    # the reader went away: the log file keeps it all
+
+    def join(self, wait_s: float) -> None:
+        """Wait up to wait_s for the last lines once the pipe closed."""
+        self.reader.join(wait_s)
+        self.printer.join(max(wait_s / 2, 0.1))
+
+
+class ServerProcess:
+    """The launched command: its pid is its process group (its own session)."""
+
+    def __init__(self, log_path: str):
+        self.log_path = log_path
+        self.pid = 0
+        self.status: int | None = None    # the launched pid's exit status, once reaped
+        self.launched_at = 0.0
+        self.ended_after: int | None = None  # seconds from launch to its end
+        self.popen = None                 # kept: a dropped Popen would reap our pid
+        self.pump: OutputPump | None = None
+
+    def launch(self, command: list[str], forward=None, max_bytes: int = 0) -> str | None:
+        """Start the command in a new session; None, or why it could not start (the pid
+        then stays 0, the status 127 or 126 as setsid(1) says it). With `forward` (a
+        stream) the output goes through an OutputPump, else straight to server.log."""
+        with open(self.log_path, "ab") as out:
+            try:
+                self.popen = subprocess.Popen(
+                    command, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if forward else out, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+            except OSError as exc:
+                out.write(f"start.sh: failed to execute {command[0]}: {exc.strerror}\n"
+                          .encode())
+                self.status = 127 if isinstance(exc, FileNotFoundError) else 126
+                return exc.strerror or type(exc).__name__
+            finally:
+                self.launched_at = time.monotonic()
+        self.pid = self.popen.pid
+        if forward:
+            self.pump = OutputPump(self.popen.stdout, self.log_path, max_bytes, forward)
+            self.pump.start()
+        return None
+
+    def since_launch(self) -> int:
+        return int(time.monotonic() - self.launched_at)
+
+    def reap(self, pid: int = -1) -> None:
+        """Collect exited children without waiting (as PID 1, orphans too); the launched
+        pid's status is kept."""
+        while True:
+            try:
+                found, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if found == 0:
+                return
+            if found == self.pid and self.status is None:
+                self.status = shell_status(os.waitstatus_to_exitcode(status))
+                self.popen.returncode = self.status
+                self.ended_after = self.since_launch()
+            if pid > 0:
+                return
+
+    def alive(self) -> bool:
+        """The launched pid has not ended (a zombie has: it is reaped here)."""
+        if not self.pid or self.status is not None:
+            return False
+        self.reap(self.pid)
+        return self.status is None
+
+    def left(self) -> bool:
+        """A process of its group is still there (the server's children, once it ended)."""
+        return bool(self.pid) and group_alive(self.pid)
+
+    def kill(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def stop(self, grace_s: int, say) -> None:
+        """TERM the process group, KILL what is left after grace_s; reap as it goes."""
+        if not self.pid or not signalable(-self.pid):
+            return
+        self.kill(signal.SIGTERM)
+        started = time.monotonic()
+        while group_alive(self.pid):
+            self.reap()
+            if time.monotonic() - started >= grace_s:
+                say(f"server group {self.pid} still alive after {grace_s} s: KILL")
+                self.kill(signal.SIGKILL)
+                break
+            time.sleep(0.1)
+        self.reap()
+        if self.pump is not None:
+            self.pump.join(2.0)
+        say(f"server process group {self.pid} stopped")
+
+
+def first_error(text: str, before: int = 3, after: int = 25) -> list[str]:
+    """The first error in a server's output (a Traceback, an ERROR line, an out-of-memory
+    line) with `before` lines above it and up to `after` below; [] when none. Pure."""
+    lines = text.splitlines()
+    for number, line in enumerate(lines):
+        if ERROR_LINES.search(line):
+            return lines[max(number - before, 0):number + after + 1]
+    return []
