@@ -184,7 +184,8 @@ class WarmUp(ServerProgram):
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         return exported_samples(self.server.engines, self.tally.requests,
-                                self.plan.requests_per_engine, summary)
+                                self.plan.requests_per_engine, summary,
+                                self.server.process_start)
 
     # -- one batch ---------------------------------------------------------------
 
@@ -349,12 +350,17 @@ def wave_record(run: Run, name: str, kind_: Kind, depth: int, engine, mine: list
 
 
 def exported_samples(engines: tuple, requests: list[dict], per_engine: int,
-                     summary: dict) -> list[tuple]:
-    """Requests ok and failed in the last run, per engine (the engine index only), and
-    the time to warm: process start -> first /health 200 -> warm-up end."""
+                     summary: dict, server_start: float | None) -> list[tuple]:
+    """Requests ok and failed in the last run, per engine (the engine index only), the
+    time to warm (process start -> first /health 200 -> warm-up end) and when the server
+    started (what an alert on 'no pass since the server started' compares)."""
     samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
                for phase, help_text in TIME_TO_WARM_HELP.items()
                if (value := as_dict(summary.get("time_to_warm")).get(phase)) is not None]
+    if server_start is not None:
+        samples.append(("offload_warmup_server_start_time_seconds", {}, float(server_start),
+                        "When the server the last run warmed started (its "
+                        "process_start_time_seconds, Unix time)."))
     for engine in engines:
         ok = sum(1 for r in requests if r["engine"] == engine and r["ok"])
         labels = {} if engine is None else {"engine": str(engine)}
