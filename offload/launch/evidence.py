@@ -93,13 +93,16 @@ class EvidenceOptions:
 def time_to_warm(process_start: float | None, healthy_at: float | None,
                  warm_at: float) -> dict:
     """Server process start -> first /health 200 -> warm-up end, in seconds (Unix times
-    in); a phase is null when one of its times is unknown or it would be negative. Pure."""
+    in); a phase is null when one of its times is unknown or it would be negative. Without
+    the first /health 200 (a run by hand) the whole is unknown too: process start -> warm
+    would be the server's uptime, not its time to warm. Pure."""
     def span(start, end):
         return round(end - start, 3) if start is not None and end is not None and \
             end >= start else None
     return {"start_to_healthy_s": span(process_start, healthy_at),
             "healthy_to_warm_s": span(healthy_at, warm_at),
-            "start_to_warm_s": span(process_start, warm_at)}
+            "start_to_warm_s": span(process_start, warm_at) if healthy_at is not None
+            else None}
 
 
 class Evidence:

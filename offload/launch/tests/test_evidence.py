@@ -282,6 +282,9 @@ class TestTimeToWarm(unittest.TestCase):
                           "start_to_warm_s": None})
         self.assertEqual(evidence.time_to_warm(1000.0, 990.0, 1040.0)["start_to_healthy_s"],
                          None, "a clock that went backwards is no phase")
+        self.assertEqual(evidence.time_to_warm(1000.0, None, 1984.8),
+                         {"start_to_healthy_s": None, "healthy_to_warm_s": None,
+                          "start_to_warm_s": None}, "by hand: never the server's uptime")
 
 
 class TestStatusDelta(unittest.TestCase):
