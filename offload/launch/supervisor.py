@@ -28,8 +28,8 @@ from processes import group_alive, signalable
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
 FORWARD_QUEUE = 10000                 # lines waiting for a slow reader; past it, dropped
-ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|\bERROR\b|out of memory|"
-                         r"OutOfMemory|\bOOM\b|CUDA error|Killed", re.I)
+ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s\]])(?:ERROR|CRITICAL)\s|"
+                         r"(?i:out of memory|OutOfMemory|\bOOM\b|CUDA error)")
 
 
 def shell_status(returncode: int) -> int:

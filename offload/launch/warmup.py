@@ -378,7 +378,7 @@ def start_line(warm: WarmUp, run: Run) -> str:
     engines = routed(warm.server.engines)
     shown = "" if engines is None else f", engines {format_engines(engines)}"
     count = len(kinds_of(plan.paths))
-    kinds = f" and {count} request kinds of --paths" if count else ""
+    kinds = f" and {count} request kind{'s' * (count != 1)} of --paths" if count else ""
     counted = sorted((c for _, c in warm.b1_prompts.values()),
                      key=lambda c: (c is None, c or 0)) or [None]
     b1_size = "estimated" if None in counted else \

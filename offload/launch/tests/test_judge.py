@@ -139,8 +139,8 @@ class TestTheVerdict(unittest.TestCase):
         plan = contract.plan_record(contract.Plan(waves=(1,)))
         custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
         said = self.decide(contract_requests("r")[:1], run=custom)
-        self.assertEqual((said.verdict, said.exit_code, said.differences),
-                         ("custom", 0, ("waves B1",)))
+        self.assertEqual((said.verdict, said.exit_code, said.differences, said.counts()),
+                         ("custom", 0, ("waves B1",), "plan 1/1"))
 
 
 class TestCustomPlan(HelperCase):

@@ -287,6 +287,19 @@ time.sleep(0.8)
         self.assertFalse(group_alive(self.server_pid()))
         self.assertLess(result.elapsed, 10)
 
+    def test_the_first_error_is_vllm_s_error_line_not_a_warning_that_says_error(self):
+        import supervisor
+        log = ["(APIServer pid=1) WARNING 12-03 11:06:18 [system_utils.py:255] Found ulimit of "
+               "20000 and failed to automatically increase with error current limit exceeds",
+               "(EngineCore pid=2) INFO 12-03 11:06:37 [utils.py:347] Using LBHNC KV cache layout.",
+               "(Worker pid=3) ERROR 12-03 11:06:37 [multiproc_executor.py:1063] WorkerProc hit "
+               "an exception.",
+               "(Worker pid=3) ERROR 12-03 11:06:37 [multiproc_executor.py:1063] ValueError: "
+               "Available memory on node 0 (7.36/8.71 GiB) is less than requested"]
+        found = supervisor.first_error("\n".join(log + ["INFO shutdown"] * 60), before=1)
+        self.assertEqual(found[:3], log[1:])
+        self.assertEqual(supervisor.first_error("INFO all is well\nWARNING with error"), [])
+
     def test_a_failed_start_shows_the_server_s_first_error(self):
         result = self.start(server=self.fake("--fail-start"), timeout=30)
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
