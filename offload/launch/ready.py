@@ -16,11 +16,9 @@ transport and vllm_metrics only, so the probe loads four of the folder's modules
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import sys
-import textwrap
 import time
 import urllib.parse
 
@@ -68,6 +66,7 @@ def basic_auth(target) -> dict:
         return {}
     user, _, password = target.credentials.partition(":")
     pair = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}"
+    import base64                     # only with credentials: a probe loads less
     return {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode()}
 
 
@@ -83,13 +82,22 @@ def check_health(target, clock: Clock) -> tuple[int, str]:
     return EXIT_FAIL, f"{target.display}/health answered HTTP {response.status}"
 
 
+class EpilogAsWritten(argparse.HelpFormatter):
+    """argparse's formatter that wraps the description but keeps the epilog's lines."""
+
+    def _fill_text(self, text, width, indent):
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
 def check_parser(command: str, description: str, epilog: str, base_url_default: str,
                  timeout_what: str) -> argparse.ArgumentParser:
     """The options of a bounded check (health, ready): --base-url and --timeout-s."""
     parser = argparse.ArgumentParser(prog=f"{PROG} {command}", epilog=epilog,
                                      allow_abbrev=False,
-                                     description=textwrap.fill(description, 79),
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     description=description,
+                                     formatter_class=EpilogAsWritten)
     parser.add_argument("--base-url", metavar="URL", default=None,
                         help=f"the server's address (default: $WARMUP_BASE_URL, else "
                              f"{base_url_default})")

@@ -20,12 +20,11 @@ import json
 import math
 import os
 import re
-import signal
 import socket
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, replace
+from collections import namedtuple
 
 __version__ = "1.2.0"
 
@@ -262,14 +261,11 @@ def finite_number(value) -> float | int | None:
 # (http.client's timeout is per read, so a trickling server could hold it forever.)
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Target:
-    scheme: str
-    host: str
-    port: int
-    path: str                 # base path without trailing slash, ASCII, already safe
-    credentials: str | None   # user:password from the URL: never printed; sent only as
-                              # Basic auth by qualify's health and ready
+class Target(namedtuple("Target", "scheme host port path credentials")):
+    """A server's address: scheme, host, port, base path (no trailing slash, ASCII, safe),
+    and user:password from the URL (never printed; sent only as Basic auth by qualify's
+    health and ready). A named tuple: the readiness probe imports no dataclasses."""
+    __slots__ = ()
 
     @property
     def display(self) -> str:
@@ -324,16 +320,13 @@ def parse_base_url(text: str, source: str = "--base-url") -> Target:
     """The server's address; a trailing /v1 is dropped (the programs add their paths)."""
     target = parse_url(text, source)
     if target.path.endswith("/v1"):
-        target = replace(target, path=target.path[:-3])
+        target = target._replace(path=target.path[:-3])
     return target
 
 
-@dataclass(frozen=True)
-class Clock:
+class Clock(namedtuple("Clock", "started deadline_s cap_s")):
     """The helper's deadline; every socket wait is min(cap, time left)."""
-    started: float
-    deadline_s: float
-    cap_s: float
+    __slots__ = ()
 
     @classmethod
     def start(cls, deadline_s: float, cap_s: float) -> "Clock":
@@ -364,12 +357,8 @@ class TransportError(Exception):
         self.problem = problem
 
 
-@dataclass
-class Response:
-    status: int
-    headers: dict
-    body: bytes
-    watched_at: float | None = None     # when `watch` first matched the raw body (streams)
+# An HTTP answer; watched_at: when `watch` first matched the raw body (streams).
+Response = namedtuple("Response", "status headers body watched_at", defaults=(None,))
 
 
 _HEADER_VALUE = re.compile(r"[\x20-\x7e]*")
@@ -627,12 +616,9 @@ _TIMESTAMP = re.compile(r"-?[0-9]{1,19}")
 
 _LINE_BREAKERS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f\x85\u2028\u2029\ufeff]")
 
-@dataclass
-class Exposition:
-    """One /metrics body: the samples read, and every line that could not be read exactly."""
-    samples: list                     # (name, labels, value)
-    bad_lines: list                   # (line number, why, line)
-    declared: dict                    # metric name -> its type, from its # TYPE line
+# One /metrics body: the samples read ((name, labels, value)), every line that could not be
+# read exactly ((line number, why, line)), and each metric's type from its # TYPE line.
+Exposition = namedtuple("Exposition", "samples bad_lines declared")
 
 
 def parse_prometheus(text: str) -> Exposition:
@@ -728,16 +714,15 @@ def series_name(key: str) -> str:
 # deadline. Threads are daemons: a stuck one never keeps the process alive.
 # ---------------------------------------------------------------------------
 
-@dataclass
 class Exchange:
     """One request of a batch: its bytes, and what its client thread saw, in the clock's
-    time (seconds since the run started)."""
-    payload: bytes
-    watch: re.Pattern | None = None     # note when this first arrives in the body
-    sent_at: float | None = None
-    done_at: float | None = None
-    response: Response | None = None
-    error: TransportError | None = None
+    time (seconds since the run started); `watch`: note when it first arrives in the body."""
+    __slots__ = ("payload", "watch", "sent_at", "done_at", "response", "error")
+
+    def __init__(self, payload: bytes, watch: re.Pattern | None = None, sent_at=None,
+                 done_at=None, response: Response | None = None, error=None):
+        self.payload, self.watch, self.sent_at, self.done_at = payload, watch, sent_at, done_at
+        self.response, self.error = response, error
 
 
 def _client(target: Target, clock: Clock, exchange: Exchange,
@@ -808,6 +793,7 @@ def start_quiet(thread: threading.Thread) -> None:
     """Start a helper thread that never receives the caught signals, so the kernel delivers
     them to the main thread and interrupts its wait at once (a signal taken by another thread
     would leave the main thread blocked until its timeout)."""
+    import signal                      # here: the readiness probe starts no thread
     signums = {getattr(signal, name) for name in CAUGHT_SIGNALS if hasattr(signal, name)}
     blocked = hasattr(signal, "pthread_sigmask")
     if blocked:

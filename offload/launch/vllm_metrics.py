@@ -22,7 +22,6 @@ import math
 import re
 import threading
 import time
-from dataclasses import dataclass, field
 
 from transport import (Clock, Exposition, Target, TransportError, clean_text, fetch,
                        finite_number, parse_prometheus, series_key, series_name, start_quiet)
@@ -163,15 +162,15 @@ def engine_never_ran(samples: list, engine: int | None) -> bool:
     return True
 
 
-@dataclass
 class GuardRead:
-    """One guard read: what /metrics said, and the decision."""
-    ok: bool
-    problems: list
-    samples: list
-    counters: dict | None
-    fresh: list = field(default_factory=list)     # engines judged idle by their counters
-    busy_only: bool = False                       # every problem a busy gauge: may settle
+    """One guard read: what /metrics said, and the decision; `fresh`: engines judged idle
+    by their counters; `busy_only`: every problem a busy gauge (it may settle)."""
+    __slots__ = ("ok", "problems", "samples", "counters", "fresh", "busy_only")
+
+    def __init__(self, ok: bool, problems: list, samples: list, counters: dict | None,
+                 fresh: list | None = None, busy_only: bool = False):
+        self.ok, self.problems, self.samples, self.counters = ok, problems, samples, counters
+        self.fresh, self.busy_only = fresh if fresh is not None else [], busy_only
 
 
 def busy_gauges(exposition: Exposition, gauge: str | None = None) -> list[str]:
