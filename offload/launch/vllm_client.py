@@ -15,8 +15,6 @@ own (the long prompt it sizes is the one thing of the warm-up it knows):
   extract_fields()       the one reader of a completion body: counts and reasons, no text
   read_slot(), answer_record()   what one client got, as the judge reads it and as a
                          record keeps it
-  judge_run()            the probe's and the gate's verdict: every planned request ran and
-                         passed, unrefused (pure; the warm-up's is contract.decide())
   size_long_prompts()    B1's long prompts sized with the server's /tokenize (prompts.py)
   server_main()          the one main of the warm-up, the probe and the gate: options ->
                          settings -> the program's build() -> its plan printed or run;
@@ -37,7 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
-from contract import ENGINE_HEADER, said_once
+from contract import ENGINE_HEADER, Ending, decide
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from records import ANSWER_FIELDS, label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
@@ -441,6 +439,7 @@ class ServerProgram(ServerLearning, GuardedBatches, Program):
         self.observed: dict | None = None          # what the last batch's sampler saw
         self.batch_ended_at: float | None = None   # when the last batch's requests ended
         self.lock: int | None = None               # the server's lock, held for the run
+        self.verdict = None                        # contract.decide()'s, once judged
         REDACTIONS.secret(connection.api_key)
         REDACTIONS.secret(connection.target.credentials)
 
@@ -477,9 +476,13 @@ class ServerProgram(ServerLearning, GuardedBatches, Program):
         }
 
     def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
-        return judge_run(requests=self.tally.requests, planned=self.planned(),
-                         problems=self.tally.problems + list(extra),
-                         refusal=self.tally.refusal, late=late_problem(run))
+        """contract.decide() on the records this run wrote, with how its steps ended."""
+        problems = tuple(self.tally.problems + list(extra) + late_problem(run))
+        refusal = tuple(self.tally.refusal)
+        ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems else \
+            Ending("refused", EXIT_REFUSED, refusal) if refusal else Ending(problems=problems)
+        self.verdict = decide(run.run_record, run.written, ending)
+        return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
     def problems(self) -> list[str]:
         return self.tally.problems + self.tally.refusal
@@ -754,23 +757,6 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
                 f"with no extra path?){said}")
     return f"HTTP {status}{said}"
 
-
-def judge_run(*, requests: list[dict], planned: int, problems: list[str], refusal: list[str],
-              late: list[str] = ()) -> tuple[str, int, list[str]]:
-    """The run's verdict: pass only with every planned request passed, in time, unrefused.
-    `late` holds the deadline problem when the run ended after its deadline."""
-    problems = list(problems)
-    failed = [r for r in requests if not r["ok"]]
-    problems += said_once(failed)
-    problems += list(late)
-    if failed or late or problems or (len(requests) < planned and not refusal):
-        if len(requests) < planned:
-            problems.append(f"only {len(requests)} of {planned} requests ran")
-        return "fail", EXIT_FAIL, problems + refusal
-    if refusal:
-        return "refused", EXIT_REFUSED, refusal + [f"only {len(requests)} of {planned} "
-                                                   f"requests ran"]
-    return "pass", EXIT_PASS, problems
 
 # ---------------------------------------------------------------------------
 # The command line every program against a server shares.

@@ -18,7 +18,7 @@ The run, in order (each step is a function or method right below):
                           release -> collect), request_record() per answer (kinds.judge),
                           wave records with what the engine's counters show
       Evidence.read_after counter deltas and status files over the warm-up (evidence.py)
-    WarmUp.judge()      contract.decide() on the records this run wrote: the one verdict
+    ServerProgram.judge contract.decide() on the records this run wrote: the one verdict
     after_summary()     with --ready-file: the ready file from that verdict (ready.py)
 
 It is a program over the layers beside it: transport.py (bytes on a socket),
@@ -103,7 +103,6 @@ class WarmUp(ServerProgram):
         self.ready_file = ready_file          # removed first, rewritten after a contract pass
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
         self.ready_dropped = ""               # what removing it before the run did
-        self.verdict = None                   # contract.decide()'s, once judged
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
@@ -148,15 +147,6 @@ class WarmUp(ServerProgram):
 
     def plan_fields(self) -> dict:
         return recorded_plan(self)
-
-    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
-        """contract.decide() on the records this run wrote, with how its steps ended."""
-        problems = tuple(self.tally.problems + list(extra) + late_problem(run))
-        refusal = tuple(self.tally.refusal)
-        ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems else \
-            Ending("refused", EXIT_REFUSED, refusal) if refusal else Ending(problems=problems)
-        self.verdict = decide(run.run_record, run.written, ending)
-        return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
     def summary_fields(self, run: Run) -> dict:
         """The summary's counts, highlighted counters and, per engine, speculative

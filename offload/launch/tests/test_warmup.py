@@ -17,7 +17,8 @@ from unittest import mock
 from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+import contract  # noqa: E402  (support puts offload/launch on sys.path)
+import kinds  # noqa: E402
 import prompts  # noqa: E402
 import vllm_client  # noqa: E402
 import vllm_metrics  # noqa: E402
@@ -222,23 +223,25 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
 
     def test_run_verdicts(self):
-        ok = {"ok": True, "wave": "B1", "index": 0, "problems": []}
-        bad = {"ok": False, "wave": "B2", "index": 1, "problems": ["x"]}
+        from support import contract_requests, run_record
+        ok = contract_requests("r")
+        bad = list(ok)
+        bad[1] = dict(bad[1], http_status=500, error="x", ok=False, problems=["x"])
 
-        def judge_run(requests, planned, problems, refusal, elapsed_s, deadline_s):
-            late = [f"finished after the deadline ({elapsed_s:.2f} s > {deadline_s:g} s)"] \
-                if elapsed_s > deadline_s else []
-            return vllm_client.judge_run(requests=requests, planned=planned,
-                                         problems=problems, refusal=refusal, late=late)
-        self.assertEqual(judge_run([ok] * 3, 3, [], [], 1.0, 90)[:2], ("pass", 0))
-        self.assertEqual(judge_run([ok, bad, ok], 3, [], [], 1, 90)[:2], ("fail", 1))
-        self.assertIn("B2#1: x", judge_run([ok, bad, ok], 3, [], [], 1, 90)[2])
-        late = judge_run([ok] * 3, 3, [], [], 91.0, 90)
+        def verdict(records, ending=contract.Ending()):
+            found = contract.decide(run_record("r"), records, ending)
+            return found.verdict, found.exit_code, list(found.problems)
+        self.assertEqual(verdict(ok)[:2], ("pass", 0))
+        self.assertEqual(verdict(bad)[:2], ("fail", 1))
+        self.assertIn("B2#0: x", verdict(bad)[2])
+        late = verdict(ok, contract.Ending(problems=("finished after the deadline (91.00 s > "
+                                                     "90 s)",)))
         self.assertEqual(late[:2], ("fail", 1))
         self.assertIn("finished after the deadline", late[2][0])
-        self.assertEqual(judge_run([ok], 3, [], ["refused"], 1, 90)[:2], ("refused", 3))
-        self.assertEqual(judge_run([bad], 3, [], ["refused"], 1, 90)[:2], ("fail", 1))
-        self.assertEqual(judge_run([ok], 3, [], [], 1, 90)[:2], ("fail", 1))
+        refused = contract.Ending("refused", 3, ("refused",))
+        self.assertEqual(verdict(ok[:3], refused)[:2], ("refused", 3))
+        self.assertEqual(verdict(bad[:3], refused)[:2], ("fail", 1))
+        self.assertEqual(verdict(ok[:3])[:2], ("fail", 1))
 
     def test_wave_judge(self):
         ok = {"ok": True}
