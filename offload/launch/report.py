@@ -21,7 +21,7 @@ import argparse
 import json
 import sys
 
-from contract import identity
+from contract import batch_name, identity, read_plan
 from readback import READ_STOPPED, judge_run, last_gauges, load_records, split_runs, tidy
 from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
                      probe_line, show)
@@ -144,11 +144,13 @@ def run_header(run: dict) -> str:
                 f"{show(plan.get('requests_total'))} requests, max CER "
                 f"{show(plan.get('max_cer'))}, max_tokens {show(plan.get('max_tokens'))}, "
                 f"{deadline}")
-    waves = ",".join(show(as_dict(w).get("wave")) for w in as_list(plan.get("waves")))
+    warm, _ = read_plan(plan)             # the one reader of a warm-up's plan
+    waves = ",".join(batch_name(k, d) for k, d in warm.batches()) if warm else "unreadable"
+    given = "; given: " + ", ".join(v for _, v in warm.given) if warm and warm.given else ""
     counted = plan.get("b1_prompt_tokens_counted")
-    return (f"warm-up {where}, waves {waves or '-'}, {show(plan.get('requests_total'))} "
+    return (f"warm-up {where}, waves {waves}, {show(plan.get('requests_total'))} "
             f"requests, B1 {show(counted) if counted is not None else 'estimated'} tokens, "
-            f"{deadline}")
+            f"{deadline}{given}")
 
 
 def request_table(requests: list[dict]) -> list[str]:
