@@ -172,6 +172,7 @@ def wave_text(wave: dict) -> str:
                                       else f" e{show(wave.get('engine'))}")
     return (f"{where:<4} depth {show(wave.get('depth'))}  skew "
             f"{show(wave.get('release_skew_ms'))} ms  {show(wave.get('duration_s'))} s  "
+            f"{show(wave.get('released_at'))} -> {show(wave.get('last_answer_at'))}  "
             f"{'ok' if wave.get('ok') is True else 'FAILED'}")
 
 

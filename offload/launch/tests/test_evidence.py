@@ -330,7 +330,7 @@ class TestEvidenceDecides(HelperCase):
         folder = os.path.join(self.tmp, "locks")
         os.mkdir(folder)
         server = self.start_fake()
-        for _ in range(3):
+        for _ in range(10):
             self.assertEqual(self.run_helper(server, env={"WARMUP_LOCK_DIR": folder}).code, 0)
         self.assertEqual(os.listdir(folder), [], "every run removes its lock file")
         target = transport.parse_base_url(server.url)
