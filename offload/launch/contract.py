@@ -19,6 +19,7 @@ Pure: plain data and functions, no I/O (kinds <- contract <- readback, programs)
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
@@ -263,14 +264,21 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
             problems += cross_check(deltas, [r for r in requests if r.get("wave") == name],
                                     name, down)[0]
     main = next((as_dict(r) for r in records if r.get("record") == "metrics"), {})
-    deltas = as_dict(main.get("deltas"))
-    if main.get("state") != "complete" or not deltas:
-        return problems
-    problems += [str(p) for p in as_list(main.get("problems"))]    # a restart it saw
-    problems += cross_check(deltas, requests)[0]
+    deltas = as_dict(main.get("deltas")) if main.get("state") == "complete" else {}
+    if deltas:
+        problems += [str(p) for p in as_list(main.get("problems"))]    # a restart it saw
+        problems += cross_check(deltas, requests)[0]
+    else:                             # each engine's share from its wave records, then
+        deltas = {}
+        for series in waves.values():
+            for key, value in series[0].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    deltas[key] = deltas.get(key, 0) + value
     if len(engines) > 1 and len(requests) == plan.requests_per_engine * len(engines):
         problems += engine_shares(deltas, tuple(engines), plan.wave_requests * plan.tokens,
-                                  b1_prompts(requests))[1]
+                                  b1_prompts(requests))[1] if deltas else [
+            "no counters after the last wave nor per wave: each engine's share cannot be "
+            "checked"]
     return problems
 
 
@@ -333,9 +341,11 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
         if count(planned) is not None and len(judged) < planned else []
     found = said_once(failed)
     if plan is not None:
-        structural += coverage_problems(plan, engines, judged, planned)
-        found += counter_problems(plan, engines, records, judged)
         differs = differences(plan, as_list(as_dict(run.get("plan")).get("engines_skipped")))
+        structural += coverage_problems(plan, engines, records, judged, planned)
+        structural += claim_problems(as_dict(run.get("plan")), differs)
+        found += counter_problems(plan, engines, records, judged)
+        found += late_waves(as_dict(run.get("plan")).get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if differs and parts:                 # a custom plan's waves are its own, not the contract's
         parts = (("plan",) + tuple(parts[0][1:]),) + parts[1:]
@@ -408,19 +418,65 @@ def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
                             and r.get("engine") is not True)) > per_engine]
 
 
-def coverage_problems(plan: Plan, engines: list, judged: list[dict], planned) -> list[str]:
-    """A warm-up's request records against its plan: what ran was planned (its wave, kind
-    and index), and the plan's count is the one announced."""
+def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: list[dict],
+                      planned) -> list[str]:
+    """A warm-up's records against its plan: every planned request once (its engine, wave,
+    kind and index), nothing else, the plan's count the one announced, and once every
+    request is there, each batch's wave record on every engine."""
     want = planned_requests(plan, engines)
     problems = [] if planned == len(want) else [
         f"the run record announces {show(planned)} requests; its plan sends {len(want)}"]
-    extra = [(r.get("engine"), r.get("wave"), r.get("request_kind"), r.get("index"))
-             for r in judged]
-    extra = [f for f in extra if f not in want]
+    found = Counter(place(r) for r in judged)
+    extra = [p for p in found if p not in want]
+    repeated = [p for p, n in found.items() if n > 1]
     if extra:
         problems.append(f"{len(extra)} request record(s) not in the plan (wave, kind or "
                         f"index): {', '.join(where(f) for f in extra[:5])}")
+    if repeated:
+        problems.append(f"{len(repeated)} planned request(s) recorded more than once: "
+                        f"{', '.join(where(f) for f in repeated[:5])}")
+    if len(judged) >= len(want):
+        missing = [p for p in want if p not in found]
+        if missing:
+            problems.append(f"{len(missing)} planned request(s) have no record: "
+                            f"{', '.join(where(f) for f in missing[:5])}")
+        waves = Counter(place(r)[:2] for r in records if r.get("record") == "wave")
+        cold = [(e, batch_name(k, d)) for k, d in plan.batches() for e in engines
+                if waves[place({"engine": e, "wave": batch_name(k, d)})[:2]] != 1]
+        if cold:
+            problems.append(f"{len(cold)} wave(s) without exactly one wave record: "
+                            f"{', '.join(f'{show(w)} engine {show(e)}' for e, w in cold[:5])}")
     return problems
+
+
+def claim_problems(recorded: dict, differs: list) -> list[str]:
+    """A run record whose plan claims the contract's plan, or another, against what its
+    plan is."""
+    if "contract" in recorded and recorded.get("contract") is not (not differs):
+        return [f"the run record's plan says contract {show(recorded.get('contract'))}; its "
+                f"plan {'differs: ' + '; '.join(differs) if differs else 'is the reviewed one'}"]
+    return []
+
+
+def late_waves(deadline, records: list[dict]) -> list[str]:
+    """Waves that ended after the run's recorded deadline."""
+    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
+        return []
+    late = []
+    for wave in (r for r in records if r.get("record") == "wave"):
+        start, length = finite_number(wave.get("started_at_s")), finite_number(wave.get("duration_s"))
+        if start is not None and length is not None and start + length > deadline:
+            late.append(show(wave.get("wave")))
+    return [f"{', '.join(dict.fromkeys(late))} ended after the deadline ({deadline:g} s)"] \
+        if late else []
+
+
+def place(record: dict) -> tuple:
+    """Where a record stood (engine, wave, request kind, index), hashable, a bool or any
+    value of the wrong type kept apart from the int it equals."""
+    return tuple(v if isinstance(v, (str, int, type(None))) and not isinstance(v, bool)
+                 else repr(v) for v in (record.get("engine"), record.get("wave"),
+                                        record.get("request_kind"), record.get("index")))
 
 
 def where(item: tuple) -> str:
@@ -479,11 +535,16 @@ def part_counts(plan: Plan, engines: int, judged: list[dict], failed: list[dict]
     bad = {identity(r) for r in failed}
     groups = [("contract", None)] + [(f"paths {p}", p) for p in plan.paths]
     for name, path in groups:
-        mine = [r for r in judged if (KINDS.get(r.get("request_kind")) or KINDS["long"]).path
-                == path]
+        mine = [r for r in judged if kind_of(r).path == path]
         total = (plan.wave_requests if path is None else
                  sum(plan.path_depths) * len([k for k in kinds_of((path,))])) * engines
         yield name, sum(1 for r in mine if identity(r) not in bad), total
+
+
+def kind_of(record: dict) -> Kind:
+    """A record's request kind (the contract's, when it names none that is known)."""
+    name = record.get("request_kind")
+    return KINDS.get(name, KINDS["long"]) if isinstance(name, str) else KINDS["long"]
 
 
 def said_once(failed: list[dict]) -> list[str]:
@@ -514,6 +575,12 @@ def ending_of(summary: dict | None) -> Ending | None:
     if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
             or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
+    elapsed, deadline = finite_number(summary.get("elapsed_s")), \
+        finite_number(summary.get("deadline_s"))
+    if claimed in ("pass", "custom") and (elapsed is None or deadline is None
+                                          or elapsed > deadline):
+        return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
+                                          f"within its deadline_s {show(deadline)}",))
     if claimed in ("pass", "custom"):
         return Ending()
     return Ending(claimed, code, tuple(str(p) for p in as_list(summary.get("problems"))))

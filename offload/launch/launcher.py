@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
     from processes import group_alive, process_alive
-    from supervisor import ServerProcess, first_error, shell_status
+    from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
 except ImportError:                       # main() names the missing module (exit 2)
     group_alive = process_alive = None
     ServerProcess = object
@@ -38,6 +38,7 @@ WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
 TAIL_LINES = 20
 SIGNALS = {s.value for s in signal.Signals}
+STUCK_OUTPUT: list = []                # set when our output's reader stopped reading
 KILL_AFTER_S = 5
 PROBE_TIMEOUT_S = 2.0
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
@@ -96,9 +97,9 @@ options (environment variable in brackets):
   -h, --help          this text
   START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
   and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
-  the warm-up and the gate unchanged (a WARN names one that made a custom plan), but
-  WARMUP_BASE_URL (set to --base-url) and WARMUP_CHUNK_TOKENS (set from the command's
-  --max-num-batched-tokens, else from server.log's start line; start.log says so).
+  the warm-up and the gate unchanged (a WARN names one that made a custom plan), except
+  two that start.sh sets: WARMUP_BASE_URL (to the base URL) and WARMUP_CHUNK_TOKENS (from
+  the command's --max-num-batched-tokens, else server.log's start line; start.log says so).
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -382,6 +383,7 @@ class Log:
 
     def __init__(self, folder: str):
         self.path = os.path.join(folder, "start.log")
+        self.writer = None                # a supervisor.LineWriter under --supervise
 
     def __call__(self, text: str, stream=None) -> None:
         line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text
@@ -393,6 +395,9 @@ class Log:
         except OSError:
             pass
         stream = stream or sys.stdout
+        if self.writer is not None:       # --supervise: nobody reading never holds us
+            self.writer.put(line, stream)
+            return
         try:
             print(line, file=stream, flush=True)
         except (OSError, ValueError):
@@ -418,8 +423,10 @@ class Server(ServerProcess):
         server.log is rotated at START_LOG_MAX_BYTES."""
         self.log_offset = size_of(self.server_log)
         supervised = self.settings.supervise == "1"
+        if supervised:
+            self.log.writer = LineWriter()
         self.launch(self.settings.command, sys.stdout if supervised else None,
-                    int(self.settings.log_max_bytes) if supervised else 0)
+                    int(self.settings.log_max_bytes) if supervised else 0, self.log.writer)
         if self.pid:
             with open(os.path.join(self.settings.log_dir, "server.pid"), "w") as handle:
                 handle.write(f"{self.pid}\n")
@@ -439,7 +446,10 @@ class Server(ServerProcess):
         if not found or found[-1] not in lines[-TAIL_LINES:]:
             shown += f"---- last {TAIL_LINES} lines of {self.server_log} ----\n" + \
                 "\n".join(lines[-TAIL_LINES:]) + "\n"
-        print(shown + "----", file=sys.stderr, flush=True)
+        if self.log.writer is not None:
+            self.log.writer.put(shown + "----", sys.stderr)
+        else:
+            print(shown + "----", file=sys.stderr, flush=True)
 
     def gone(self, when: str) -> Exit:
         """ERROR for a server whose launched process ended, what is left of its group
@@ -457,23 +467,6 @@ class Server(ServerProcess):
             self.stop_group()
         self.show_error()
         return Exit(1)
-
-    def logged_since(self, offset: int) -> str:
-        """What server.log gained since offset (this start's part only)."""
-        from transport import open_regular        # a FIFO or device: nothing
-        try:
-            with open_regular(self.server_log) as handle:
-                handle.seek(offset)
-                return handle.read(64 << 20).decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-
-def size_of(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
 
 
 # ---------------------------------------------------------------------------
@@ -505,7 +498,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
     if health(settings, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
         log.error(f"something already answers at {settings.target.display}/health before "
                   f"launch: start.sh reports only on a server it starts. Stop that server, "
-                  f"or choose another --base-url.")
+                  f"or give the new server another port (its command's --port).")
         raise Exit(1)
 
 
@@ -876,11 +869,18 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         settings.check()
     except Usage as exc:
         return usage_error(str(exc))
+    log = Log(settings.log_dir)
     try:
-        return start(settings, Log(settings.log_dir))
+        return start(settings, log)
     except Exit as exc:
         return exc.code
+    finally:
+        if log.writer is not None and not log.writer.flush(2.0):
+            STUCK_OUTPUT.append(True)     # nobody reads our output: leave without it
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if STUCK_OUTPUT:
+        os._exit(code)                    # flushing would wait on a reader forever
+    sys.exit(code)

@@ -166,7 +166,14 @@ def exit_status(value) -> int | None:
     return EXIT_FAIL
 
 
-def judge_run(records: list[dict]) -> dict:
+def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
+    """A run whose id starts more than one run in the file (a run replayed, or forged)."""
+    ids = [r.get("run_id") for g in groups for r in g if r["record"] == "run"]
+    mine = [r.get("run_id") for r in group if r["record"] == "run"]
+    return any(isinstance(i, str) and ids.count(i) > 1 for i in mine)
+
+
+def judge_run(records: list[dict], repeated: bool = False) -> dict:
     """One run's records judged: contract.decide() on them with how its summary says it
     ended, held against that claim. A summary that claims a pass or a custom plan the
     records do not show, two summaries, counts that disagree: 'incomplete' (exit 1), as
@@ -178,6 +185,8 @@ def judge_run(records: list[dict]) -> dict:
     decided = decide(run, records, ending_of(summary) or Ending("fail", EXIT_FAIL))
     found = [f"{len(summaries)} summary records (a run has exactly one)"] \
         if len(summaries) > 1 else []
+    if repeated:
+        found.append("its run id starts another run in this file too (a run written twice)")
     if summary is not None:
         found += field_problems(summary)[:3]
         found += summary_problems(summary, decided)
@@ -226,8 +235,9 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
         return None
     if run_id is not None:
         records = [r for r in records if r.get("run_id") == run_id]
-    runs = [group for group in split_runs(records) if any(r["record"] == "run" for r in group)]
-    return judge_run(runs[-1]) if runs else None
+    groups = split_runs(records)
+    runs = [group for group in groups if any(r["record"] == "run" for r in group)]
+    return judge_run(runs[-1], repeated_run(runs[-1], groups)) if runs else None
 
 
 def last_gauges(records: list[dict]) -> dict:

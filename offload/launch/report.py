@@ -22,7 +22,8 @@ import json
 import sys
 
 from contract import batch_name, identity, read_plan
-from readback import READ_STOPPED, judge_run, last_gauges, load_records, split_runs, tidy
+from readback import (READ_STOPPED, judge_run, last_gauges, load_records, repeated_run,
+                      split_runs, tidy)
 from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
                      probe_line, show)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
@@ -48,13 +49,13 @@ PICKED = {
 }
 
 
-def build_run(records: list[dict], last: bool = True) -> dict:
+def build_run(records: list[dict], last: bool = True, repeated: bool = False) -> dict:
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
     the verdict judged from its evidence (readback.judge_run: contract.decide())."""
     by_kind: dict[str, list[dict]] = {}
     for record in records:
         by_kind.setdefault(record["record"], []).append(record)
-    judged = judge_run(records)
+    judged = judge_run(records, repeated)
     run, summary, decided = judged["run"], judged["summary"], judged["decided"]
     where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
@@ -109,7 +110,8 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
     """A records file as one object: each run, the bad lines, and the last run's verdict.
     A file with no run record holds no run, whatever else it holds: exit 1."""
     groups = split_runs(records)
-    runs = [build_run(group, last=(i == len(groups) - 1)) for i, group in enumerate(groups)]
+    runs = [build_run(group, last=(i == len(groups) - 1), repeated=repeated_run(group, groups))
+            for i, group in enumerate(groups)]
     if any(issue.startswith(READ_STOPPED) for issue in issues):
         return {"runs": runs, "issues": tidy(issues), "verdict": "incomplete",
                 "exit_code": EXIT_FAIL, "evidence": "incomplete",
@@ -224,7 +226,10 @@ def format_run(run: dict) -> list[str]:
         lines += [f"  warning: {show(w, 300)}" for w in as_list(m.get("warnings"))]
     for st in run["status"]:
         why = f": {show(st.get('why'), 200)}" if st.get("why") else ""
-        lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}")
+        delta = as_dict(st.get("delta"))
+        moved = ", ".join(f"{show(k, 60)} {show(v)}" for k, v in list(delta.items())[:12])
+        lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}"
+                     + (f"; deltas: {moved}" if moved else ""))
     if run["probe_summary"]:
         lines += ["", "probe (first round against the median of later rounds):"]
         items = as_list(as_dict(run["probe_summary"]).get("items"))
@@ -318,13 +323,15 @@ def report_main(argv: list[str]) -> int:
     if args.expect_k:
         report["expect_k"] = drafted_findings(_last_run(report).get("waves") or [],
                                               args.expect_k)
+    held = all(f["holds"] for f in report.get("expect_k", []))
+    code = report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
         emit(format_report(report) + "".join(
-            f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", [])))
-    held = all(f["holds"] for f in report.get("expect_k", []))
-    return report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
+            f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", []))
+            + ("" if held else f"\nexpect-k does not hold: exit {code}"))
+    return code
 
 
 def expect_k_type(text: str) -> dict[str, int]:

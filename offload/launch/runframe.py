@@ -535,6 +535,17 @@ def publish_usage(mode: str, textfile: str) -> None:
         emit(f"{why} (a usage error was not published)", sys.stderr)
 
 
+def textfile_of(argv: list[str]) -> str | None:
+    """--textfile's value in a command line argparse could not parse (exact spellings
+    only), else WARMUP_TEXTFILE: where a usage error is published."""
+    for index, arg in enumerate(argv):
+        if arg.startswith("--textfile="):
+            return arg.partition("=")[2] or None
+        if arg == "--textfile" and index + 1 < len(argv):
+            return argv[index + 1]
+    return os.environ.get("WARMUP_TEXTFILE") or None
+
+
 def emit_usage_json(problem: str) -> None:
     """Print usage_object(problem) on stdout: --json's answer to a usage error."""
     emit(json.dumps(usage_object(problem)))

@@ -4,6 +4,7 @@
                            appended to server.log, or (forward, for --supervise) through a
                            pipe that OutputPump copies to server.log, rotated at a size with
                            one old copy kept, and line by line to the launcher's own output
+                           through a LineWriter (bounded: a stalled reader drops lines)
   alive(), reap()          the launched pid runs: its end is the server's end (a server
                            that forks and exits has ended); reap() collects every child, as
                            PID 1 orphans too
@@ -24,10 +25,11 @@ import threading
 import time
 
 from processes import group_alive, signalable
+from transport import open_regular
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
-FORWARD_QUEUE = 10000                 # lines waiting for a slow reader; past it, dropped
+QUEUE_BYTES = 4 << 20                 # what waits for a slow reader; past it, lines dropped
 ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s\]])(?:ERROR|CRITICAL)\s|"
                          r"(?i:out of memory|OutOfMemory|\bOOM\b|CUDA error)")
 
@@ -37,21 +39,61 @@ def shell_status(returncode: int) -> int:
     return returncode if returncode >= 0 else 128 - returncode
 
 
+class LineWriter:
+    """Lines to streams through one daemon thread and a queue bounded in bytes: a stream
+    nobody reads drops lines (counted), never holds the caller, never fills memory. Under
+    --supervise every line the launcher and the server print goes through one."""
+
+    def __init__(self, max_bytes: int = QUEUE_BYTES):
+        self.max_bytes, self.queued, self.dropped = max_bytes, 0, 0
+        self.printing = False             # a print under way (it may never return)
+        self.lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="lines", daemon=True)
+        self.thread.start()
+
+    def put(self, text: str, stream) -> None:
+        with self.lock:
+            if self.queued + len(text) > self.max_bytes:
+                self.dropped += 1
+                return
+            self.queued += len(text)
+        self.lines.put((text, stream))
+
+    def _run(self) -> None:
+        while True:
+            text, stream = self.lines.get()
+            with self.lock:
+                self.queued -= len(text)
+            self.printing = True
+            try:
+                print(text, file=stream, flush=True)
+            except (OSError, ValueError):
+                pass                      # the reader went away: the log files keep it all
+            self.printing = False
+
+    def flush(self, wait_s: float) -> bool:
+        """Wait up to wait_s for the queue to drain (it may not: nobody reads); False when
+        a line is still waiting or being printed: then the process must leave without
+        flushing its streams (os._exit), or the interpreter's exit would wait on them."""
+        deadline = time.monotonic() + wait_s
+        while (self.queued or self.printing) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not (self.queued or self.printing)
+
+
 class OutputPump:
     """The server's output from a pipe: each line appended to server.log (rotated past
-    max_bytes: server.log.1 is the one old copy kept) and queued for `stream` with PREFIX.
-    A stream nobody reads drops lines (counted), never holds the server."""
+    max_bytes: server.log.1 is the one old copy kept) and handed to `writer` with PREFIX.
+    The pipe is always read: the server never blocks on its output."""
 
-    def __init__(self, pipe, log_path: str, max_bytes: int, stream):
-        self.pipe, self.log_path, self.max_bytes, self.stream = pipe, log_path, max_bytes, stream
-        self.lines: queue.Queue = queue.Queue(FORWARD_QUEUE)
-        self.dropped = 0
+    def __init__(self, pipe, log_path: str, max_bytes: int, writer: LineWriter, stream):
+        self.pipe, self.log_path, self.max_bytes = pipe, log_path, max_bytes
+        self.writer, self.stream = writer, stream
         self.reader = threading.Thread(target=self._read, name="server-output", daemon=True)
-        self.printer = threading.Thread(target=self._print, name="server-lines", daemon=True)
 
     def start(self) -> None:
         self.reader.start()
-        self.printer.start()
 
     def _read(self) -> None:
         out = open(self.log_path, "ab")
@@ -63,28 +105,17 @@ class OutputPump:
                     out = open(self.log_path, "ab")
                 out.write(line)
                 out.flush()
-                try:
-                    self.lines.put_nowait(line)
-                except queue.Full:
-                    self.dropped += 1
+                self.writer.put(PREFIX + line.decode("utf-8", "replace").rstrip("\r\n"),
+                                self.stream)
         except (OSError, ValueError):
             pass                          # the disk or the pipe failed: the server runs on
         finally:
             out.close()
-            self.lines.put(None)
-
-    def _print(self) -> None:
-        while (line := self.lines.get()) is not None:
-            text = line.decode("utf-8", "replace").rstrip("\r\n")
-            try:
-                print(PREFIX + text, file=self.stream, flush=True)
-            except (OSError, ValueError):
-                return                    # the reader went away: the log file keeps it all
 
     def join(self, wait_s: float) -> None:
         """Wait up to wait_s for the last lines once the pipe closed."""
         self.reader.join(wait_s)
-        self.printer.join(max(wait_s / 2, 0.1))
+        self.writer.flush(max(wait_s / 2, 0.1))
 
 
 class ServerProcess:
@@ -99,10 +130,12 @@ class ServerProcess:
         self.popen = None                 # kept: a dropped Popen would reap our pid
         self.pump: OutputPump | None = None
 
-    def launch(self, command: list[str], forward=None, max_bytes: int = 0) -> str | None:
+    def launch(self, command: list[str], forward=None, max_bytes: int = 0,
+               writer: LineWriter | None = None) -> str | None:
         """Start the command in a new session; None, or why it could not start (the pid
         then stays 0, the status 127 or 126 as setsid(1) says it). With `forward` (a
-        stream) the output goes through an OutputPump, else straight to server.log."""
+        stream) the output goes through an OutputPump and `writer`, else straight to
+        server.log."""
         with open(self.log_path, "ab") as out:
             try:
                 self.popen = subprocess.Popen(
@@ -118,12 +151,23 @@ class ServerProcess:
                 self.launched_at = time.monotonic()
         self.pid = self.popen.pid
         if forward:
-            self.pump = OutputPump(self.popen.stdout, self.log_path, max_bytes, forward)
+            self.pump = OutputPump(self.popen.stdout, self.log_path, max_bytes,
+                                   writer or LineWriter(), forward)
             self.pump.start()
         return None
 
     def since_launch(self) -> int:
         return int(time.monotonic() - self.launched_at)
+
+    def logged_since(self, offset: int) -> str:
+        """What server.log gained since offset (this start's part only); a FIFO or a
+        device there reads as nothing."""
+        try:
+            with open_regular(self.log_path) as handle:
+                handle.seek(offset)
+                return handle.read(64 << 20).decode("utf-8", "replace")
+        except OSError:
+            return ""
 
     def reap(self, pid: int = -1) -> None:
         """Collect exited children without waiting (as PID 1, orphans too); the launched
@@ -176,6 +220,13 @@ class ServerProcess:
         if self.pump is not None:
             self.pump.join(2.0)
         say(f"server process group {self.pid} stopped")
+
+
+def size_of(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def first_error(text: str, before: int = 3, after: int = 25) -> list[str]:

@@ -27,6 +27,8 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
     """The samples every run has: (name, labels, value, help); success only for the
     verdict 'pass' (contract.decide()'s: a custom plan is 'custom'). Pure."""
     verdict = summary.get("verdict")
+    if verdict == "fail" and summary.get("exit_code") == 2:
+        verdict = "usage"                 # a configuration error found during the run
     passed = verdict == "pass"
     if verdict == "running":
         return [(f"{prefix}_last_run_started_timestamp_seconds", {}, ended_at,

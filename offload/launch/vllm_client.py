@@ -27,20 +27,20 @@ Standard library only.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field, replace
 
 from contract import ENGINE_HEADER, Ending, decide
+from locks import release_server_lock, take_server_lock
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from records import ANSWER_FIELDS, label
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       argument_type, flag_or_env, late_problem, parse_or_explain,
-                      publish_usage, run_session, run_settings, seconds, usage_error)
+                      publish_usage, run_session, run_settings, seconds, textfile_of,
+                      usage_error)
 from transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
                        TransportError, UsageError, __version__, base_url_from, clean_text,
                        count_value, decode_json, describe, encode_request, exact_str,
@@ -92,78 +92,6 @@ class Tally:
     warnings: list = field(default_factory=list)
     settled_s: list = field(default_factory=list)    # how long each settled guard waited
     first_counters: dict | None = None               # counters of the first guard read
-
-
-def lock_path(target: Target) -> str:
-    """The lock file of a server's address (localhost and 127.0.0.1 are one address), in
-    one folder for every helper on the host: WARMUP_LOCK_DIR, else the temporary folder."""
-    host = "127.0.0.1" if target.host in ("localhost", "127.0.0.1") else target.host
-    name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{host}_{target.port}")
-    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or tempfile.gettempdir(),
-                        f"offload-launch-{name}.lock")
-
-
-def take_server_lock(target: Target) -> int:
-    """An exclusive lock on the server's address for the run (flock): a second helper
-    against the same server on this host is refused at once, while the first runs on.
-    Returns the lock's descriptor. The holder removes the file when it lets go, so a lock
-    taken on a file that is no longer the path's is taken again on the new one. A file
-    another user made is locked read-only."""
-    path = lock_path(target)
-    for _ in range(10):
-        fd = open_lock_file(path, target)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            os.close(fd)
-            raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) "
-                        f"is sending to {target.display} from this host; one at a time, or "
-                        f"neither warm-up shows what it did; nothing was sent", EXIT_REFUSED)
-        if same_file(fd, path):
-            break
-        os.close(fd)                      # its holder removed it as we opened it: again
-    else:
-        raise Fatal(f"cannot take the lock {path} for {target.display}: it keeps being "
-                    f"replaced; nothing was sent", EXIT_USAGE)
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-    except OSError:
-        pass                              # a read-only lock: no pid to name
-    return fd
-
-
-def open_lock_file(path: str, target: Target) -> int:
-    try:
-        try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except PermissionError:           # another user's file: a read-only lock holds too
-            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise Fatal(f"cannot take the lock {path} for {target.display} "
-                    f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
-                    f"helper on this host can write; nothing was sent", EXIT_USAGE)
-
-
-def same_file(fd: int, path: str) -> bool:
-    """The descriptor is the file at path (not one its holder removed)."""
-    try:
-        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
-
-
-def release_server_lock(fd: int, target: Target) -> None:
-    """Remove the lock file while still holding it, then let go: no file is left behind,
-    and a helper that opened it meanwhile finds it replaced and locks the new one."""
-    try:
-        if same_file(fd, lock_path(target)):
-            os.unlink(lock_path(target))
-    except OSError:
-        pass                              # another user's file in a shared folder
-    os.close(fd)
 
 
 def routed(engines: tuple) -> tuple[int, ...] | None:
@@ -841,7 +769,7 @@ def server_main(parser: argparse.ArgumentParser, argv: list[str], prog: str, mod
     try:
         args = parse_or_explain(parser, argv)
     except SystemExit as exc:             # argparse: --help, --version, a usage error
-        return usage_exit(exc, mode, os.environ.get("WARMUP_TEXTFILE"))
+        return usage_exit(exc, mode, textfile_of(argv) if "--dry-run" not in argv else None)
     try:
         try:
             settings = run_settings(args, prog, mode)

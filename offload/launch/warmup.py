@@ -74,6 +74,7 @@ TIME_TO_WARM_HELP = {
 MAX_WAVE_SERIES = 2000                # counter series one wave record holds at most
 DEFAULT_DEADLINE_S = 90.0
 DEFAULT_HARD_S = 95.0
+MAX_HARD_S = 86400.0                  # warmup_serve.sh's bound too (its epoch sum stays exact)
 
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
@@ -643,9 +644,9 @@ def hard_bound() -> float | None:
         hard = float(text)
     except ValueError:
         hard = -1.0
-    if not 0 < hard < float("inf"):
-        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, got "
-                         f"{clean_text(text, 40)!r}")
+    if not 0 < hard <= MAX_HARD_S:
+        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, at most "
+                         f"{MAX_HARD_S:g}, got {clean_text(text, 40)!r}")
     return hard
 
 
@@ -666,6 +667,14 @@ def deadline_for(flag: float | None) -> float:
                          f"run there); lower the deadline, leave it out, or raise "
                          f"WARMUP_HARD_S")
     return deadline
+
+
+def publish_refusal(argv: list[str]) -> None:
+    """A usage error warmup_serve.sh found before the helper could start (a bad
+    WARMUP_HARD_S), published to the textfile the command line or WARMUP_TEXTFILE names."""
+    textfile = runframe.textfile_of(argv)
+    if textfile:
+        runframe.publish_usage("warmup", textfile)
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,

@@ -21,10 +21,26 @@ forwarded="" # the signal forwarded to timeout, if any
 # program the operator ran.
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
+readonly PUBLISH_REFUSAL='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
+warmup.publish_refusal(sys.argv[1:])'
 
 die() {
   echo "warmup_serve.sh: $*" >&2
   exit 2
+}
+
+# A usage error found before the helper starts is still published to the textfile
+# (--textfile or WARMUP_TEXTFILE), by whichever python3 there is, so that no stale
+# success stays there; then exit 2.
+# Arguments: the message, then the helper's arguments.
+refuse() {
+  local message="$1" python
+  shift
+  python="$(command -v "${WARMUP_PYTHON:-python3}" || command -v python3 || true)"
+  if [[ -n "${python}" ]]; then
+    "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" "$@" 2>/dev/null || true
+  fi
+  die "${message}"
 }
 
 # Forward a signal to the helper's timeout (which passes it on to the helper), or
@@ -45,12 +61,15 @@ forward_signal() {
 main() {
   local hard="${WARMUP_HARD_S:-95}"
   # A positive number of seconds: timeout treats 0 as "no bound at all".
-  if ! [[ "${hard}" =~ ^[0-9]+([.][0-9]+)?$ ]] || [[ "${hard}" =~ ^0*([.]0*)?$ ]]; then
-    die "WARMUP_HARD_S must be a positive number of seconds, got '${hard}'"
+  # At most a day (86400 s): the sum below stays an exact epoch time.
+  if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || [[ "${hard}" =~ ^0*([.]0*)?$ ]] ||
+    ((${hard%%.*} > 86400)); then
+    refuse "WARMUP_HARD_S must be a positive number of seconds, at most 86400, got '${hard}'" \
+      "$@"
   fi
-  command -v timeout >/dev/null || die "coreutils 'timeout' is required"
+  command -v timeout >/dev/null || refuse "coreutils 'timeout' is required" "$@"
   local python="${WARMUP_PYTHON:-python3}"
-  command -v "${python}" >/dev/null || die "'${python}' not found (set WARMUP_PYTHON)"
+  command -v "${python}" >/dev/null || refuse "'${python}' not found (set WARMUP_PYTHON)" "$@"
 
   # timeout runs in its own process group, so a TERM to this script does not reach
   # it: the trap forwards it (and timeout to the helper, which writes its 'killed'

@@ -1068,6 +1068,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
     # vLLM 0.32 says its prefill chunk at start, in this line (the only place it does).
+    # vLLM 0.32 says its speculative config in its engine's start line (where k is read).
+    print(f"(EngineCore pid={os.getpid()}) INFO [core.py:133] Initializing a V1 LLM engine "
+          f"(v{VERSION}) with config: model='{args.model}', speculative_config="
+          f"SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5), "
+          f"max_seq_len={args.max_model_len}", flush=True)
     print(f"INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens="
           f"{args.max_num_batched_tokens}.", flush=True)
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)

@@ -324,6 +324,16 @@ def contract_requests(run_id: str, **changes) -> list[dict]:
             for depth in (1, 2, 3, 4) for index in range(depth)]
 
 
+def wave_records(run_id: str, names=("B1", "B2", "B3", "B4"), engine=None) -> list[dict]:
+    """A wave record for each named wave (its depth from its name's last number)."""
+    return [{"record": "wave", "run_id": run_id, "wave": name,
+             "depth": int(name.rsplit("-", 1)[-1].lstrip("B")), "engine": engine,
+             "release_skew_ms": 0.1, "batch_release_skew_ms": 0.1, "duration_s": 0.5,
+             "started_at_s": 1.0, "released_at": None, "last_answer_at": None, "ok": True,
+             "requests_ok": int(name.rsplit("-", 1)[-1].lstrip("B")), "problems": []}
+            for name in names]
+
+
 def gate_record(run_id: str, index: int, **changes) -> dict:
     """A gate record of an identifier copied exactly."""
     return dict({"record": "gate", "run_id": run_id, "request_id": f"gate-{run_id}-{index}",

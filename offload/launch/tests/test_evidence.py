@@ -18,6 +18,7 @@ import evidence  # noqa: E402
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import report  # noqa: E402
 import transport  # noqa: E402
+import locks  # noqa: E402
 import vllm_client  # noqa: E402
 import vllm_metrics  # noqa: E402
 
@@ -335,17 +336,21 @@ class TestEvidenceDecides(HelperCase):
         self.assertEqual(os.listdir(folder), [], "every run removes its lock file")
         target = transport.parse_base_url(server.url)
         with mock.patch.dict(os.environ, {"WARMUP_LOCK_DIR": folder}):
-            first = vllm_client.take_server_lock(target)
-            stale = os.open(vllm_client.lock_path(target), os.O_RDWR)   # opened meanwhile
-            vllm_client.release_server_lock(first, target)
+            first = locks.take_server_lock(target)
+            stale = os.open(locks.lock_path(target), os.O_RDWR)   # opened meanwhile
+            locks.release_server_lock(first, target)
             fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)   # a lock on a removed file
-            second = vllm_client.take_server_lock(target)      # on the new file
+            second = locks.take_server_lock(target)      # on the new file
             with self.assertRaises(runframe.Fatal) as refused:
-                vllm_client.take_server_lock(target)
+                locks.take_server_lock(target)
             self.assertEqual(refused.exception.exit_code, 3, "one helper per server still")
             os.close(stale)
-            vllm_client.release_server_lock(second, target)
+            locks.release_server_lock(second, target)
         self.assertEqual(os.listdir(folder), [])
+        spellings = {locks.lock_host(h) for h in ("localhost", "127.0.0.1", "127.1",
+                                                         "2130706433", "::ffff:127.0.0.1",
+                                                         "0.0.0.0")}
+        self.assertEqual(spellings, {"127.0.0.1"}, "one lock for one address, however spelled")
 
     def test_a_lock_folder_that_cannot_be_used_is_named(self):
         server = self.start_fake()
@@ -391,6 +396,8 @@ class TestEvidenceDecides(HelperCase):
                                 main=qualify.main)
         self.assertEqual(flagged.code, 1)
         self.assertIn("expect-k B3: drafted length 5, k 4: DIFFERS", flagged.stdout)
+        self.assertIn("expect-k does not hold: exit 1", flagged.stdout,
+                      "the text never says exit 0 beside an exit 1")
 
     def test_a_wave_named_twice_is_a_usage_error(self):
         shown = self.run_argv(["report", self.records_path, "--expect-k", "B1=5,B1=1"],

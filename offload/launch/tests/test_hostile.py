@@ -39,7 +39,7 @@ from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received,
                      json_answer, metrics_answer, metrics_text, model_entry, models_doc,
                      sse_answer, stream_events)
 from support import (WRAPPER, HelperCase, contract_requests, read_records, run_record,
-                     run_script, summary_record)
+                     run_script, summary_record, wave_records)
 import gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -1102,6 +1102,7 @@ class TestReviewFindings(HelperCase):
         run = json.dumps(run_record("a")).replace('"model": "m"', '"model": "m\\ud800"')
         requests = [json.dumps(r) for r in contract_requests("a")]
         requests[0] = requests[0].replace('"warmup-a-B1-0"', '"x\\udc00"')
+        requests += [json.dumps(r) for r in wave_records("a")]
         with open(self.records_path, "w", encoding="utf-8") as handle:
             handle.write("\n".join([run, *requests, json.dumps(summary_record("a", "pass", 0))])
                          + "\n")

@@ -9,7 +9,7 @@ import re
 import unittest
 
 from support import (LAUNCH, HelperCase, contract_requests, request_record, run_record,
-                     summary_record)
+                     summary_record, wave_records)
 import contract  # noqa: E402  (support puts offload/launch on sys.path)
 import kinds  # noqa: E402
 import launcher  # noqa: E402
@@ -94,8 +94,9 @@ class TestTheVerdict(unittest.TestCase):
     """contract.decide(): one pure function from a run record, its records and how its
     steps ended to the verdict the summary, the report and the launcher all give."""
 
-    def decide(self, records, ending=None, run=None):
-        return contract.decide(run or run_record("r"), records, ending or contract.Ending())
+    def decide(self, records, ending=None, run=None, waves=("B1", "B2", "B3", "B4")):
+        return contract.decide(run or run_record("r"), records + wave_records("r", waves),
+                               ending or contract.Ending())
 
     def test_a_run_and_its_records_make_its_verdict(self):
         passed = self.decide(contract_requests("r"))
@@ -128,17 +129,39 @@ class TestTheVerdict(unittest.TestCase):
         self.assertIn("B1#0: the record says ok, but B1 prompt_tokens 4000, expected more "
                       "than 4096", said.problems)
 
+    def test_every_planned_request_once_each_wave_recorded_and_in_time(self):
+        requests = contract_requests("r")
+        moved = requests[:3] + [dict(requests[9], wave="B2", index=0, depth=2)] + \
+            requests[3:9]                  # B2#0 twice, B4#3 missing: ten records still
+        said = self.decide(moved)
+        self.assertEqual(said.verdict, "fail")
+        self.assertTrue(any("recorded more than once" in p for p in said.problems), said)
+        self.assertTrue(any("have no record: B4#3" in p for p in said.problems), said)
+        unwaved = self.decide(requests, waves=("B1", "B2", "B3"))
+        self.assertIn("1 wave(s) without exactly one wave record: B4 engine -",
+                      unwaved.problems)
+        late = contract.decide(run_record("r", deadline_s=1.0), requests + wave_records("r"),
+                               contract.Ending())
+        self.assertIn("B1, B2, B3, B4 ended after the deadline (1 s)", late.problems)
+        claimed = contract.decide(run_record("r", contract=False), requests +
+                                  wave_records("r"), contract.Ending())
+        self.assertEqual(claimed.verdict, "fail")
+        hostile = dict(requests[0], request_kind=[])
+        self.assertEqual(self.decide([hostile] + requests[1:]).verdict, "fail",
+                         "a value of the wrong type fails closed, without a traceback")
+
     def test_a_custom_plan_is_custom_and_extras_are_counted(self):
         plan = contract.plan_record(contract.Plan(paths=("stream",)))
         run = run_record("r", 15, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
         streams = [request_record("r", i, f"stream-{d}", request_kind="stream", path="stream",
                                   depth=d, stream_done=True, first_token=True)
                    for d in (1, 4) for i in range(d)]
-        said = self.decide(contract_requests("r") + streams, run=run)
+        said = self.decide(contract_requests("r") + streams, run=run,
+                           waves=("B1", "B2", "B3", "B4", "stream-1", "stream-4"))
         self.assertEqual((said.verdict, said.counts()), ("pass", "contract 10/10, paths stream 5/5"))
         plan = contract.plan_record(contract.Plan(waves=(1,)))
         custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
-        said = self.decide(contract_requests("r")[:1], run=custom)
+        said = self.decide(contract_requests("r")[:1], run=custom, waves=("B1",))
         self.assertEqual((said.verdict, said.exit_code, said.differences, said.counts()),
                          ("custom", 0, ("waves B1",), "plan 1/1"))
 

@@ -777,6 +777,23 @@ class TestSupervise(StartCase):
         self.assertEqual(proc.wait(timeout=60), 1)
         self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, unasked")
 
+    def test_a_reader_that_stops_reading_never_holds_start_sh(self):
+        # The server floods its output while nobody reads start.sh's: the server is not
+        # held (its pipe is always read), and start.sh still ends with it, memory bounded.
+        flood = ("import sys, time\nend = time.time() + 4\nwhile time.time() < end:\n"
+                 "    sys.stdout.write('x' * 65535 + '\\n')\n    sys.stdout.flush()\n")
+        proc = self.supervised(server=["bash", "-c", f'{sys.executable} -c "$0" & exec "$@"',
+                                       flood, *self.fake()], stdout=subprocess.PIPE,
+                               env={"START_LOG_MAX_BYTES": "1000000"})
+        time.sleep(2)
+        with open(f"/proc/{proc.pid}/status") as handle:     # start.sh execs the launcher
+            rss_kib = int(next(line for line in handle if line.startswith("VmRSS")).split()[1])
+        self.assertLess(rss_kib, 200 << 10, "what waits for a reader is bounded")
+        os.kill(self.server_pid(), signal.SIGKILL)
+        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
+        self.assertIn("unasked", self.start_log())
+        self.assertLessEqual(os.path.getsize(os.path.join(self.logs, "server.log")), 1000000)
+
     def test_the_server_s_output_reaches_start_sh_s_and_its_log_is_bounded(self):
         out = os.path.join(self.tmp, "container.log")
         with open(out, "w") as stdout:

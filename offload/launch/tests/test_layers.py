@@ -17,7 +17,7 @@ LAYERS = {
     "transport": 0, "processes": 0, "supervisor": 0.1,
     "records": 0.2,
     "textfile": 0.5,
-    "runframe": 1,
+    "runframe": 1, "locks": 1.5,
     "prompts": 2,
     "kinds": 2.2,
     "vllm_metrics": 2.5,

@@ -119,6 +119,10 @@ class TestQualificationRuns(HelperCase):
         self.assertGreater(status["delta"]["steps"], 0)
         self.assertGreater(status["delta"]["proxy.rounds"], 0)
         self.assertNotIn("pid", status["delta"])
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertIn(f"status file {path}: valid; deltas: ", shown.stdout)
+        self.assertIn(f"steps {status['delta']['steps']}", shown.stdout,
+                      "the runbook reads the deltas in the report")
 
     def test_status_file_identity_change_invalidates(self):
         path = os.path.join(self.tmp, "status.json")

@@ -13,7 +13,7 @@ import threading
 import unittest
 
 from support import (QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
-                     run_record, run_script, summary_record)
+                     run_record, run_script, summary_record, wave_records)
 import probe  # noqa: E402  (support puts offload/launch on sys.path)
 import readback  # noqa: E402
 import report  # noqa: E402
@@ -71,7 +71,8 @@ class TestReportJudgesEvidence(HelperCase):
 
     def test_each_run_of_a_shared_file_ends_as_itself(self):
         lines = self.passing_records()
-        cut = [line for line in lines if json.loads(line)["record"] != "summary"][:5]
+        cut = [json.dumps(dict(json.loads(line), run_id="an-earlier-run")) for line in lines
+               if json.loads(line)["record"] != "summary"][:5]
         self.rewrite(cut + lines)
         doc = json.loads(self.report(self.records_path, "--json").stdout)
         first, second = doc["runs"]
@@ -91,7 +92,7 @@ class TestReportBelievesOnlyEvidence(HelperCase):
 
     def test_crafted_files_are_not_a_pass(self):
         head = run_record("r")
-        requests = contract_requests("r")
+        requests = contract_requests("r") + wave_records("r")
         passed = summary_record("r", "pass", 0)
         cases = {
             "a duplicated request": (head, *requests, requests[0], passed),
@@ -111,6 +112,10 @@ class TestReportBelievesOnlyEvidence(HelperCase):
                                                       for r in requests], passed),
             "no B1": (head, *[dict(r, wave="B2") for r in requests], passed),
             "fewer requests announced": (run_record("r", 1), requests[0], passed),
+            "the whole run written twice": (head, *requests, passed, head, *requests, passed),
+            "a wave that ended late": (dict(head, plan=dict(head["plan"], deadline_s=0.5)),
+                                       *requests, passed),
+            "a summary past its deadline": (head, *requests, dict(passed, elapsed_s=200.0)),
         }
         for name, records in cases.items():
             with self.subTest(name):
@@ -152,6 +157,14 @@ class TestReportJudgesAgain(HelperCase):
         shown = self.report(forged)
         self.assertEqual(shown.code, 1, shown.stdout)
         self.assertIn("engine 1 generated 0 of 320 tokens", shown.stdout)
+        no_metrics = [r for r in forged if r["record"] != "metrics"]
+        shown = self.report(no_metrics)
+        self.assertEqual(shown.code, 1, "each engine's share from its wave records then")
+        self.assertIn("engine 1 generated 0 of 320 tokens", shown.stdout)
+        bare = [dict(r, counters={}) if r["record"] == "wave" else r for r in no_metrics]
+        shown = self.report(bare)
+        self.assertEqual(shown.code, 1)
+        self.assertIn("each engine's share cannot be checked", shown.stdout)
         os.remove(self.records_path)
         passed = self.warmed()
         doubled = [dict(r, deltas={k: v * 2 if "generation_tokens" in k else v
@@ -375,10 +388,12 @@ class TestReportReading(unittest.TestCase):
     def test_reads_past_bad_lines_and_names_them(self):
         self.write(run_record("a"),
                    '{"record": "request", "wave": "B1"', "[1, 2]", *contract_requests("a"),
+                   *wave_records("a"),
                    summary_record("a", "pass", 0, notes=["B1 cache check not made"],
                                   warnings=["w1"]))
         records, issues = readback.load_records(self.path)
-        self.assertEqual([r["record"] for r in records], ["run"] + ["request"] * 10 + ["summary"])
+        self.assertEqual([r["record"] for r in records],
+                         ["run"] + ["request"] * 10 + ["wave"] * 4 + ["summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
                                   "line 3 is JSON but not a record (skipped)"])
         shown = self.report()
@@ -391,7 +406,7 @@ class TestReportReading(unittest.TestCase):
         def run(rid, verdict, code, n):
             failed = {} if code == 0 else {"http_status": 500, "error": "boom", "ok": False,
                                            "problems": ["HTTP 500"]}
-            return [run_record(rid)] + contract_requests(rid, **failed)[:n] + \
+            return [run_record(rid)] + contract_requests(rid, **failed)[:n] + wave_records(rid) + \
                 [summary_record(rid, verdict, code,
                                 problems=[] if code == 0 else ["B1#0: HTTP 500"])]
         self.write(*run("first", "fail", 1, 10), *run("second", "pass", 0, 10))

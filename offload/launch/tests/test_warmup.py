@@ -14,7 +14,7 @@ import sys
 import unittest
 from unittest import mock
 
-from support import API_KEY, REPO, WRAPPER, HelperCase, read_records, warmup
+from support import API_KEY, REPO, WARMUP, WRAPPER, HelperCase, read_records, warmup
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import transport  # noqa: E402  (support puts offload/launch on sys.path)
 import contract  # noqa: E402  (support puts offload/launch on sys.path)
@@ -223,13 +223,13 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
 
     def test_run_verdicts(self):
-        from support import contract_requests, run_record
+        from support import contract_requests, run_record, wave_records
         ok = contract_requests("r")
         bad = list(ok)
         bad[1] = dict(bad[1], http_status=500, error="x", ok=False, problems=["x"])
 
         def verdict(records, ending=contract.Ending()):
-            found = contract.decide(run_record("r"), records, ending)
+            found = contract.decide(run_record("r"), records + wave_records("r"), ending)
             return found.verdict, found.exit_code, list(found.problems)
         self.assertEqual(verdict(ok)[:2], ("pass", 0))
         self.assertEqual(verdict(bad)[:2], ("fail", 1))
@@ -567,6 +567,23 @@ class TestProcesses(HelperCase):
         self.assertIn("offload_warmup_last_run_success 0.0", text)
         self.assertIn('offload_warmup_last_run_verdict{verdict="running"} 1.0', text)
         self.assertIn("offload_warmup_last_run_started_timestamp_seconds", text)
+
+    def test_a_run_that_cannot_begin_is_published_as_usage(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        for command, env in (
+                (["bash", WRAPPER, "--textfile", textfile], {"WARMUP_HARD_S": "abc"}),
+                (["bash", WRAPPER, "--textfile", textfile],
+                 {"WARMUP_HARD_S": "9223372036854775000"}),
+                ([sys.executable, WARMUP, f"--textfile={textfile}", "--bogus"], {}),
+                ([sys.executable, WARMUP, "--textfile", textfile, "--tokens"], {})):
+            with self.subTest(command=command[-1], env=env):
+                with open(textfile, "w") as handle:
+                    handle.write("offload_warmup_last_run_success 1\n")
+                self.assertEqual(self.run_process(command, env=env).code, 2)
+                with open(textfile) as handle:
+                    text = handle.read()
+                self.assertIn("offload_warmup_last_run_success 0.0", text)
+                self.assertIn('offload_warmup_last_run_verdict{verdict="usage"} 1.0', text)
 
     def test_a_lowered_hard_bound_lowers_the_default_deadline(self):
         server = self.start_fake()

@@ -1,0 +1,112 @@
+"""One helper per server on this host: a lock per server address, held for a run.
+
+Every helper (warm-up, probe, gate) takes it before it sends anything; a second one at the
+same address is refused at once (exit 3). The file lives in one folder for every helper
+on the host (WARMUP_LOCK_DIR, else the temporary folder) and goes when its run ends.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import re
+import socket
+import tempfile
+
+from runframe import EXIT_REFUSED, EXIT_USAGE, Fatal
+from transport import Target, clean_text
+
+
+def lock_path(target: Target) -> str:
+    """The lock file of a server's address (localhost and 127.0.0.1 are one address), in
+    one folder for every helper on the host: WARMUP_LOCK_DIR, else the temporary folder."""
+    name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{lock_host(target.host)}_{target.port}")
+    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or tempfile.gettempdir(),
+                        f"offload-launch-{name}.lock")
+
+
+def lock_host(host: str) -> str:
+    """One spelling per address this host connects to: localhost, 127.1, 2130706433,
+    ::ffff:127.0.0.1 and 0.0.0.0 (a connect there reaches this host) are all 127.0.0.1;
+    another name is itself, lower case (a second name for one server is caught by the
+    counters, not the lock)."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host)))
+    except (OSError, ValueError):
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if address.is_unspecified:
+        return "127.0.0.1" if address.version == 4 else "::1"
+    return str(address)
+
+
+def take_server_lock(target: Target) -> int:
+    """An exclusive lock on the server's address for the run (flock): a second helper
+    against the same server on this host is refused at once, while the first runs on.
+    Returns the lock's descriptor. The holder removes the file when it lets go, so a lock
+    taken on a file that is no longer the path's is taken again on the new one. A file
+    another user made is locked read-only."""
+    path = lock_path(target)
+    for _ in range(10):
+        fd = open_lock_file(path, target)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            raise Fatal(f"refused: another helper (pid {clean_text(holder, 20) or 'unknown'}) "
+                        f"is sending to {target.display} from this host; one at a time, or "
+                        f"neither warm-up shows what it did; nothing was sent", EXIT_REFUSED)
+        if same_file(fd, path):
+            break
+        os.close(fd)                      # its holder removed it as we opened it: again
+    else:
+        raise Fatal(f"cannot take the lock {path} for {target.display}: it keeps being "
+                    f"replaced; nothing was sent", EXIT_USAGE)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    except OSError:
+        pass                              # a read-only lock: no pid to name
+    return fd
+
+
+def open_lock_file(path: str, target: Target) -> int:
+    try:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except PermissionError:           # another user's file: a read-only lock holds too
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Fatal(f"cannot take the lock {path} for {target.display} "
+                    f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
+                    f"helper on this host can write; nothing was sent", EXIT_USAGE)
+
+
+def same_file(fd: int, path: str) -> bool:
+    """The descriptor is the file at path (not one its holder removed)."""
+    try:
+        held, named = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino)
+
+
+def release_server_lock(fd: int, target: Target) -> None:
+    """Remove the lock file while still holding it, then let go: no file is left behind,
+    and a helper that opened it meanwhile finds it replaced and locks the new one."""
+    try:
+        if same_file(fd, lock_path(target)):
+            os.unlink(lock_path(target))
+    except OSError:
+        pass                              # another user's file in a shared folder
+    os.close(fd)
