@@ -45,7 +45,6 @@ from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
 import transport  # noqa: E402
 import kinds  # noqa: E402
-import vllm_client  # noqa: E402
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
 # would be measured otherwise. The wrapper is told to use it too (WARMUP_PYTHON).
@@ -314,14 +313,26 @@ def bytecode_cached() -> bool:
 
 def bench_ready(runs: int, tmp: str) -> dict:
     """What a readiness probe costs as the Kubernetes recipe runs it: `python3 qualify.py
-    ready` against a warmed fake (one /health, one /metrics), against `python3 -c pass`
-    (site loaded, as both run), bytecode cached; median wall times and the peak RSS."""
+    ready` against a warmed fake in a process of its own, as a server is (one /health, one
+    /metrics), against `python3 -c pass` (site loaded, as both run), bytecode cached;
+    median wall times and the peak RSS."""
     import readback
-    server = FakeServer(FakeConfig()).start()
+    import socket
+    with socket.socket() as probe_port:
+        probe_port.bind(("127.0.0.1", 0))
+        port = probe_port.getsockname()[1]
+    fake = subprocess.Popen([PYTHON, os.path.join(LAUNCH, "tests", "fake_vllm.py"), "--port",
+                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        url = f"http://127.0.0.1:{port}"
         records = os.path.join(tmp, "ready-records.jsonl")
         ready_file = os.path.join(tmp, "ready.json")
-        done = run_timed([PYTHON, WARMUP, "--base-url", server.url, "--records", records])
+        for _ in range(100):              # until the fake answers (10 s at most)
+            done = run_timed([PYTHON, QUALIFY, "health", "--base-url", url])
+            if done.code == 0:
+                break
+            time.sleep(0.1)
+        done = run_timed([PYTHON, WARMUP, "--base-url", url, "--records", records])
         if done.code != 0:
             raise BenchError(f"the warm-up before the ready bench failed: {done.error}")
         why = readback.ready_from_records(ready_file, records)
@@ -336,7 +347,8 @@ def bench_ready(runs: int, tmp: str) -> dict:
             raise BenchError(f"qualify.py ready said not ready: {peak.error}")
         return dict(medians, rss_kib=peak.peak_kib)
     finally:
-        server.stop()
+        fake.terminate()
+        fake.wait(10)
 
 
 def bench_sizes(tmp: str) -> dict[str, int]:
@@ -730,7 +742,7 @@ def bench_skew_helper(shapes: Shapes, server: FakeServer, runs: int, tmp: str) -
 
 def bench_skew_threads(server: FakeServer, runs: int) -> list[float]:
     """The naive client: one thread per request started one after another, no barrier."""
-    target = vllm_client.parse_base_url(server.url)
+    target = transport.parse_base_url(server.url)
     clock = transport.Clock.start(60, 10)
     before = len(server.state.completions())
     for r in range(runs):

@@ -27,7 +27,6 @@ sys.path.insert(0, os.path.join(REPO, "offload", "launch"))
 
 import kinds  # noqa: E402
 import transport  # noqa: E402
-import vllm_client  # noqa: E402
 
 TOKENS = 32
 VARIANTS = {                           # name -> what it adds to the greedy request
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="the served model (default: the only one served)")
     parser.add_argument("--later", type=int, default=3, help="later requests per variant")
     args = parser.parse_args(argv)
-    target = vllm_client.parse_base_url(args.base_url)
+    target = transport.parse_base_url(args.base_url)
     api_key = os.environ.get("VLLM_API_KEY") or None
     model = args.model
     if model is None:
