@@ -323,8 +323,9 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
 
     A pass needs a run record of this format, every planned request once, each passing its
     kind's rules when judged again from its recorded fields (never by its own `ok`), and,
-    for a warm-up, counters that show no foreign work or restart and every engine its
-    share. A warm-up that passed a plan other than the reviewed one is 'custom'."""
+    for a warm-up, each wave recorded and ended by the deadline, counters that show no
+    foreign work or restart, and every engine its share. A warm-up that passed a plan
+    other than the reviewed one is 'custom'."""
     run = as_dict(run)
     mode = run.get("mode") if run.get("mode") in MODES else None    # a list is no key
     judged = [r for r in records if r.get("record") == JUDGED.get(mode, "request")]

@@ -201,7 +201,7 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
         code = EXIT_FAIL if verdict == "custom" else decided.exit_code
     return {"run": run, "summary": summary, "decided": decided, "verdict": verdict,
             "exit_code": code, "claimed": summary.get("verdict") if summary else None,
-            "evidence_problems": list(dict.fromkeys(found))}
+            "evidence_problems": list(dict.fromkeys(found)), "records": records}
 
 
 def summary_problems(summary: dict, decided: Verdict) -> list[str]:
@@ -257,11 +257,7 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
     gate_part = None if gate is None else {
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": as_dict(gate["run"]).get("run_id")}
-    try:
-        found, _ = load_records(records)
-    except OSError as exc:
-        return f"cannot read {clean_text(records, 200)} ({exc.strerror or exc})"
-    mine = [r for r in found if r.get("run_id") == as_dict(warm["run"]).get("run_id")]
     doc, why = ready_document(warm["verdict"], as_dict(warm["run"]), as_dict(warm["summary"]),
-                              records, last_gauges(mine).get("sleep_state"), gate_part)
+                              records, last_gauges(warm["records"]).get("sleep_state"),
+                              gate_part)
     return why or write_ready(path, doc)
