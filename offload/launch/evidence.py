@@ -21,7 +21,8 @@ from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_jso
                        series_name)
 from contract import cross_check
 from vllm_client import Tally
-from vllm_metrics import changed_only, counter_deltas, read_counters, series_sum, went_down
+from vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
+                          served_by_engine, series_sum, went_down)
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 
@@ -115,6 +116,7 @@ class Evidence:
         self.status_before: dict = {}         # path -> (document or None, why)
         self.highlights: dict | None = None   # the main source's highlighted deltas
         self.main_deltas: dict | None = None  # the main source's deltas, when complete
+        self.served: dict | None = None       # requests each engine served, after the run
 
     def read_before(self, run: Run) -> None:
         """Counters of the extra endpoints and the status files, before the first wave."""
@@ -154,6 +156,10 @@ class Evidence:
                       "highlights": highlighted(deltas)}
             if source == main_source:
                 self.highlights = record["highlights"]
+                self.served = None if after is None else served_by_engine(
+                    [(series_name(k), {"engine": e} if (e := engine_label(k)) else {}, v)
+                     for k, v in after.items()])
+                record["served"] = self.served
                 self.main_deltas = None if why else deltas
                 found, record["warnings"] = ([], []) if why else \
                     cross_check(deltas, tally.requests, down=went_down(before, after))

@@ -245,6 +245,22 @@ def last_gauges(records: list[dict]) -> dict:
     return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
 
 
+def served_after(records: list[dict]) -> dict | None:
+    """The requests each engine had served after the run (its main metrics record's)."""
+    main = next((r for r in records if r.get("record") == "metrics"), {})
+    return as_dict(main.get("served")) or None
+
+
+def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None):
+    """The ready file's document from a warm-up's verdict and its records: (doc, why)."""
+    runs = [r for r in records if r.get("record") == "run"]
+    summaries = [r for r in records if r.get("record") == "summary"]
+    return ready_document(verdict, as_dict((runs or [{}])[-1]),
+                          as_dict((summaries or [{}])[-1]), path,
+                          last_gauges(records).get("sleep_state"), gate,
+                          served_after(records))
+
+
 def ready_from_records(path: str, records: str, run_id: str | None = None,
                        gate_records: str | None = None) -> str | None:
     """The ready file written from the verdict of a warm-up's records (of run `run_id`
@@ -257,7 +273,5 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
     gate_part = None if gate is None else {
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": as_dict(gate["run"]).get("run_id")}
-    doc, why = ready_document(warm["verdict"], as_dict(warm["run"]), as_dict(warm["summary"]),
-                              records, last_gauges(warm["records"]).get("sleep_state"),
-                              gate_part)
+    doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part)
     return why or write_ready(path, doc)

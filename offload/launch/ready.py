@@ -26,7 +26,7 @@ from transport import (Clock, TransportError, UsageError, base_url_from, clean_t
                        finite_number, parse_base_url, read_json_file, sanitize_text,
                        write_atomically)
 from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
-                          served_models)
+                          served_by_engine, served_models)
 
 PROG = "qualify.py"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
@@ -137,30 +137,41 @@ MAX_READY_BYTES = 64 << 10
 
 
 def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_state=None,
-                   gate: dict | None = None, written_at: str | None = None
-                   ) -> tuple[dict | None, str | None]:
+                   gate: dict | None = None, served: dict | None = None,
+                   written_at: str | None = None) -> tuple[dict | None, str | None]:
     """The ready file's content from a run's verdict (contract.decide()'s), its run record
-    and summary, and with --gate the gate's pass: (document, None) for a warm-up's
-    contract pass, else (None, why). Pure."""
+    and summary, the requests each engine had served after it (`served`, from its metrics
+    record), and with --gate the gate's pass: (document, None) for a warm-up's contract
+    pass, else (None, why). Pure."""
     if run.get("mode") != "warmup":
         return None, f"the records are not a warm-up's (mode {clean_text(str(run.get('mode')), 20)})"
     if verdict != "pass":
         return None, f"the warm-up's records show {clean_text(str(verdict), 20)}, not a pass"
     if gate is not None and gate.get("verdict") != "pass":
         return None, f"the gate's records show {gate.get('verdict')}, not a pass"
-    if finite_number(run.get("process_start_time_seconds")) is None:
-        return None, ("the warm-up saw no process_start_time_seconds on /metrics, so the "
-                      "ready file could never be checked")
+    served = served_counts(served)
+    if finite_number(run.get("process_start_time_seconds")) is None and not served:
+        return None, ("the warm-up saw neither process_start_time_seconds nor request "
+                      "counters on /metrics, so the ready file could never be checked")
     versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
     return {
         "kind": READY_KIND, "base_url": run.get("base_url"), "model": run.get("model"),
         "process_start_time_seconds": run.get("process_start_time_seconds"),
-        "engines": run.get("engines"), "server_version": versions.get("server"),
+        "served_at_warm": served, "engines": run.get("engines"),
+        "server_version": versions.get("server"),
         "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
         "elapsed_s": summary.get("elapsed_s"), "records": records,
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
     }, None
+
+
+def served_counts(served) -> dict:
+    """Requests served per engine, as a ready file keeps them: finite numbers only."""
+    if not isinstance(served, dict):
+        return {}
+    return {str(k)[:8]: v for k, v in served.items()
+            if finite_number(v) is not None and v == v and v >= 0}
 
 
 def write_ready(path: str, doc: dict) -> str | None:
@@ -204,17 +215,26 @@ def read_ready_file(path: str) -> tuple[dict | None, str | None]:
 
 def check_identity(doc: dict, samples: list) -> str | None:
     """Why the server /metrics describes is not the one the ready file vouches for; None
-    when it is (same process start, the same model served). Pure; fails closed."""
+    when it is: the same process start, or where neither says one (vLLM with several
+    engines), no engine that has served fewer requests than at the warm-up (the counts
+    only grow: fewer is a restart); and the same model served. Pure; fails closed."""
     warmed = finite_number(doc.get("process_start_time_seconds"))
     now = process_start(samples)
-    if warmed is None:
-        return "the ready file names no process start: the server cannot be told apart"
-    if now is None:
-        return "/metrics has no process_start_time_seconds: the server cannot be told apart"
-    if now != warmed:
+    served = served_counts(doc.get("served_at_warm"))
+    if warmed is not None and now is not None and now != warmed:
         return (f"the server restarted since the warm-up (its process started at "
                 f"{iso_time(now)}; the warmed one at {iso_time(warmed)}): a new start runs "
                 f"a new warm-up")
+    if warmed is not None and now is None or warmed is None and (now is not None or not served):
+        return ("/metrics and the ready file do not both name the process start: the "
+                "server cannot be told apart")
+    if warmed is None:
+        current = served_by_engine(samples)
+        fewer = [e for e, n in served.items() if current.get(e, 0.0) < n]
+        if fewer:
+            return (f"the server restarted since the warm-up (engine {fewer[0] or 'all'} has "
+                    f"served {current.get(fewer[0], 0.0):g} requests, {served[fewer[0]]:g} "
+                    f"at the warm-up): a new start runs a new warm-up")
     models = served_models(samples)
     if doc["model"] not in models:
         shown = ", ".join(sorted(clean_text(m, 80) for m in models)[:5]) or "none on /metrics"

@@ -51,6 +51,22 @@ def process_start(samples: list) -> float | None:
     return found.pop() if len(found) == 1 else None
 
 
+SUCCESS = "vllm:request_success_total"
+
+
+def served_by_engine(samples: list) -> dict[str, float]:
+    """Requests each engine has served since its server started (vllm:request_success_total
+    summed over its reasons; engine "" without an engine label): it only grows, so a count
+    below an earlier one is a restart. What tells a server apart when /metrics has no
+    process_start_time_seconds (vLLM 0.32 with --data-parallel-size > 1 publishes none)."""
+    served: dict[str, float] = {}
+    for name, labels, value in samples:
+        if name == SUCCESS and math.isfinite(value):
+            engine = labels.get("engine", "")
+            served[engine] = served.get(engine, 0.0) + value
+    return served
+
+
 def served_models(samples: list) -> set[str]:
     """The model names on vllm:* series (their model_name label)."""
     return {labels["model_name"] for name, labels, _ in samples
@@ -212,6 +228,15 @@ def series_sum(deltas: dict, name: str, engine: int | None = None) -> float | No
     if not values or any(not isinstance(v, (int, float)) for v in values):
         return None
     return sum(values)
+
+
+_ENGINE_LABEL = re.compile(r'[{,]engine="([^"]*)"')
+
+
+def engine_label(key: str) -> str:
+    """A series key's engine label ('' without one)."""
+    found = _ENGINE_LABEL.search(key)
+    return found.group(1) if found else ""
 
 
 def engine_deltas(deltas: dict, engine: int | None) -> dict:

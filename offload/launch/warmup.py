@@ -46,8 +46,8 @@ try:
     from evidence import Evidence, EvidenceOptions, time_to_warm
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from readback import last_gauges
-    from ready import drop_ready_file, ready_document, write_ready
+    from readback import ready_of
+    from ready import drop_ready_file, write_ready
     from records import as_dict
     from runframe import (EXIT_FAIL, EXIT_REFUSED, Run, RunSettings, add_file_option,
                           add_run_options, argument_type, emit, given_value, late_problem,
@@ -246,9 +246,7 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
     """The ready file, removed before anything was sent (a re-warm after a wake that fails
     or is killed leaves no stale 'ready'), written again from this run's own verdict when
     it is a contract pass (as start.sh writes it)."""
-    doc, why = ready_document(summary["verdict"], run.run_record or {}, summary,
-                              warm.settings.records_path,
-                              last_gauges(run.written).get("sleep_state"))
+    doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path)
     why = why or write_ready(warm.ready_file, doc)
     if why is None:
         run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "

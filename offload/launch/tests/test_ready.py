@@ -253,9 +253,25 @@ class TestReadyRefuses(HelperCase):
         self.assertIn("restarted since the warm-up", readiness.check_identity(doc, later))
         other = same[:1] + [("vllm:x_total", {"model_name": "n"}, 1.0)]
         self.assertIn("serves n, not the warmed model m", readiness.check_identity(doc, other))
-        self.assertIn("no process_start_time_seconds", readiness.check_identity(doc, same[1:]))
-        self.assertIn("names no process start",
-                      readiness.check_identity({"model": "m"}, same))
+        self.assertIn("cannot be told apart", readiness.check_identity(doc, same[1:]))
+        self.assertIn("cannot be told apart", readiness.check_identity({"model": "m"}, same))
+        self.assertIn("cannot be told apart", readiness.check_identity({"model": "m"},
+                                                                        same[1:]))
+
+    def test_without_a_process_start_the_requests_served_tell_a_restart(self):
+        # vLLM 0.32 with --data-parallel-size 2 publishes no process_start_time_seconds
+        # (seen on the real server): the requests each engine served only grow.
+        doc = {"model": "m", "process_start_time_seconds": None,
+               "served_at_warm": {"0": 10.0, "1": 10.0}}
+
+        def served(zero, one):
+            return [("vllm:request_success_total",
+                     {"engine": e, "finished_reason": "length", "model_name": "m"}, n)
+                    for e, n in (("0", zero), ("1", one))]
+        self.assertIsNone(readiness.check_identity(doc, served(10.0, 25.0)))
+        said = readiness.check_identity(doc, served(0.0, 0.0))
+        self.assertIn("restarted since the warm-up (engine 0 has served 0 requests, 10 at "
+                      "the warm-up)", said)
 
     def test_no_ready_file_from_records_that_do_not_pass(self):
         server = self.start_fake(fault="one_token", fault_match="-B4-0")
@@ -345,6 +361,8 @@ class TestReadyEdges(HelperCase):
             for record in records:
                 if record["record"] == "run":
                     record["process_start_time_seconds"] = None
+                if record["record"] == "metrics":
+                    record.pop("served", None)
                 handle.write(json.dumps(record) + "\n")
         path = os.path.join(self.tmp, "ready")
         line = readback.ready_from_records(path, self.records_path)
