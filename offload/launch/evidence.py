@@ -22,7 +22,7 @@ from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_jso
 from contract import cross_check
 from vllm_client import Tally
 from vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
-                          served_by_engine, series_sum, went_down)
+                          served_by_engine, went_down)
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 

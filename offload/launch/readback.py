@@ -13,7 +13,7 @@ import math
 
 from contract import Ending, Verdict, decide, ending_of
 from ready import ready_document, write_ready
-from records import as_dict, as_list, field_problems, show
+from records import as_dict, as_list, field_problems
 from runframe import EXIT_FAIL
 from transport import clean_text, decode_json, open_regular
 

@@ -40,18 +40,17 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import runframe
-    from contract import (B1_FLOOR, REVIEWED, Ending, Plan, b1_prompts, batch_name,
-                          cache_check, cross_check, decide, differences, engine_shares,
-                          parse_waves, plan_record, wave_name)
+    from contract import (B1_FLOOR, REVIEWED, Plan, b1_prompts, batch_name, cache_check,
+                          cross_check, differences, engine_shares, parse_waves, plan_record,
+                          wave_name)
     from evidence import Evidence, EvidenceOptions, time_to_warm
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from readback import ready_of
     from ready import drop_ready_file, write_ready
     from records import as_dict
-    from runframe import (EXIT_FAIL, EXIT_REFUSED, Run, RunSettings, add_file_option,
-                          add_run_options, argument_type, emit, given_value, late_problem,
-                          seconds, whole)
+    from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
+                          emit, given_value, seconds, whole)
     from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
                            series_name, writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
