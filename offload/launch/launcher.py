@@ -769,6 +769,9 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     if server.left():
         log(f"stopping what is left of server process group {server.pid}")
         server.stop_group()
+    if log.writer is not None and log.writer.dropped:
+        log(f"{log.writer.dropped} lines of output were dropped: nobody read them in time "
+            f"(server.log keeps the server's)")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     return code

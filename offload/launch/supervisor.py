@@ -25,7 +25,7 @@ import threading
 import time
 
 from processes import group_alive, signalable
-from transport import open_regular
+from transport import clean_text, open_regular
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
@@ -96,21 +96,34 @@ class OutputPump:
         self.reader.start()
 
     def _read(self) -> None:
-        out = open(self.log_path, "ab")
-        try:
-            for line in iter(lambda: self.pipe.readline(LINE_BYTES), b""):
-                if self.max_bytes and out.tell() + len(line) > self.max_bytes and out.tell():
-                    out.close()
-                    os.replace(self.log_path, self.log_path + ".1")
-                    out = open(self.log_path, "ab")
-                out.write(line)
-                out.flush()
-                self.writer.put(PREFIX + line.decode("utf-8", "replace").rstrip("\r\n"),
-                                self.stream)
-        except (OSError, ValueError):
-            pass                          # the disk or the pipe failed: the server runs on
-        finally:
+        out = self._open()
+        for line in iter(lambda: self.pipe.readline(LINE_BYTES), b""):
+            if out is not None:
+                out = self._append(out, line)
+            self.writer.put(PREFIX + clean_text(line.decode("utf-8", "replace"), LINE_BYTES),
+                            self.stream)          # the server's bytes, control characters out
+        if out is not None:
             out.close()
+
+    def _open(self):
+        try:
+            return open(self.log_path, "ab")
+        except OSError:
+            return None                   # no log file: the pipe is still read and forwarded
+
+    def _append(self, out, line: bytes):
+        """Append a line, rotating past max_bytes; None once the disk fails (the pipe is
+        still read: the server never blocks on a full pipe)."""
+        try:
+            if self.max_bytes and out.tell() + len(line) > self.max_bytes and out.tell():
+                out.close()
+                os.replace(self.log_path, self.log_path + ".1")
+                out = open(self.log_path, "ab")
+            out.write(line)
+            out.flush()
+            return out
+        except (OSError, ValueError):
+            return None
 
     def join(self, wait_s: float) -> None:
         """Wait up to wait_s for the last lines once the pipe closed."""
