@@ -30,7 +30,8 @@ COUNTS = re.compile(r"(failures|errors|skipped|expected failures|unexpected succ
 
 def test_classes(pattern: str) -> list[str]:
     """Every test class's dotted name, the longest to run first so that none starts last:
-    those that set up once for all their tests (the hostile table), then by test count."""
+    those that set up once for all their tests (the hostile table) or say they run long
+    (a class attribute `runs_long`: real servers, few tests), then by test count."""
     found: dict[str, bool] = {}
     count: dict[str, int] = {}
     suites = [unittest.defaultTestLoader.discover(TESTS, pattern=pattern, top_level_dir=TESTS)]
@@ -42,7 +43,7 @@ def test_classes(pattern: str) -> list[str]:
                 found[item.id().rpartition(".")[0]] = True
             else:
                 cls = type(item)
-                once = "setUpClass" in vars(cls)
+                once = "setUpClass" in vars(cls) or getattr(cls, "runs_long", False)
                 name = f"{cls.__module__}.{cls.__qualname__}"
                 found[name] = once
                 count[name] = count.get(name, 0) + 1

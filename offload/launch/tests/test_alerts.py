@@ -48,6 +48,8 @@ class TestAlertsInARealPrometheus(HelperCase):
     """A failed warm-up's textfile raises OffloadWarmupDidNotPass in a real Prometheus;
     a passing one's raises nothing."""
 
+    runs_long = True                      # run.py starts it first: one test, ~15 s
+
     def serve(self, command: list[str], port: int, path: str) -> transport.Target:
         """A process listening on 127.0.0.1:port, answering `path` (60 s at most), stopped
         at cleanup."""

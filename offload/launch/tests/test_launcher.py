@@ -705,6 +705,7 @@ class TestWrapper(HelperCase):
 
 
 class TestSupervise(StartCase):
+    runs_long = True                      # run.py starts it first
     def supervised(self, *launcher: str, server: list[str] | None = None,
                    stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
         """start.sh --supervise against the fake, as a process; running until it logs that
