@@ -25,7 +25,7 @@ import threading
 import time
 
 from processes import group_alive, signalable
-from transport import clean_text, open_regular
+from transport import open_regular, sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
@@ -100,8 +100,9 @@ class OutputPump:
         for line in iter(lambda: self.pipe.readline(LINE_BYTES), b""):
             if out is not None:
                 out = self._append(out, line)
-            self.writer.put(PREFIX + clean_text(line.decode("utf-8", "replace"), LINE_BYTES),
-                            self.stream)          # the server's bytes, control characters out
+            text = line.decode("utf-8", "replace").rstrip("\r\n")
+            self.writer.put(PREFIX + sanitize_text(text, LINE_BYTES), self.stream)
+            # (the server's bytes: control characters out, its spacing kept)
         if out is not None:
             out.close()
 
