@@ -991,6 +991,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="count a finished request out of the gauges this much later")
     parser.add_argument("--exit-after-s", type=float, default=0.0,
                         help="exit with --exit-status this long after start (a dying server)")
+    parser.add_argument("--exit-when", default="", metavar="PATH",
+                        help="exit with --exit-status once this file exists (a server that "
+                             "dies when a test says so)")
     parser.add_argument("--exit-status", type=int, default=3,
                         help="the status of --exit-after-s (vLLM exits 0 when its engine "
                              "core dies)")
@@ -1078,7 +1081,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
     for number in range(args.chatter_bytes // 100 + bool(args.chatter_bytes % 100)):
         print(f"INFO [chatter.py:1] line {number:08d} " + "x" * 70, flush=True)
-    died = not done.wait(args.exit_after_s or None)     # a timeout means --exit-after-s
+    if args.exit_when:
+        while not done.wait(0.05) and not os.path.exists(args.exit_when):
+            pass
+    died = not done.wait(args.exit_after_s or None) if not args.exit_when else \
+        not done.is_set()                 # a timeout (or the file) means it died
     server.stop()
     if died:
         print("fake vLLM: engine died (--exit-after-s)", flush=True)

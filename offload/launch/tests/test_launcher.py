@@ -774,19 +774,22 @@ class TestSupervise(StartCase):
 
     def test_an_exit_0_nobody_asked_for_ends_start_sh_non_zero(self):
         # vLLM exits 0 when its engine core dies: a restart policy must still restart it.
-        proc = self.supervised(server=self.fake("--exit-after-s", "3", "--exit-status", "0"))
+        trigger = os.path.join(self.tmp, "die")
+        proc = self.supervised(server=self.fake("--exit-when", trigger, "--exit-status", "0"))
+        open(trigger, "w").close()                       # once it supervises
         self.assertEqual(proc.wait(timeout=60), 1)
         self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, unasked")
 
     def test_a_reader_that_stops_reading_never_holds_start_sh(self):
         # The server floods its output while nobody reads start.sh's: the server is not
         # held (its pipe is always read), and start.sh still ends with it, memory bounded.
-        flood = ("import sys, time\nend = time.time() + 4\nwhile time.time() < end:\n"
-                 "    sys.stdout.write('x' * 65535 + '\\n')\n    sys.stdout.flush()\n")
+        flood = ("import sys, time\nend = time.time() + 60\nwhile time.time() < end:\n"
+                 "    sys.stdout.write('x' * 65535 + '\\n')\n    sys.stdout.flush()\n"
+                 "    time.sleep(0.002)\n")
         proc = self.supervised(server=["bash", "-c", f'{sys.executable} -c "$0" & exec "$@"',
                                        flood, *self.fake()], stdout=subprocess.PIPE,
                                env={"START_LOG_MAX_BYTES": "1000000"})
-        time.sleep(2)
+        time.sleep(1)
         with open(f"/proc/{proc.pid}/status") as handle:     # start.sh execs the launcher
             rss_kib = int(next(line for line in handle if line.startswith("VmRSS")).split()[1])
         self.assertLess(rss_kib, 200 << 10, "what waits for a reader is bounded")
