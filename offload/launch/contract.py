@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from prompts import MIN_LONG_PROMPT_TOKENS
-from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, show
+from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
 from runframe import EXIT_FAIL, EXIT_PASS
 from transport import finite_number
 from vllm_metrics import series_sum
@@ -314,7 +314,7 @@ class Verdict:
         """'contract 10/10, paths stream 5/5', or 'N/M requests ok'."""
         if not self.parts:
             return f"{self.requests_ok}/{self.requests_total} requests ok"
-        return ", ".join(f"{name} {ok}/{total}" for name, ok, total in self.parts)
+        return parts_text(self.parts)
 
 
 def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:

@@ -147,6 +147,14 @@ def show(value, limit: int = SHOW_LIMIT) -> str:
     return clean_text(value, limit) or "-"
 
 
+def parts_text(parts) -> str:
+    """A verdict's parts as its line says them: 'contract 10/10, paths stream 5/5' (any
+    value from a file shown safely)."""
+    return ", ".join(f"{show(part[0])} {show(part[1])}/{show(part[2])}"
+                     for part in (parts if isinstance(parts, list | tuple) else ())
+                     if isinstance(part, list | tuple) and len(part) == 3)
+
+
 def known(value) -> str:
     """A value the run may not have learned: 'unknown' rather than '-' or 'None'."""
     return "unknown" if value is None else show(value)

@@ -25,7 +25,7 @@ from contract import batch_name, identity, read_plan
 from readback import (READ_STOPPED, judge_run, last_gauges, load_records, repeated_run,
                       split_runs, tidy)
 from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
-                     probe_line, show)
+                     parts_text, probe_line, show)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from transport import clean_text, finite_number
 
@@ -258,7 +258,7 @@ def format_run(run: dict) -> list[str]:
         lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
                      f"claims {show(run['claimed'])}, the evidence does not show it)")
     else:
-        counts = ", ".join(f"{show(n)} {show(ok)}/{show(t)}" for n, ok, t in run["parts"])
+        counts = parts_text(run["parts"])
         lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})"
                      + (f": {counts}" if counts else ""))
     return lines

@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from records import FORMAT, field_problems
+from records import FORMAT, field_problems, parts_text
 from textfile import publish, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
                        sanitize_text, start_quiet, writable)
@@ -455,7 +455,7 @@ def verdict_line(summary: dict, records_path: str) -> str:
     problems (five at most), notes and warnings, where the records are."""
     parts = summary.get("parts") or ()
     if parts:
-        counts = ", ".join(f"{name} {ok}/{total}" for name, ok, total in parts) + " in "
+        counts = parts_text(parts) + " in "
     elif "requests_total" in summary:
         counts = f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
     else:

@@ -195,7 +195,10 @@ class WarmUp(ServerProgram):
             run.write(record)
         self.tally.requests += answers
         evidence = wave_evidence(self, run, name)
-        shown = [] if evidence is None else cross_check_wave(evidence, answers, name)
+        # What the engines counted over the wave against its records: the wave records say
+        # it, decide() judges it from them.
+        shown = [] if evidence is None else cross_check(
+            evidence["deltas"], answers, name, evidence["went_down"])[0]
         for engine in self.server.engines:
             mine = [r for r in answers if r["engine"] == engine]
             mine_slots = [s for s in finished if s.engine == engine]
@@ -234,8 +237,9 @@ def recorded_plan(warm: WarmUp) -> dict:
     smallest = None if not counts or None in counts else min(counts)
     by_engine = {str(e): c for e, (_, c) in warm.b1_prompts.items()
                  if e is not None and c is not None}
-    found = differences(warm.plan, warm.engines_skipped())
-    return dict(plan_record(warm.plan), engines_skipped=warm.engines_skipped(),
+    skipped = warm.engines_skipped()
+    found = differences(warm.plan, skipped)
+    return dict(plan_record(warm.plan), engines_skipped=skipped,
                 contract=not found, differences=found, deadline_s=warm.settings.deadline_s,
                 b1_prompt_tokens_counted=smallest, b1_prompt_tokens_by_engine=by_engine or None,
                 b1_sizing="tokenize" if smallest is not None else "estimate")
@@ -292,12 +296,6 @@ def engine_figures(warm: WarmUp, deltas: dict, record: dict) -> None:
             deltas, engines, warm.plan.wave_requests * warm.plan.tokens,
             b1_prompts(warm.tally.requests))
         warm.tally.warnings += warnings
-
-
-def cross_check_wave(evidence: dict, answers: list[dict], name: str) -> list[str]:
-    """What the engines counted over one wave against its records (a wave record says it;
-    decide() judges it from the wave records)."""
-    return cross_check(evidence["deltas"], answers, name, evidence["went_down"])[0]
 
 
 def request_record(run: Run, warm: WarmUp, depth: int, slot: Slot, kind_: Kind) -> dict:
