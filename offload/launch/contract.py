@@ -538,7 +538,7 @@ def part_counts(plan: Plan, engines: int, judged: list[dict], failed: list[dict]
     for name, path in groups:
         mine = [r for r in judged if kind_of(r).path == path]
         total = (plan.wave_requests if path is None else
-                 sum(plan.path_depths) * len([k for k in kinds_of((path,))])) * engines
+                 sum(plan.path_depths) * len(kinds_of((path,)))) * engines
         yield name, sum(1 for r in mine if identity(r) not in bad), total
 
 

@@ -394,12 +394,16 @@ class Log:
                 handle.write(line + "\n")
         except OSError:
             pass
-        stream = stream or sys.stdout
-        if self.writer is not None:       # --supervise: nobody reading never holds us
-            self.writer.put(line, stream)
+        self.show(line, stream or sys.stdout)
+
+    def show(self, text: str, stream) -> None:
+        """Text to the terminal only: under --supervise through the writer (nobody reading
+        never holds us), else printed (a stream that went away is silenced)."""
+        if self.writer is not None:
+            self.writer.put(text, stream)
             return
         try:
-            print(line, file=stream, flush=True)
+            print(text, file=stream, flush=True)
         except (OSError, ValueError):
             from runframe import silence
             silence(stream)
@@ -446,10 +450,7 @@ class Server(ServerProcess):
         if not found or found[-1] not in lines[-TAIL_LINES:]:
             shown += f"---- last {TAIL_LINES} lines of {self.server_log} ----\n" + \
                 "\n".join(lines[-TAIL_LINES:]) + "\n"
-        if self.log.writer is not None:
-            self.log.writer.put(shown + "----", sys.stderr)
-        else:
-            print(shown + "----", file=sys.stderr, flush=True)
+        self.log.show(shown + "----", sys.stderr)
 
     def gone(self, when: str) -> Exit:
         """ERROR for a server whose launched process ended, what is left of its group
