@@ -27,7 +27,7 @@ from prompts import MIN_LONG_PROMPT_TOKENS
 from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
 from runframe import EXIT_FAIL, EXIT_PASS
 from transport import finite_number
-from vllm_metrics import series_sum
+from vllm_metrics import engine_label, series_sum
 
 B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
 ENGINE_HEADER = "X-data-parallel-rank"
@@ -242,6 +242,36 @@ def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
     return shares, problems, warnings
 
 
+def engines_seen(records: list[dict]) -> set[int]:
+    """Every engine the run's own gauge and metrics records show the server has: the
+    engine labels of their samples and counters, their fresh, asleep and served engines."""
+    names: list = []
+    for record in records:
+        kind_ = record.get("record")
+        if kind_ == "gauges":
+            names += [as_dict(as_dict(s).get("labels")).get("engine")
+                      for s in as_list(record.get("samples"))]
+            names += as_list(record.get("fresh_engines"))
+            names += list(as_dict(record.get("sleep_state")))
+        elif kind_ in ("metrics", "wave"):
+            for key in ("deltas", "counters"):
+                names += [engine_label(str(k)) for k in as_dict(record.get(key))]
+            names += list(as_dict(record.get("served")))
+    return {int(n) for n in names if isinstance(n, (str, int)) and not isinstance(n, bool)
+            and str(n).isdigit() and len(str(n)) <= 4}
+
+
+def unwarmed_engines(engines: list, skipped, records: list[dict]) -> list[str]:
+    """An engine the run's own records show the server has, neither warmed nor named as
+    left out (engines_skipped, a custom plan): a warm-up on fewer engines is no pass."""
+    warmed = {0} if engines == [None] else {e for e in engines if count(e) is not None}
+    left_out = {e for e in as_list(skipped) if count(e) is not None}
+    cold = sorted(engines_seen(records) - warmed - left_out)
+    return [f"engine {', '.join(map(str, cold))} of the server (seen in this run's /metrics "
+            f"records) was not warmed: the run covered engine(s) "
+            f"{', '.join(map(str, sorted(warmed)))} only"] if cold else []
+
+
 def b1_prompts(requests: list[dict]) -> dict:
     """Each engine's B1 prompt tokens, as its share of prefill must show them."""
     return {r.get("engine"): r["prompt_tokens"] for r in requests
@@ -346,6 +376,8 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(as_dict(run.get("plan")), differs)
         found += counter_problems(plan, engines, records, judged)
+        found += unwarmed_engines(engines, as_dict(run.get("plan")).get("engines_skipped"),
+                                  records)
         found += late_waves(as_dict(run.get("plan")).get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if differs and parts:                 # a custom plan's waves are its own, not the contract's

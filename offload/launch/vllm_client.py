@@ -48,7 +48,7 @@ from transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
                        scrub)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                           busy_gauges, exposition_of, guard_problems, process_start,
-                          read_exposition, sleep_states)
+                          sleep_states)
 
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
 STOP_REASON_LIMIT = 64
@@ -171,8 +171,14 @@ class ServerLearning:
         """The engines a batch covers: every engine /metrics shows (auto) or the ones asked
         for; NO_ROUTING for one engine: exactly the single-engine run, no header."""
         asked = self.connection.engines
-        exposition, _ = read_exposition(self.connection.target, run.clock)
-        samples = exposition.samples if exposition else []
+        exposition, why = exposition_of(self.fetch_metrics(
+            run, "refused: cannot tell how many engines the server has", EXIT_REFUSED))
+        if exposition is None:
+            raise Fatal(f"refused: cannot tell how many engines the server has: GET "
+                        f"{self.connection.target.display}/metrics: {why}; nothing was sent "
+                        f"(a run on fewer engines than the server has would leave some cold)",
+                        EXIT_REFUSED)
+        samples = exposition.samples
         served = engines_in(samples)
         self.server.process_start = process_start(samples)
         self.server.served = served
@@ -327,18 +333,23 @@ class GuardedBatches:
                                    for p in read.problems]
         return read.ok
 
-    def read_guard(self, run: Run, label: str) -> GuardRead:
-        """GET /metrics (one retry after a transport error) and the guard's decision on it."""
-        target = self.connection.target
-        for attempt in (1, 2):
+    def fetch_metrics(self, run: Run, purpose: str, code: int = EXIT_FAIL) -> Response:
+        """GET /metrics under the one retry rule of every read of it: once more after a
+        transport error (a dropped connection), then Fatal(code) naming `purpose`."""
+        retried = False
+        while True:
             try:
-                response = fetch(target, run.clock, "GET", "/metrics")
-                break
+                return fetch(self.connection.target, run.clock, "GET", "/metrics")
             except TransportError as exc:
-                if attempt == 2 or exc.kind == "deadline" or run.clock.remaining() <= 1:
-                    raise Fatal(f"guard before {label}: {exc.problem}")
-                time.sleep(METRICS_RETRY_PAUSE_S)
-        exposition, why = exposition_of(response)
+                if retried or exc.kind == "deadline" or run.clock.remaining() <= 1:
+                    raise Fatal(f"{purpose}: {exc.problem}", code)
+            retried = True
+            time.sleep(METRICS_RETRY_PAUSE_S)
+
+    def read_guard(self, run: Run, label: str) -> GuardRead:
+        """GET /metrics (fetch_metrics) and the guard's decision on it."""
+        target = self.connection.target
+        exposition, why = exposition_of(self.fetch_metrics(run, f"guard before {label}"))
         if exposition is None:
             return GuardRead(False, [f"guard cannot be read: GET {target.display}/metrics: "
                                      f"{why}"], [], None)

@@ -189,6 +189,52 @@ class TestEngines(HelperCase):
         self.assertIn("vllm:num_requests_running missing from /metrics",
                       result.summary["problems"][0])
 
+    def test_a_dropped_first_metrics_read_is_read_again_and_both_engines_warmed(self):
+        server = self.start_fake(engines=2, metrics_mode="flaky_once")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.kind("run")[0]["engines"], [0, 1])
+        self.assertEqual(server.state.completions_by_engine(), {0: 10, 1: 10})
+
+    def test_engines_that_cannot_be_named_refuse_before_anything_is_sent(self):
+        server = self.start_fake(engines=2, metrics_mode="404")
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3, result.stdout)
+        self.assertEqual(result.summary["verdict"], "refused")
+        self.assertIn("cannot tell how many engines the server has",
+                      result.summary["problems"][0])
+        self.assertEqual(self.completions(server), [])
+
+
+class TestEnginesSeenAreWarmed(unittest.TestCase):
+    """decide() holds the engines a run record names against those its own records show."""
+
+    def records(self, engines, skipped=()):
+        from support import contract_requests, run_record, wave_records
+        run = run_record("r1", engines_skipped=list(skipped))
+        run["engines"] = engines
+        gauges = {"record": "gauges", "run_id": "r1", "wave": "B1", "ok": True,
+                  "samples": [{"name": "vllm:num_requests_running",
+                               "labels": {"engine": e, "model_name": "m"}, "value": 0.0}
+                              for e in ("0", "1")], "fresh_engines": [], "problems": []}
+        return run, [run, gauges] + contract_requests("r1") + wave_records("r1")
+
+    def test_an_engine_seen_and_not_warmed_is_not_a_pass(self):
+        run, records = self.records(None)
+        verdict = contract.decide(run, records, contract.Ending())
+        self.assertEqual(verdict.verdict, "fail")
+        self.assertIn("engine 1 of the server (seen in this run's /metrics records) was not "
+                      "warmed", verdict.problems[0])
+
+    def test_an_engine_named_as_left_out_is_a_custom_plan_not_a_failure(self):
+        run, records = self.records(None, skipped=[1])
+        self.assertEqual(contract.decide(run, records, contract.Ending()).verdict, "custom")
+
+    def test_the_engines_warmed_pass(self):
+        run, records = self.records(None)
+        records[1]["samples"] = records[1]["samples"][:1]        # engine 0 only
+        self.assertEqual(contract.decide(run, records, contract.Ending()).verdict, "pass")
+
 
 if __name__ == "__main__":
     unittest.main()
