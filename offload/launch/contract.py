@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from prompts import MIN_LONG_PROMPT_TOKENS
 from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
-from runframe import EXIT_FAIL, EXIT_PASS
+from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS, EXIT_REFUSED,
+                      EXIT_TERMINATED, EXIT_USAGE)
 from transport import finite_number
 from vllm_metrics import engine_label, series_sum
 
@@ -275,7 +276,8 @@ def unwarmed_engines(engines: list, skipped, records: list[dict]) -> list[str]:
 def b1_prompts(requests: list[dict]) -> dict:
     """Each engine's B1 prompt tokens, as its share of prefill must show them."""
     return {r.get("engine"): r["prompt_tokens"] for r in requests
-            if r.get("request_kind") == "long" and count(r.get("prompt_tokens"))}
+            if r.get("request_kind") == "long" and count(r.get("prompt_tokens"))
+            and place(r)[0] == r.get("engine")}       # an engine of the wrong shape: none
 
 
 def counter_problems(plan: Plan, engines: list, records: list[dict],
@@ -366,7 +368,9 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
         structural += why
     failed, disagree = rejudge(run, plan, judged)
     structural += disagree
-    engines = run.get("engines") if isinstance(run.get("engines"), list) else [None]
+    engines = run.get("engines")          # a wrong shape is named by run_problems()
+    engines = engines if isinstance(engines, list) and engines and all(
+        count(e) is not None and not isinstance(e, bool) for e in engines) else [None]
     planned = as_dict(run.get("plan")).get("requests_total")
     missing = [f"only {len(judged)} of {planned} requests ran"] \
         if count(planned) is not None and len(judged) < planned else []
@@ -598,9 +602,16 @@ def said_once(failed: list[dict]) -> list[str]:
     return said
 
 
-def ending_of(summary: dict | None) -> Ending | None:
+# The exit statuses each ending may have: a file cannot give a failed run exit 0.
+ENDING_EXITS = {"fail": (EXIT_FAIL, EXIT_USAGE), "refused": (EXIT_REFUSED,),
+                "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND, 137)}
+
+
+def ending_of(summary: dict | None, deadline) -> Ending | None:
     """How a summary says its run ended, as decide() takes it; None without a summary
-    (the run was killed, or is still running)."""
+    (the run was killed, or is still running). The summary's exit code is kept only where
+    its verdict allows it (a failed run never exits 0), and its time is held against the
+    run record's deadline (`deadline`), never the summary's own."""
     if summary is None:
         return None
     claimed = summary.get("verdict")
@@ -608,15 +619,17 @@ def ending_of(summary: dict | None) -> Ending | None:
     if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
             or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
-    elapsed, deadline = finite_number(summary.get("elapsed_s")), \
-        finite_number(summary.get("deadline_s"))
+    elapsed, deadline = finite_number(summary.get("elapsed_s")), finite_number(deadline)
     if claimed in ("pass", "custom") and (elapsed is None or deadline is None
                                           or elapsed > deadline):
         return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
-                                          f"within its deadline_s {show(deadline)}",))
+                                          f"within the run record's deadline_s "
+                                          f"{show(deadline)}",))
     if claimed in ("pass", "custom"):
         return Ending()
-    return Ending(claimed, code, tuple(str(p) for p in as_list(summary.get("problems"))))
+    allowed = ENDING_EXITS[claimed]
+    return Ending(claimed, code if code in allowed else allowed[0],
+                  tuple(str(p) for p in as_list(summary.get("problems"))))
 
 
 def cache_check(requests: list[dict]) -> str:

@@ -182,7 +182,8 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
     runs = [r for r in records if r["record"] == "run"]
     summaries = [r for r in records if r["record"] == "summary"]
     run, summary = (runs or [None])[-1], (summaries or [None])[-1]
-    decided = decide(run, records, ending_of(summary) or Ending("fail", EXIT_FAIL))
+    deadline = as_dict(as_dict(run).get("plan")).get("deadline_s")
+    decided = decide(run, records, ending_of(summary, deadline) or Ending("fail", EXIT_FAIL))
     found = [f"{len(summaries)} summary records (a run has exactly one)"] \
         if len(summaries) > 1 else []
     if repeated:

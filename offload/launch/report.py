@@ -330,8 +330,21 @@ def report_main(argv: list[str]) -> int:
     else:
         emit(format_report(report) + "".join(
             f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", []))
-            + ("" if held else f"\nexpect-k does not hold: exit {code}"))
+            + final_line(report, held, code))
     return code
+
+
+def final_line(report: dict, held: bool, code: int) -> str:
+    """The file's verdict with the exit status report returns, as a last line of its own
+    where the last run's verdict line does not already say it ("": it does)."""
+    last = _last_run(report)
+    if report["verdict"] == "none":          # format_report's one line says it already
+        return ""
+    if not held:
+        return f"\nverdict: {show(report['verdict'])}, but --expect-k does not hold (exit {code})"
+    if last.get("verdict") != report["verdict"] or last.get("exit_code") != code:
+        return f"\nverdict: {show(report['verdict'])} (exit {code}; {show(report['ends'], 300)})"
+    return ""
 
 
 def expect_k_type(text: str) -> dict[str, int]:
