@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import socket
+import stat
 import tempfile
 
 from runframe import EXIT_REFUSED, EXIT_USAGE, Fatal
@@ -81,15 +82,28 @@ def take_server_lock(target: Target) -> int:
 
 
 def open_lock_file(path: str, target: Target) -> int:
+    """The lock file opened (made when missing), a regular file only: a FIFO, a device or
+    a folder at the path is a refusal naming it (exit 3); a folder we cannot write, a
+    usage error that says so."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK     # a FIFO must not block us
     try:
         try:
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        except PermissionError:           # another user's file: a read-only lock holds too
-            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)
+        except PermissionError as denied:  # another user's file: a read-only lock holds too
+            try:
+                fd = os.open(path, os.O_RDONLY | flags)
+            except FileNotFoundError:      # no file, and a folder we may not write
+                raise denied from None
     except OSError as exc:
         raise Fatal(f"cannot take the lock {path} for {target.display} "
                     f"({exc.strerror or exc}); point WARMUP_LOCK_DIR at a folder every "
                     f"helper on this host can write; nothing was sent", EXIT_USAGE)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Fatal(f"refused: the lock path {path} for {target.display} is not a regular "
+                    f"file (a FIFO, device or folder): something else put it there; remove "
+                    f"it, or point WARMUP_LOCK_DIR elsewhere; nothing was sent", EXIT_REFUSED)
+    return fd
 
 
 def same_file(fd: int, path: str) -> bool:

@@ -12,10 +12,14 @@ import contextlib
 import copy
 import io
 import json
+import os
 import random
+import shutil
+import subprocess
+import sys
 import unittest
 
-from support import HelperCase, contract
+from support import WARMUP, HelperCase, contract, transport
 import readback  # noqa: E402  (support puts offload/launch on sys.path)
 import report  # noqa: E402
 
@@ -168,6 +172,38 @@ class TestFuzz(TruthCase):
                 tried += 1
         self.assertGreaterEqual(tried, FUZZ_MUTATIONS)
         self.assertIs(contract.ENDING_EXITS["fail"][0], 1)
+
+
+class TestLockPaths(HelperCase):
+    def test_a_fifo_at_the_lock_path_is_a_refusal_naming_it(self):
+        import locks
+        server = self.start_fake()
+        path = locks.lock_path(transport.parse_url(server.url))
+        os.mkfifo(path)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3, result.stdout + result.stderr)
+        self.assertIn(f"the lock path {path} for {server.url} is not a regular file",
+                      result.summary["problems"][0])
+        self.assertNotIn("internal error", result.stdout + result.stderr)
+        self.assertEqual(server.state.requests, [])
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"),
+                         "needs root to run the helper as another user")
+    def test_a_lock_folder_we_may_not_write_says_permission_denied(self):
+        server = self.start_fake()
+        folder = os.path.join(self.tmp, "locked")
+        os.mkdir(folder, 0o755)                       # root's: nobody may not write it
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        os.chmod(out, 0o777)                          # the records: nobody may write there
+        os.chmod(self.tmp, 0o755)
+        shown = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+             sys.executable, "-I", "-S", WARMUP, "--base-url", server.url, "--records",
+             os.path.join(out, "r.jsonl")], capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, WARMUP_LOCK_DIR=folder))
+        self.assertEqual(shown.returncode, 2, shown.stdout + shown.stderr)
+        self.assertIn("(Permission denied); point WARMUP_LOCK_DIR", shown.stdout + shown.stderr)
 
 
 if __name__ == "__main__":
