@@ -380,8 +380,9 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(as_dict(run.get("plan")), differs)
         found += counter_problems(plan, engines, records, judged)
-        found += unwarmed_engines(engines, as_dict(run.get("plan")).get("engines_skipped"),
-                                  records)
+        if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
+            found += unwarmed_engines(engines, as_dict(run.get("plan")).get("engines_skipped"),
+                                      records)
         found += late_waves(as_dict(run.get("plan")).get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if differs and parts:                 # a custom plan's waves are its own, not the contract's

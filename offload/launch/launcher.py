@@ -30,6 +30,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
     from processes import group_alive, process_alive
+    from server_command import (address_problem, command_url, flag_value, logged_chunk,
+                                redacted_command, tokens_value)
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
 except ImportError:                       # main() names the missing module (exit 2)
     group_alive = process_alive = None
@@ -42,10 +44,6 @@ STUCK_OUTPUT: list = []                # set when our output's reader stopped re
 KILL_AFTER_S = 5
 PROBE_TIMEOUT_S = 2.0
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
-# How vLLM 0.32 says its prefill chunk at start (the only place it does).
-CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_tokens=|"
-                         r"max_num_scheduled_tokens is set to )([0-9]{1,7})")
-SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
 WHOLE = r"[1-9][0-9]{0,%d}"
 NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
 
@@ -133,81 +131,6 @@ class Interrupted(Exit):
 
 
 # ---------------------------------------------------------------------------
-# Pure helpers: the command line as it may be shown, and what it says.
-# ---------------------------------------------------------------------------
-
-def redacted_command(command: list[str]) -> str:
-    """The command as it may be logged: the values of secret flags (--api-key, --hf-token,
-    any flag ending in -key, -token, -secret or -password, also with _; not
-    --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE` and
-    `--api-key=VALUE`; everything else as given."""
-    shown, hide = [], False
-    for arg in command:
-        name, equals, _ = arg.partition("=")
-        secret = arg.startswith("-") and SECRET_FLAG.fullmatch(name) is not None
-        shown.append("[redacted]" if hide else name + "=[redacted]" if secret and equals else arg)
-        hide = secret and not equals and not hide
-    return " ".join(shown)
-
-
-def flag_value(flag: str, command: list[str]) -> str:
-    """A server flag's value (--port N or --port=N), the last one counting; '' if none."""
-    value, take = "", False
-    for arg in command:
-        if take:
-            value, take = arg, False
-        if arg.startswith(flag + "="):
-            value = arg[len(flag) + 1:]
-        elif arg == flag:
-            take = True
-    return value
-
-
-# vLLM 0.32's human_readable_int: decimal k..t, binary K..T (a decimal only with k..t).
-TOKEN_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-                  "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def tokens_value(text: str) -> str:
-    """A token count as vLLM reads one (4096, 16K = 16384, 8k = 8000), in digits; '' when
-    it is not one (then server.log says the chunk)."""
-    found = re.fullmatch(r"([0-9]{1,9})(\.[0-9]{1,6})?([kmgtKMGT]?)", text.strip())
-    if not found or (found[2] and found[3] not in ("k", "m", "g", "t")):
-        return ""
-    return str(int(float(found[1] + (found[2] or "")) * TOKEN_SUFFIXES[found[3]]))
-
-
-def address_problem(target, command: list[str]) -> str | None:
-    """Why --base-url and the server command's --port / --host cannot be one address (a
-    mismatch would only show as the start guard running out); None when they can be."""
-    port, host = flag_value("--port", command), flag_value("--host", command)
-    if port and port != str(target.port):
-        return (f"--base-url {target.display} names port {target.port}, the server command "
-                f"--port {port}: make them one address")
-    same = {host, target.host} <= {"127.0.0.1", "localhost"} or host == target.host
-    if host and host not in ("0.0.0.0", "::", "[::]") and not same:
-        return (f"--base-url {target.display} names host {target.host}, the server command "
-                f"--host {host}: make them one address")
-    return None
-
-
-def command_url(command: list[str]) -> str:
-    """The base URL the server command says with its --port and --host (vLLM's defaults:
-    8000, every address; a wildcard host is reached on 127.0.0.1)."""
-    host = flag_value("--host", command).strip("[]")
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-    port = flag_value("--port", command) or "8000"
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def logged_chunk(text: str) -> str:
-    """The prefill chunk vLLM logged at start ("Chunked prefill is enabled with
-    max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
-    found = CHUNK_LINES.findall(text)
-    return found[-1] if found else ""
-
-
-# ---------------------------------------------------------------------------
 # Settings: environment first, then flags; every one checked before launch.
 # ---------------------------------------------------------------------------
 
@@ -231,6 +154,8 @@ class Settings:
         for name, (variable, default) in self.DEFAULTS.items():
             setattr(self, name, env.get(variable, default))
             self.source[name] = variable
+        if not self.textfile and env.get("WARMUP_TEXTFILE"):   # the helpers' own variable
+            self.textfile, self.source["textfile"] = env["WARMUP_TEXTFILE"], "WARMUP_TEXTFILE"
         self.command: list[str] = []
         self.help = False
         self._parse(argv)
@@ -306,9 +231,9 @@ class Settings:
     def _check_log_dir(self) -> None:
         try:
             os.makedirs(self.log_dir, exist_ok=True)
-        except OSError:
-            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}'; choose a "
-                        f"writable folder") from None
+        except OSError as exc:
+            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
+                        f"({os_reason(exc)}); choose a writable folder") from None
         for name in ("start.log", "server.log", "server.pid"):
             path = os.path.join(self.log_dir, name)
             if os.path.exists(path) and not os.path.isfile(path):
@@ -318,9 +243,10 @@ class Settings:
         try:
             with open(os.path.join(self.log_dir, "start.log"), "a"):
                 pass
-        except OSError:
+        except OSError as exc:
             raise Usage(f"cannot write start.log in {self.source['log_dir']} "
-                        f"'{self.log_dir}'; choose a writable folder") from None
+                        f"'{self.log_dir}' ({os_reason(exc)}); choose a writable "
+                        f"folder") from None
         server_log = os.path.join(self.log_dir, "server.log")
         if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
             raise Usage(f"cannot write server.log in {self.source['log_dir']} "
@@ -357,6 +283,19 @@ class Settings:
         return env
 
 
+def os_reason(exc: OSError) -> str:
+    """Why a file could not be written, in words an operator acts on."""
+    import errno
+    return {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system",
+            errno.EDQUOT: "disk quota exceeded"}.get(exc.errno, exc.strerror or str(exc))
+
+
+def os_problem(exc: OSError) -> str:
+    """An OSError as one line naming its file: 'cannot write PATH: no space left ...'."""
+    return f"cannot write {exc.filename}: {os_reason(exc)}" if exc.filename else \
+        f"{type(exc).__name__}: {os_reason(exc)}"
+
+
 def check_whole(value: str, digits: int, source: str, what: str,
                 prefix: str = "must be a whole number of ", zero: bool = False) -> None:
     """Usage unless value is a whole decimal number without a leading zero (0 too, with
@@ -384,6 +323,7 @@ class Log:
     def __init__(self, folder: str):
         self.path = os.path.join(folder, "start.log")
         self.writer = None                # a supervisor.LineWriter under --supervise
+        self.lost = ""                    # why start.log could not be written, once said
 
     def __call__(self, text: str, stream=None) -> None:
         line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text
@@ -392,8 +332,11 @@ class Log:
         try:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(line + "\n")
-        except OSError:
-            pass
+        except OSError as exc:
+            if not self.lost:             # said once, on the terminal: the log cannot
+                self.lost = f"cannot write {self.path}: {os_reason(exc)}"
+                self.show(f"WARN: {self.lost}; start.log lines go to the terminal only",
+                          sys.stderr)
         self.show(line, stream or sys.stdout)
 
     def show(self, text: str, stream) -> None:
@@ -432,8 +375,12 @@ class Server(ServerProcess):
         self.launch(self.settings.command, sys.stdout if supervised else None,
                     int(self.settings.log_max_bytes) if supervised else 0, self.log.writer)
         if self.pid:
-            with open(os.path.join(self.settings.log_dir, "server.pid"), "w") as handle:
-                handle.write(f"{self.pid}\n")
+            path = os.path.join(self.settings.log_dir, "server.pid")
+            try:
+                with open(path, "w") as handle:
+                    handle.write(f"{self.pid}\n")
+            except OSError as exc:        # a full disk says so only when it is written
+                raise OSError(exc.errno, exc.strerror, path) from None
         self.log(f"launch pid {self.pid or 'none'} (process group {self.pid or 'none'}): "
                  f"{redacted_command(self.settings.command)}")
 
@@ -553,16 +500,20 @@ class Steps:
                 pass
 
 
-def judged(records: str, run_id: str | None = None) -> dict:
-    """What a records file shows, as qualify.py report judges it (readback.last_verdict:
-    contract.decide(), the warm-up's own verdict): the verdict, the plan's differences
-    (with the settings that made them), the cache check; 'none' without a run in it."""
+def judged(records: str, status: int) -> dict:
+    """What a step's records file shows, as qualify.py report judges it
+    (readback.last_verdict: contract.decide(), the warm-up's own verdict), named as the
+    terminal and the textfile name it (textfile.outcome; from the step's exit status when
+    it left no summary): the verdict, the plan's differences (with the settings that made
+    them), the cache check."""
     from readback import last_verdict
-    found = last_verdict(records, run_id) if os.path.isfile(records) else None
-    if found is None:
-        return {"verdict": "none", "differences": "-", "cache_check": "-", "judged": None}
-    summary = found["summary"] or {}
-    return {"verdict": found["verdict"], "judged": found,
+    from textfile import outcome, outcome_of_status
+    found = last_verdict(records) if os.path.isfile(records) else None
+    if found is None or found["summary"] is None:
+        return {"verdict": outcome_of_status(status), "differences": "-",
+                "cache_check": "-", "judged": found}
+    summary = found["summary"]
+    return {"verdict": outcome(found["verdict"], status), "judged": found,
             "differences": "; ".join(found["decided"].differences) or "-",
             "cache_check": str(summary.get("cache_check", "-"))}
 
@@ -578,10 +529,9 @@ def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "
     its exit status) or never began (the server never became healthy) in the textfile:
     success 0, the outcome as the verdict label. Every start publishes."""
     if settings.textfile:
-        from textfile import publish, result_samples
+        from textfile import outcome_of_status, publish, result_samples
         prefix = f"offload_{mode}"
-        verdict = verdict or ("usage" if status == 2 else "fail" if status in (0, 1, 3)
-                              else "killed")
+        verdict = verdict or outcome_of_status(status)
         publish(settings.textfile, prefix, result_samples(
             prefix, {"verdict": verdict, "exit_code": status}, time.time()))
 
@@ -592,7 +542,7 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
-    run = judged(records)
+    run = judged(records, status)
     if not (run["judged"] or {}).get("summary"):
         publish_outcome(settings, "warmup", status)
     compiles = sum(1 for line in server.logged_since(offset).splitlines()
@@ -611,7 +561,7 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
         f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
     status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
                         sys.executable, QUALIFY, "gate", "--records", records], env)
-    gate = judged(records)
+    gate = judged(records, status)
     if not (gate["judged"] or {}).get("summary"):
         publish_outcome(settings, "gate", status)
     gate.update(figures=gate_figures(gate["judged"]), records=records, status=status)
@@ -839,8 +789,8 @@ def start(settings: Settings, log: Log) -> int:
         server.stop_group()
         return signalled.code
     except (OSError, ValueError) as exc:    # a step that cannot run (no bash, no timeout)
-        log.error(f"start.sh cannot go on: {type(exc).__name__}: {exc}; stopping the server "
-                  f"it launched")
+        said = os_problem(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        log.error(f"start.sh cannot go on: {said}; stopping the server it launched")
         Steps.stop()
         server.stop_group()
         return 1
@@ -858,8 +808,8 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("processes", "supervisor", "readback", "ready", "textfile",
-                       "vllm_client"):
+        for module in ("processes", "server_command", "supervisor", "readback", "ready",
+                       "textfile", "vllm_client"):
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from records import FORMAT, field_problems, parts_text
-from textfile import publish, result_samples
+from textfile import outcome, publish, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
                        sanitize_text, start_quiet, writable)
 
@@ -197,6 +197,8 @@ def run_session(settings: RunSettings, program: Program) -> int:
         emit(f"{settings.prog}: {problem}", sys.stderr)
         if settings.json:
             emit_usage_json(problem)
+        if settings.textfile:
+            publish_usage(program.mode, settings.textfile)
         return EXIT_USAGE
     printer = Printer(sys.stderr if settings.json else sys.stdout)
     if settings.textfile:                 # begun: a run KILLed from here on says so
@@ -207,11 +209,15 @@ def run_session(settings: RunSettings, program: Program) -> int:
     try:
         previous = install_signal_handlers()
         summary = conclude(run)
-    except RecordsError as exc:
-        printer.say(f"{settings.prog}: {exc}; the run stopped (exit {EXIT_USAGE})",
+    except RecordsError as exc:      # evidence lost mid-run (a full disk): a failure
+        printer.say(f"{settings.prog}: {exc}; the run stopped (exit {EXIT_FAIL})",
                     stream=sys.stderr)
         if settings.json:
-            printer.say(json.dumps(usage_object(str(exc))), stream=sys.stdout)
+            printer.say(json.dumps(dict(usage_object(str(exc)), exit_code=EXIT_FAIL)),
+                        stream=sys.stdout)
+        if settings.textfile:
+            publish_result(settings, program.mode, {"verdict": "fail", "exit_code": EXIT_FAIL},
+                           [], printer.say)
     finally:
         _terminating.set()           # from here on a signal changes nothing: ignore it
         restore_signal_handlers(previous)
@@ -230,7 +236,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
                         written=True)
     if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
         _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
-    return summary["exit_code"] if summary is not None else EXIT_USAGE
+    return summary["exit_code"] if summary is not None else EXIT_FAIL
 
 
 def publish_result(settings: RunSettings, mode: str, summary: dict, more: list,
@@ -460,7 +466,7 @@ def verdict_line(summary: dict, records_path: str) -> str:
         counts = f"{summary['requests_ok']}/{summary['requests_total']} requests ok in "
     else:
         counts = "finished in "
-    verdict = summary["verdict"].upper()
+    verdict = outcome(summary["verdict"], summary["exit_code"]).upper()
     if summary["verdict"] == "custom":        # only the contract's plan passes as PASS
         verdict = f"pass, custom plan: {'; '.join(summary.get('plan_differences', []))}"
     head = f"{verdict} (exit {summary['exit_code']}): {counts}{summary['elapsed_s']:.2f} s"

@@ -23,12 +23,24 @@ VERDICTS = ("pass", "custom", "fail", "refused", "killed", "usage", "not_started
 MAX_TEXTFILE_BYTES = 1 << 20
 
 
+def outcome(verdict, exit_code) -> str:
+    """The one name of how a run ended, for the terminal, start.log and the textfile alike:
+    its verdict, but 'usage' for a configuration error (exit 2) whenever it was found."""
+    return "usage" if exit_code == 2 and verdict in ("fail", "usage") else str(verdict)
+
+
+def outcome_of_status(status: int) -> str:
+    """The name of a step that left no summary, from its exit status alone: 2 usage, 3
+    refused, a signal's status (124, 137, 128+N) killed, anything else a failure (exit 0
+    without a summary too: nothing ran)."""
+    return {2: "usage", 3: "refused"}.get(status, "killed" if status in (124, 137) or
+                                          128 < status < 160 else "fail")
+
+
 def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
     """The samples every run has: (name, labels, value, help); success only for the
     verdict 'pass' (contract.decide()'s: a custom plan is 'custom'). Pure."""
-    verdict = summary.get("verdict")
-    if verdict == "fail" and summary.get("exit_code") == 2:
-        verdict = "usage"                 # a configuration error found during the run
+    verdict = outcome(summary.get("verdict"), summary.get("exit_code"))
     passed = verdict == "pass"
     if verdict == "running":
         return [(f"{prefix}_last_run_started_timestamp_seconds", {}, ended_at,

@@ -36,11 +36,39 @@ die() {
 refuse() {
   local message="$1" python
   shift
-  python="$(command -v "${WARMUP_PYTHON:-python3}" || command -v python3 || true)"
-  if [[ -n "${python}" ]]; then
-    "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" "$@" 2>/dev/null || true
-  fi
+  for python in "${WARMUP_PYTHON:-python3}" python3; do
+    if runs_python "${python}"; then
+      "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" "$@" 2>/dev/null || true
+      break
+    fi
+  done
   die "${message}"
+}
+
+# True when the command runs Python 3.10 or later (an interpreter that runs nothing,
+# such as /bin/true, would make a run that never happened exit 0).
+# Arguments: $1, the interpreter.
+runs_python() {
+  command -v "$1" >/dev/null &&
+    [[ "$("$1" -I -S -c 'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)" \
+      == "True" ]]
+}
+
+# Say how the helper ended when it did not end by itself: the bound's TERM (124) or KILL
+# (137 once the bound and its grace have passed), or a signal from elsewhere (the OOM
+# killer, an operator's kill -9) that timeout passes on as 128+N.
+# Arguments: $1, the status; $2, the hard bound as given; $3, the bound (epoch seconds).
+say_ending() {
+  local now="${EPOCHSECONDS:-$(date +%s)}"
+  if [[ "$1" == 124 ]]; then
+    echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at $2 s, exit 124)" >&2
+  elif [[ "$1" == 137 ]] && ((now >= $3 + KILL_AFTER_S)); then
+    echo "warmup_serve.sh: warm-up killed by the hard bound" \
+      "(KILL at $2+${KILL_AFTER_S} s, exit 137)" >&2
+  elif (($1 > 128 && $1 < 160)); then
+    echo "warmup_serve.sh: warm-up killed by signal $(($1 - 128)) (not the hard bound;" \
+      "exit $1)" >&2
+  fi
 }
 
 # Forward a signal to the helper's timeout (which passes it on to the helper), or
@@ -62,14 +90,16 @@ main() {
   local hard="${WARMUP_HARD_S:-95}"
   # A positive number of seconds: timeout treats 0 as "no bound at all".
   # At most a day (86400 s): the sum below stays an exact epoch time.
+  # A leading zero is decimal (10#), never octal: 08 is 8 seconds.
   if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || [[ "${hard}" =~ ^0*([.]0*)?$ ]] ||
-    ((${hard%%.*} > 86400)); then
+    ((10#${hard%%.*} > 86400)); then
     refuse "WARMUP_HARD_S must be a positive number of seconds, at most 86400, got '${hard}'" \
       "$@"
   fi
   command -v timeout >/dev/null || refuse "coreutils 'timeout' is required" "$@"
   local python="${WARMUP_PYTHON:-python3}"
-  command -v "${python}" >/dev/null || refuse "'${python}' not found (set WARMUP_PYTHON)" "$@"
+  runs_python "${python}" ||
+    refuse "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
 
   # timeout runs in its own process group, so a TERM to this script does not reach
   # it: the trap forwards it (and timeout to the helper, which writes its 'killed'
@@ -83,7 +113,7 @@ main() {
   # When the bound falls (epoch seconds, rounded down): a TERM from then on is the
   # bound's, and the helper records the 124 this script returns rather than 143.
   now="${EPOCHSECONDS:-$(date +%s)}"
-  export WARMUP_HARD_BOUND_AT="$((now + ${hard%%.*}))"
+  export WARMUP_HARD_BOUND_AT="$((now + 10#${hard%%.*}))"
   # The helper refuses a deadline at or past the bound (a usage error, exit 2).
   export WARMUP_HARD_S="${hard}"
   # The helper runs as an imported module, not as a script: a script is compiled
@@ -111,15 +141,7 @@ main() {
   if [[ -n "${forwarded}" ]]; then
     kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
   fi
-  case "${status}" in
-    124)
-      echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at ${hard} s, exit 124)" >&2
-      ;;
-    137)
-      echo "warmup_serve.sh: warm-up killed by the hard bound" \
-        "(KILL at ${hard}+${KILL_AFTER_S} s, exit 137)" >&2
-      ;;
-  esac
+  say_ending "${status}" "${hard}" "${WARMUP_HARD_BOUND_AT}"
   return "${status}"
 }
 

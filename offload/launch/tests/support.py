@@ -302,7 +302,8 @@ def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) ->
     return {"record": "run", "run_id": run_id, "mode": mode, "format": 2,
             "started_at": "2026-12-01T00:00:00.000Z", "base_url": "http://127.0.0.1:8000",
             "model": "m", "max_model_len": 32768, "engines": None,
-            "plan": dict(base, requests_total=requests, requests_per_engine=requests, **plan),
+            "plan": dict(base, requests_total=requests, requests_per_engine=requests,
+                         **dict({"deadline_s": 90.0}, **plan)),
             "versions": {}, "process_start_time_seconds": 1.0, "api_key_env": "VLLM_API_KEY",
             "api_key_set": False, "pid": 1}
 

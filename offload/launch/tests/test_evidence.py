@@ -396,7 +396,7 @@ class TestEvidenceDecides(HelperCase):
                                 main=qualify.main)
         self.assertEqual(flagged.code, 1)
         self.assertIn("expect-k B3: drafted length 5, k 4: DIFFERS", flagged.stdout)
-        self.assertIn("expect-k does not hold: exit 1", flagged.stdout,
+        self.assertIn("verdict: pass, but --expect-k does not hold (exit 1)", flagged.stdout,
                       "the text never says exit 0 beside an exit 1")
 
     def test_a_wave_named_twice_is_a_usage_error(self):

@@ -155,7 +155,8 @@ class TestFaults(HelperCase):
             with self.subTest(mode=mode):
                 server = self.start_fake(metrics_mode=mode)
                 result = self.run_helper(server)
-                self.assert_fails_with(result, 3, "guard cannot be read")
+                # The engines are learned from /metrics before any guard reads it.
+                self.assert_fails_with(result, 3, "cannot tell how many engines the server has")
                 self.assertEqual(server.state.completions(), [])
                 os.remove(self.records_path)
 
@@ -181,8 +182,8 @@ class TestFaults(HelperCase):
         result = self.run_helper(server, "--gauge-interval-ms", "0")   # guard reads only
         self.assertEqual(result.code, 0, result.stdout)
         reads = [r for r in server.state.requests if r["path"] == "/metrics"]
-        # B1's read dropped, then read again; B2..B4; one more after the last wave (counters).
-        self.assertEqual(len(reads), 1 + 1 + 3 + 1)
+        # The engines' read dropped, then read again; B1..B4; one more after the last wave.
+        self.assertEqual(len(reads), 1 + 1 + 4 + 1)
         self.assertEqual(len(result.kind("gauges")), 4)
 
     def test_server_never_answers(self):

@@ -183,7 +183,7 @@ class TestCustomPlan(HelperCase):
                                         "releases HOLD on a custom plan")
         self.assertIn(f"verdict: custom plan, not the contract's (exit 1; "
                       f"{'; '.join(differences)})", shown.stdout)
-        facts = launcher.judged(self.records_path)
+        facts = launcher.judged(self.records_path, 0)
         self.assertEqual((facts["verdict"], facts["differences"]),
                          ("custom", "; ".join(differences)))
 

@@ -134,7 +134,7 @@ class TestStart(StartCase):
     def test_warmup_settings_reach_the_helper(self):
         result = self.start(server=self.fake(), env={"WARMUP_MODEL": "not-served"})
         self.assertEqual(result.code, 0)
-        self.assertIn("WARN: warm-up failed (exit 2, verdict fail)", result.stdout)
+        self.assertIn("WARN: warm-up failed (exit 2, verdict usage)", result.stdout)
         self.assertIn("model 'not-served' is not served", result.stdout)
 
     def test_server_that_exits_at_once(self):
@@ -547,7 +547,7 @@ class TestStartGate(StartCase):
     def test_gate_is_ended_by_its_hard_bound(self):
         result = self.gate("--gate-hard-s", "0.5", plan={"hang": True})
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
-        self.assertIn("WARN: warm-up passed, gate failed (exit 124, verdict none", result.stdout)
+        self.assertIn("WARN: warm-up passed, gate failed (exit 124, verdict killed", result.stdout)
         self.assertFalse(os.path.exists(self.ready))
         self.assertLess(result.elapsed, 15)
 

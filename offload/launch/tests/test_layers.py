@@ -14,7 +14,7 @@ from support import LAUNCH, copy_product, product_files
 # Each module's layer: a module imports only from lower layers; no program imports another
 # (qualify.py loads a command's module by name when that command runs).
 LAYERS = {
-    "transport": 0, "processes": 0, "supervisor": 0.1,
+    "transport": 0, "processes": 0, "server_command": 0, "supervisor": 0.1,
     "records": 0.2,
     "textfile": 0.5,
     "runframe": 1, "locks": 1.5,

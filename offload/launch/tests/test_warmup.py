@@ -535,7 +535,9 @@ class TestProcesses(HelperCase):
         shim = os.path.join(self.tmp, "stuck-python")
         with open(shim, "w") as handle:
             handle.write('#!/bin/bash\n# -I -S -c CODE FOLDER ARGS...: CODE after a clock that '
-                         'never runs out\nexec "$PYTHON" "$1" "$2" "$3" "import sys; '
+                         'never runs out (the wrapper\'s version check, four arguments, '
+                         'as it is)\n[ $# -eq 4 ] && exec "$PYTHON" "$@"\n'
+                         'exec "$PYTHON" "$1" "$2" "$3" "import sys; '
                          'sys.path.insert(0, sys.argv[1]); import transport; '
                          'transport.Clock.remaining = lambda self: 1.0; $4" "${@:5}"\n')
         os.chmod(shim, 0o755)

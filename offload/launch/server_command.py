@@ -1,0 +1,91 @@
+"""What a server command says, as start.sh reads it: pure functions of its arguments.
+
+  redacted_command()   the command as it may be logged (secret flags' values hidden)
+  flag_value()         a flag's value (--port N or --port=N, the last one counting)
+  tokens_value()       a token count as vLLM reads one (16K = 16384)
+  command_url()        the base URL its --port and --host say; address_problem(): why a
+                       --base-url cannot be that address
+  logged_chunk()       the prefill chunk vLLM logged at start
+
+Below the launcher, a leaf. Standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+
+SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
+# How vLLM 0.32 says its prefill chunk at start (the only place it does).
+CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_tokens=|"
+                         r"max_num_scheduled_tokens is set to )([0-9]{1,7})")
+
+
+def redacted_command(command: list[str]) -> str:
+    """The command as it may be logged: the values of secret flags (--api-key, --hf-token,
+    any flag ending in -key, -token, -secret or -password, also with _; not
+    --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE` and
+    `--api-key=VALUE`; everything else as given."""
+    shown, hide = [], False
+    for arg in command:
+        name, equals, _ = arg.partition("=")
+        secret = arg.startswith("-") and SECRET_FLAG.fullmatch(name) is not None
+        shown.append("[redacted]" if hide else name + "=[redacted]" if secret and equals else arg)
+        hide = secret and not equals and not hide
+    return " ".join(shown)
+
+
+def flag_value(flag: str, command: list[str]) -> str:
+    """A server flag's value (--port N or --port=N), the last one counting; '' if none."""
+    value, take = "", False
+    for arg in command:
+        if take:
+            value, take = arg, False
+        if arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+        elif arg == flag:
+            take = True
+    return value
+
+
+# vLLM 0.32's human_readable_int: decimal k..t, binary K..T (a decimal only with k..t).
+TOKEN_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                  "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def tokens_value(text: str) -> str:
+    """A token count as vLLM reads one (4096, 16K = 16384, 8k = 8000), in digits; '' when
+    it is not one (then server.log says the chunk)."""
+    found = re.fullmatch(r"([0-9]{1,9})(\.[0-9]{1,6})?([kmgtKMGT]?)", text.strip())
+    if not found or (found[2] and found[3] not in ("k", "m", "g", "t")):
+        return ""
+    return str(int(float(found[1] + (found[2] or "")) * TOKEN_SUFFIXES[found[3]]))
+
+
+def address_problem(target, command: list[str]) -> str | None:
+    """Why --base-url and the server command's --port / --host cannot be one address (a
+    mismatch would only show as the start guard running out); None when they can be."""
+    port, host = flag_value("--port", command), flag_value("--host", command)
+    if port and port != str(target.port):
+        return (f"--base-url {target.display} names port {target.port}, the server command "
+                f"--port {port}: make them one address")
+    same = {host, target.host} <= {"127.0.0.1", "localhost"} or host == target.host
+    if host and host not in ("0.0.0.0", "::", "[::]") and not same:
+        return (f"--base-url {target.display} names host {target.host}, the server command "
+                f"--host {host}: make them one address")
+    return None
+
+
+def command_url(command: list[str]) -> str:
+    """The base URL the server command says with its --port and --host (vLLM's defaults:
+    8000, every address; a wildcard host is reached on 127.0.0.1)."""
+    host = flag_value("--host", command).strip("[]")
+    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    port = flag_value("--port", command) or "8000"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def logged_chunk(text: str) -> str:
+    """The prefill chunk vLLM logged at start ("Chunked prefill is enabled with
+    max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
+    found = CHUNK_LINES.findall(text)
+    return found[-1] if found else ""

@@ -1,0 +1,176 @@
+"""Every outcome publishes, under one name: the wrapper, the warm-up and start.sh leave no
+stale success in the textfile, name a configuration error 'usage' on the terminal, in
+start.log and in the textfile alike, and say a kill the hard bound did not make as such."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+from support import WRAPPER, HelperCase, StartCase
+import textfile  # noqa: E402  (support puts offload/launch on sys.path)
+
+SUCCESS = "offload_warmup_last_run_success 1.0"
+
+
+def stale_success(path: str) -> None:
+    """A textfile as a passing run left it."""
+    samples = textfile.result_samples("offload_warmup", {"verdict": "pass", "exit_code": 0,
+                                                         "elapsed_s": 1.0}, time.time())
+    assert textfile.publish(path, "offload_warmup", samples) is None
+
+
+def verdict_of(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    found = re.findall(r'offload_warmup_last_run_verdict\{verdict="([a-z_]+)"\} 1\.0', text)
+    return found[0] if len(found) == 1 else f"unclear: {found}"
+
+
+class TestWrapperPublishes(HelperCase):
+    def setUp(self):
+        super().setUp()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(self.textfile)
+
+    def wrapper(self, *args: str, env: dict | None = None, timeout: float = 60):
+        return self.run_process(["bash", WRAPPER, *args], env=dict(
+            {"WARMUP_TEXTFILE": self.textfile}, **(env or {})), timeout=timeout)
+
+    def test_a_hard_bound_with_a_leading_zero_is_decimal(self):
+        server = self.start_fake(latency_s=0.01)
+        result = self.wrapper("--base-url", server.url, "--records", self.records_path,
+                              env={"WARMUP_HARD_S": "08"})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "pass")
+        refused = self.wrapper("--base-url", server.url, env={"WARMUP_HARD_S": "086401"})
+        self.assertEqual(refused.code, 2, refused.stderr)
+        self.assertIn("at most 86400, got '086401'", refused.stderr)
+        self.assertEqual(verdict_of(self.textfile), "usage")
+
+    def test_records_that_cannot_be_written_publish_a_usage_error(self):
+        server = self.start_fake(latency_s=0.01)
+        under_a_file = os.path.join(self.textfile, "r.jsonl")
+        for records in ("/dev/full", under_a_file):
+            with self.subTest(records=records):
+                stale_success(self.textfile)
+                result = self.wrapper("--base-url", server.url, "--records", records)
+                self.assertEqual(result.code, 2, result.stdout + result.stderr)
+                self.assertIn("cannot write records to", result.stderr)
+                self.assertEqual(verdict_of(self.textfile), "usage")
+        self.assertEqual(server.state.completions(), [])
+
+    def test_a_python_that_runs_nothing_is_no_run(self):
+        server = self.start_fake(latency_s=0.01)
+        result = self.wrapper("--base-url", server.url, "--records", self.records_path,
+                              env={"WARMUP_PYTHON": "/bin/true"})
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertIn("'/bin/true' does not run Python 3.10 or later (set WARMUP_PYTHON)",
+                      result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "usage")
+        self.assertEqual(server.state.completions(), [])
+
+    def test_a_kill_the_bound_did_not_make_is_named_as_such(self):
+        server = self.start_fake(latency_s=2.0)
+        proc = subprocess.Popen(["bash", WRAPPER, "--base-url", server.url, "--records",
+                                 self.records_path], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, WARMUP_TEXTFILE=self.textfile))
+        self.addCleanup(proc.kill)
+        self.wait_for_completions(server, 1)           # the helper is sending B1
+        helper = subprocess.run(["pgrep", "-f", "-P", str(self.timeout_pid(proc.pid)),
+                                 "import warmup"], capture_output=True, text=True).stdout
+        os.kill(int(helper.split()[0]), signal.SIGKILL)   # as the OOM killer would
+        out, err = proc.communicate(timeout=30)
+        self.assertEqual(proc.returncode, 137, err)
+        self.assertIn("warm-up killed by signal 9 (not the hard bound; exit 137)", err)
+        self.assertNotIn("by the hard bound", err)
+
+    @staticmethod
+    def timeout_pid(wrapper_pid: int) -> int:
+        """The wrapper's coreutils timeout (its only child), once it is there."""
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            found = subprocess.run(["pgrep", "-P", str(wrapper_pid)], capture_output=True,
+                                   text=True).stdout.split()
+            if found:
+                return int(found[0])
+            time.sleep(0.05)
+        raise AssertionError("the wrapper started no timeout")
+
+
+class TestWarmupNamesAUsageError(HelperCase):
+    def test_a_configuration_error_found_during_a_run_is_usage_everywhere(self):
+        server = self.start_fake(latency_s=0.01)
+        path = os.path.join(self.tmp, "offload.prom")
+        result = self.run_helper(server, "--textfile", path,
+                                 env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
+        self.assertEqual(result.code, 2)
+        self.assertIn("USAGE (exit 2)", result.stdout)
+        self.assertNotIn("FAIL", result.stdout)
+        self.assertEqual(verdict_of(path), "usage")
+
+
+class TestStartPublishes(StartCase):
+    def setUp(self):
+        super().setUp()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(self.textfile)
+
+    def test_warmup_textfile_alone_is_where_a_server_never_healthy_is_published(self):
+        result = self.start("--start-guard-s", "1", server=self.fake("--health-delay-s", "1000"),
+                            env={"WARMUP_TEXTFILE": self.textfile}, timeout=30)
+        self.assertEqual(result.code, 1)
+        self.assertEqual(verdict_of(self.textfile), "not_started")
+
+    def test_a_bad_lock_dir_is_usage_on_every_sink(self):
+        result = self.start("--textfile", self.textfile, server=self.fake(),
+                            env={"WARMUP_LOCK_DIR": os.path.join(self.tmp, "no")})
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("USAGE (exit 2)", result.stdout)
+        self.assertIn("warm-up ended: exit 2, verdict usage", self.start_log())
+        self.assertEqual(verdict_of(self.textfile), "usage")
+
+
+@unittest.skipUnless(os.geteuid() == 0, "needs root to mount a small file system")
+class TestStartOnAFullOrReadOnlyDisk(StartCase):
+    def mount(self, *options: str) -> str:
+        folder = os.path.join(self.tmp, "mnt")
+        os.mkdir(folder)
+        made = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=64k",) + options),
+                               "tmpfs", folder], capture_output=True)
+        if made.returncode != 0:
+            self.skipTest("cannot mount a tmpfs here")
+        self.addCleanup(subprocess.run, ["umount", "-l", folder], capture_output=True)
+        return folder
+
+    def test_a_full_log_folder_is_named_with_no_space_left(self):
+        self.logs = self.mount()
+        with open(os.path.join(self.logs, "start.log"), "w"):
+            pass
+        with open(os.path.join(self.logs, "filler"), "wb") as handle:
+            try:
+                handle.write(b"x" * (1 << 20))
+            except OSError:
+                pass
+        result = self.start(server=self.fake(), timeout=60)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        said = result.stdout + result.stderr
+        self.assertIn(f"cannot write {os.path.join(self.logs, 'server.pid')}: no space left "
+                      f"on the device", said)
+        self.assertNotIn("Errno", said)
+
+    def test_a_read_only_log_folder_is_named_read_only(self):
+        self.logs = self.mount("ro")
+        result = self.start(server=self.fake(), timeout=60)
+        self.assertEqual(result.code, 2, result.stdout + result.stderr)
+        self.assertIn("(read-only file system); choose a writable folder", result.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
