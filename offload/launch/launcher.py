@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import group_alive, process_alive
+    from processes import group_alive, port_owners, process_alive
     from server_command import (address_problem, command_url, flag_value, logged_chunk,
                                 redacted_command, tokens_value)
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
@@ -43,6 +43,7 @@ SIGNALS = {s.value for s in signal.Signals}
 STUCK_OUTPUT: list = []                # set when our output's reader stopped reading
 KILL_AFTER_S = 5
 PROBE_TIMEOUT_S = 2.0
+SLEEP_WATCH_S = 3.0                   # --supervise reads the sleep gauge this often
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
 WHOLE = r"[1-9][0-9]{0,%d}"
 NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
@@ -406,11 +407,14 @@ class Server(ServerProcess):
         hint = (" (a server that forks and exits has ended for start.sh: run it in the "
                 "foreground)") if status == 0 else ""
         left = self.left()
+        others = foreign_holders(self.settings.target.port, self.pid) if self.pid else None
+        daemon = (f"; port {self.settings.target.port} is still held by pid {others[0][0]} "
+                  f"outside its process group (a server that daemonized?)") if others else ""
         self.log.error(f"server exited with status {status} after {self.since_launch()} s, "
                        f"{when}{hint}; " + (f"stopping what is left of its process group "
                                             f"{self.pid}" if left else
                                             f"nothing of its process group {self.pid or 'none'} "
-                                            f"is left"))
+                                            f"is left") + daemon)
         if left:
             self.stop_group()
         self.show_error()
@@ -474,9 +478,36 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
             if not server.alive():
                 raise server.gone(f"when {url}/health answered 200 (that answer came from "
                                   f"another process)")
+            refuse_a_foreign_answer(settings, server, log)
             log(f"ready after {server.since_launch()} s ({url}/health = 200)")
             return healthy_at
         time.sleep(max(min(float(settings.poll_s), left), 0))
+
+
+def foreign_holders(port: int, pgid: int) -> list[tuple[int, int]] | None:
+    """The processes outside the launched group that listen on the port ([]: only ours);
+    None when /proc cannot tell."""
+    owners = port_owners(port)
+    return None if owners is None else [o for o in owners if o[1] != pgid]
+
+
+def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> None:
+    """Exit(1) when what answered /health is not the launched server: the port is held
+    by a process outside its group (vLLM binds only after loading, so another process can
+    take the port meanwhile). Where /proc cannot tell, said in start.log."""
+    others = foreign_holders(settings.target.port, server.pid)
+    if others is None:
+        log(f"cannot tell from /proc which process holds port {settings.target.port}: "
+            f"trusting that the launched server answers")
+        return
+    if others:
+        log.error(f"{settings.target.display}/health answered 200, but port "
+                  f"{settings.target.port} is held by pid {others[0][0]} (process group "
+                  f"{others[0][1]}), not by the server start.sh launched (process group "
+                  f"{server.pid}): no warm-up, no ready file; stopping the launched server")
+        server.stop_group()
+        server.show_error()
+        raise Exit(1)
 
 
 class Steps:
@@ -612,10 +643,13 @@ def gate_figures(found: dict | None) -> str:
         f"{cer:.3f}" if isinstance(cer, (int, float)) and not isinstance(cer, bool) else "n/a")
 
 
-def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None):
-    """The ready file from the verdicts of the warm-up's (and the gate's) records."""
+def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None,
+                     server_pgid: int):
+    """The ready file from the verdicts of the warm-up's (and the gate's) records, naming
+    the process group that must hold the port."""
     from readback import ready_from_records
-    why = ready_from_records(settings.ready_file, records, gate_records=gate_records)
+    why = ready_from_records(settings.ready_file, records, gate_records=gate_records,
+                             server_pgid=server_pgid)
     if why is None:
         log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
             f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
@@ -654,7 +688,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
                 f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
             return
     if settings.ready_file:
-        write_ready_file(settings, log, run["records"], gate and gate["records"])
+        write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid)
     passed = f"gate passed ({gate['figures']})" if gate else ""
     log(f"OK: warm-up passed{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
@@ -691,10 +725,16 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     signal.signal(signal.SIGINT, pass_on)
     log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
         f"it; start.sh ends when the server does")
-    told, killed = 0, False
+    told, killed, watched = 0, False, time.monotonic()
     grace = int(settings.stop_grace_s)
     while True:
         server.reap()
+        if settings.ready_file and not asked and time.monotonic() - watched >= SLEEP_WATCH_S:
+            watched = time.monotonic()            # a short sleep between probes is seen too
+            from ready import watch_sleep
+            said = watch_sleep(settings.ready_file, settings.target, PROBE_TIMEOUT_S)
+            if said:
+                log(f"server asleep: {said}")
         while told < len(asked):
             log(f"{asked[told][0]} received: passed on to server process group {server.pid}")
             told += 1

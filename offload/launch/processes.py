@@ -56,3 +56,51 @@ def group_alive(pgid: int, proc: str = "/proc") -> bool:
         if stat is not None and stat[1] == pgid and stat[0] != "Z":
             return True
     return False
+
+
+def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
+    """The socket inodes listening on a TCP port in this network namespace (IPv4 and IPv6,
+    any address); None when /proc/net/tcp cannot be read."""
+    found, read = set(), False
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(os.path.join(proc, "net", table), "rb") as handle:
+                lines = handle.read(16 << 20).decode("ascii", "replace").splitlines()[1:]
+        except OSError:
+            continue
+        read = True
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == "0A" and \
+                    fields[1].rpartition(":")[2] == f"{port:04X}":
+                found.add(fields[9])
+    return found if read else None
+
+
+def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
+    """(pid, process group) of each process holding a socket that listens on the port;
+    None when that cannot be told (/proc/net unreadable, or a listener whose holder this
+    user may not see)."""
+    inodes = listening_inodes(port, proc)
+    if not inodes:
+        return None
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    owners, seen = [], set()
+    for name in os.listdir(proc):
+        if not DIGITS.fullmatch(name):
+            continue
+        try:
+            fds = os.listdir(os.path.join(proc, name, "fd"))
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(os.path.join(proc, name, "fd", fd))
+            except OSError:
+                continue
+            if link in wanted:
+                seen.add(link)
+                stat = proc_stat(name, proc)
+                if stat is not None and (int(name), stat[1]) not in owners:
+                    owners.append((int(name), stat[1]))
+    return owners if seen == wanted else None

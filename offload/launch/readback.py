@@ -252,18 +252,21 @@ def served_after(records: list[dict]) -> dict | None:
     return as_dict(main.get("served")) or None
 
 
-def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None):
-    """The ready file's document from a warm-up's verdict and its records: (doc, why)."""
+def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
+             server_pgid: int | None = None):
+    """The ready file's document from a warm-up's verdict and its records, and the process
+    group start.sh launched when it did: (doc, why)."""
     runs = [r for r in records if r.get("record") == "run"]
     summaries = [r for r in records if r.get("record") == "summary"]
     return ready_document(verdict, as_dict((runs or [{}])[-1]),
                           as_dict((summaries or [{}])[-1]), path,
                           last_gauges(records).get("sleep_state"), gate,
-                          served_after(records))
+                          served_after(records), server_pgid=server_pgid)
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
-                       gate_records: str | None = None) -> str | None:
+                       gate_records: str | None = None,
+                       server_pgid: int | None = None) -> str | None:
     """The ready file written from the verdict of a warm-up's records (of run `run_id`
     where given: a records file another run also writes to is not its pass) and, with
     --gate, the gate's; None when written, else why not."""
@@ -274,5 +277,5 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
     gate_part = None if gate is None else {
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": as_dict(gate["run"]).get("run_id")}
-    doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part)
+    doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
     return why or write_ready(path, doc)

@@ -9,7 +9,7 @@ ready file still true?
                        check_identity() (pure: the ready file against what /metrics says)
 
 What a Kubernetes exec readiness probe runs every few seconds: a layer of its own, over
-transport and vllm_metrics only, so the probe loads four of the folder's modules
+transport, vllm_metrics and processes only, so the probe loads five of the folder's modules
 (qualify.py loads a command's module when that command runs). Standard library only.
 """
 
@@ -22,11 +22,12 @@ import sys
 import time
 import urllib.parse
 
+from processes import port_owners
 from transport import (Clock, TransportError, UsageError, base_url_from, clean_text, fetch,
                        finite_number, parse_base_url, read_json_file, sanitize_text,
                        write_atomically)
 from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
-                          served_by_engine, served_models)
+                          served_by_engine, served_models, sleep_states)
 
 PROG = "qualify.py"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
@@ -138,11 +139,13 @@ MAX_READY_BYTES = 64 << 10
 
 def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_state=None,
                    gate: dict | None = None, served: dict | None = None,
-                   written_at: str | None = None) -> tuple[dict | None, str | None]:
+                   written_at: str | None = None, server_pgid: int | None = None
+                   ) -> tuple[dict | None, str | None]:
     """The ready file's content from a run's verdict (contract.decide()'s), its run record
     and summary, the requests each engine had served after it (`served`, from its metrics
-    record), and with --gate the gate's pass: (document, None) for a warm-up's contract
-    pass, else (None, why). Pure."""
+    record), with --gate the gate's pass, and the process group start.sh launched (the
+    one that must hold the port): (document, None) for a warm-up's contract pass, else
+    (None, why). Pure."""
     if run.get("mode") != "warmup":
         return None, f"the records are not a warm-up's (mode {clean_text(str(run.get('mode')), 20)})"
     if verdict != "pass":
@@ -163,6 +166,7 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "elapsed_s": summary.get("elapsed_s"), "records": records,
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
+        "server_pgid": server_pgid, "slept_at": None,
     }, None
 
 
@@ -250,13 +254,26 @@ def iso_time(seconds_since_epoch: float) -> str:
         return f"{seconds_since_epoch:g} (not a calendar time)"
 
 
-def check_ready(doc: dict, warmed, target, timeout_s: float) -> tuple[int, str]:
-    """(exit code, one line): the server at `target` against the ready file `doc` of the
-    one at `warmed` (its base_url, parsed); one /health and one /metrics within timeout_s."""
+def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = None
+                ) -> tuple[int, str]:
+    """(exit code, one line): the server at `target` against the ready file `doc` (at
+    `path`) of the one at `warmed` (its base_url, parsed); one /health and one /metrics
+    within timeout_s. A server seen asleep is marked in the file (mark_slept): it stays
+    not ready after the wake until a warm-up passes again."""
     if warmed.port != target.port:
         return EXIT_FAIL, (f"not ready: the ready file vouches for the server at "
                            f"{warmed.display}, not at {target.display} (another port, "
                            f"another server)")
+    if doc.get("slept_at"):
+        return EXIT_FAIL, (f"not ready: the server slept since its warm-up (seen asleep at "
+                           f"{shown(doc.get('slept_at'))}): warm it again; a warm-up that "
+                           f"passes writes a new ready file")
+    if doc.get("rewarm_run_id"):
+        return EXIT_FAIL, (f"not ready: a re-warm (run {shown(doc.get('rewarm_run_id'))}) "
+                           f"began and has not ended; its records say how it went")
+    foreign = foreign_listener(doc, target.port)
+    if foreign:
+        return EXIT_FAIL, f"not ready: {foreign}"
     clock = Clock.start(timeout_s, timeout_s)
     code, line = check_health(target, clock)
     if code == EXIT_NO_ANSWER:
@@ -268,13 +285,69 @@ def check_ready(doc: dict, warmed, target, timeout_s: float) -> tuple[int, str]:
     if exposition is None:
         return EXIT_FAIL, f"not ready: /metrics did not answer as it should ({why})"
     engines = doc.get("engines") if isinstance(doc.get("engines"), list) else None
-    why = check_identity(doc, exposition.samples) or asleep_problem(
-        exposition, tuple(e for e in engines if isinstance(e, int)) if engines else None)
+    why = check_identity(doc, exposition.samples)
     if why:
         return EXIT_FAIL, f"not ready: {why}"
+    engines = tuple(e for e in engines if isinstance(e, int)) if engines else None
+    asleep = asleep_problem(exposition, engines)
+    if asleep:
+        marked = mark_slept(path, doc) if path and slept(exposition, engines) else ""
+        return EXIT_FAIL, f"not ready: {asleep}{marked}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "
                        f"warmed by run {shown(doc.get('run_id'))} at "
                        f"{shown(doc.get('warmed_at'))}")
+
+
+def foreign_listener(doc: dict, port: int) -> str | None:
+    """Why the process holding the port is not the one the ready file vouches for (its
+    server_pgid, where start.sh wrote one); None when it is, or when /proc cannot tell."""
+    pgid = doc.get("server_pgid")
+    if not isinstance(pgid, int) or isinstance(pgid, bool):
+        return None
+    owners = port_owners(port)
+    if not owners or any(group == pgid for _, group in owners):
+        return None
+    return (f"another process answers port {port} (pid {owners[0][0]}, process group "
+            f"{owners[0][1]}), not the server process group {pgid} the ready file vouches "
+            f"for")
+
+
+def mark_ready_file(path: str, run_id, **fields) -> str | None:
+    """The ready file rewritten atomically with `fields` changed (None removes one), if it
+    is still run `run_id`'s (a newer warm-up's is not ours to mark); None when done, else
+    why not."""
+    now, why = read_ready_file(path)
+    if now is None or now.get("run_id") != run_id:
+        return why or "it vouches for another run now"
+    changed = {k: v for k, v in dict(now, **fields).items() if v is not None or k not in fields}
+    return write_ready(path, changed)
+
+
+def mark_slept(path: str, doc: dict) -> str:
+    """The ready file marked slept, if it is still this run's: after the wake it stays
+    not ready until a warm-up passes. What to add to the line that says so."""
+    why = mark_ready_file(path, doc.get("run_id"), slept_at=iso_time(time.time()))
+    return f" (the ready file could not be marked: {why})" if why else \
+        "; marked in the ready file: after the wake, warm it again"
+
+
+def watch_sleep(path: str, target, timeout_s: float) -> str | None:
+    """One read of the sleep gauge for the launcher under --supervise: the ready file
+    marked when an engine is asleep (mark_slept); what was done, or None."""
+    doc, _ = read_ready_file(path)
+    if doc is None or doc.get("slept_at"):
+        return None
+    exposition, _ = read_exposition(target, Clock.start(timeout_s, timeout_s),
+                                    only=(SLEEP_GAUGE,), headers=basic_auth(target))
+    if exposition is None or not slept(exposition):
+        return None
+    return f"{asleep_problem(exposition)}{mark_slept(path, doc)}"
+
+
+def slept(exposition, engines: tuple | None = None) -> bool:
+    """Some engine says it sleeps (a sleep gauge read exactly; one left out is unknown)."""
+    return any(state not in ("awake", "sleep state not published")
+               for state in sleep_states(exposition.samples, engines).values())
 
 
 def shown(value) -> str:
@@ -310,6 +383,6 @@ def ready_main(argv: list[str]) -> int:
     except UsageError as exc:
         emit(f"{PROG} ready: {exc}", sys.stderr)
         return EXIT_USAGE
-    code, line = check_ready(doc, warmed, target, args.timeout_s)
+    code, line = check_ready(doc, warmed, target, args.timeout_s, args.ready_file)
     emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
     return code

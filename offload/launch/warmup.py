@@ -47,7 +47,7 @@ try:
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from readback import ready_of
-    from ready import drop_ready_file, write_ready
+    from ready import drop_ready_file, mark_ready_file, read_ready_file, write_ready
     from records import as_dict
     from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
                           emit, given_value, seconds, whole)
@@ -101,18 +101,16 @@ class WarmUp(ServerProgram):
         self.settings = settings
         self.evidence = Evidence(evidence)
         self.healthy_at = evidence.healthy_at
-        self.ready_file = ready_file          # removed first, rewritten after a contract pass
+        self.ready_file = ready_file          # rewritten after a contract pass (after_summary)
+        self.vouched: dict = {}               # the ready file as this run found it
         self.b1_prompts: dict = {}            # engine -> (prompt, counted or None)
-        self.ready_dropped = ""               # what removing it before the run did
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
-        if self.ready_file:           # until this run passes: a killed run leaves none
-            removed, why = drop_ready_file(self.ready_file)
-            self.ready_dropped = "; the old one was removed" if removed else ""
-            if removed is False:
-                run.say(f"ready file {self.ready_file}: the old one could not be removed "
-                        f"({why}): it stays until this run passes or you remove it")
+        if self.ready_file:           # a re-warm killed mid-run leaves the file not ready
+            self.vouched = read_ready_file(self.ready_file)[0] or {}
+            mark_ready_file(self.ready_file, self.vouched.get("run_id"),
+                            rewarm_run_id=run.settings.run_id)
         self.learn_server(run)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.b1_minimum)
@@ -246,16 +244,25 @@ def recorded_plan(warm: WarmUp) -> dict:
 
 
 def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
-    """The ready file, removed before anything was sent (a re-warm after a wake that fails
-    or is killed leaves no stale 'ready'), written again from this run's own verdict when
-    it is a contract pass (as start.sh writes it)."""
+    """The ready file from this run's own verdict: written anew for a contract pass (as
+    start.sh writes it; a mark that the server slept goes with the old one), left as it
+    was by a refusal (nothing was sent: what it says is still true), removed after any
+    other end (the server this run tried to warm is not known warm)."""
+    if summary["verdict"] == "refused":
+        mark_ready_file(warm.ready_file, warm.vouched.get("run_id"), rewarm_run_id=None)
+        run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
+                f"it sent anything")
+        return
     doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path)
     why = why or write_ready(warm.ready_file, doc)
     if why is None:
         run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "
                 f"{warm.ready_file}` says while it stays true")
-    else:
-        run.say(f"ready file {warm.ready_file} not written: {why}{warm.ready_dropped}")
+        return
+    removed, failed = drop_ready_file(warm.ready_file)
+    gone = "; the old one was removed" if removed else \
+        f"; the old one could not be removed ({failed})" if removed is False else ""
+    run.say(f"ready file {warm.ready_file} not written: {why}{gone}")
 
 
 def wave_evidence(warm: WarmUp, run: Run, name: str) -> dict | None:
@@ -557,9 +564,10 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
     add_file_option(parser, "--ready-file", "WARMUP_READY_FILE",
-                    "the ready file `qualify.py ready` checks: removed before anything is "
-                    "sent, written after the run when the records show a contract pass (as "
-                    "start.sh does): how to warm again after a wake")
+                    "the ready file `qualify.py ready` checks: written after the run when "
+                    "the records show a contract pass (as start.sh does), left as it was "
+                    "when the run was refused, removed after any other end: how to warm "
+                    "again after a wake")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")

@@ -7,13 +7,14 @@ CONTRACT.md shows exactly it, and that every row names a test that exists.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import signal
 import time
 import tracemalloc
 import unittest
 
-from support import (API_KEY, REPO, HelperCase, SilentServer, free_port,
+from support import (API_KEY, QUALIFY, REPO, HelperCase, run_script, SilentServer, free_port,
                      read_records)
 
 # (fault, exit status, what the operator sees, the test that proves it)
@@ -324,15 +325,20 @@ class TestFaults(HelperCase):
     def test_sigkill_mid_wave(self):
         server = self.start_fake(fault="hang", fault_match="-B3-")
         ready_file = os.path.join(self.tmp, "ready")
-        with open(ready_file, "w") as handle:
-            handle.write('{"from": "the run before the server slept"}\n')
+        with open(ready_file, "w") as handle:      # the ready file of the run before
+            json.dump({"kind": "offload-ready/1", "model": "fake-model", "base_url": server.url,
+                       "run_id": "before", "process_start_time_seconds": None,
+                       "served_at_warm": {"0": 1.0}}, handle)
         proc = self.start_helper_process(server, "--deadline-s", "60", "--ready-file",
                                          ready_file)
         self.wait_for_completions(server, 6)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=10)
         self.assertEqual(proc.returncode, -signal.SIGKILL)
-        self.assertFalse(os.path.exists(ready_file), "a killed re-warm leaves no old 'ready'")
+        probe = run_script(QUALIFY, "ready", "--ready-file", ready_file)
+        self.assertEqual(probe.returncode, 1, "a killed re-warm leaves no old 'ready'")
+        self.assertRegex(probe.stderr, r"^not ready: a re-warm \(run [0-9a-fTZ-]+\) began and "
+                                       r"has not ended")
         with open(self.records_path, encoding="utf-8") as handle:
             text = handle.read()
         self.assertTrue(text.endswith("\n"))

@@ -137,6 +137,43 @@ class TestStartPublishes(StartCase):
         self.assertEqual(verdict_of(self.textfile), "usage")
 
 
+class TestStartSaysWhoHoldsThePort(StartCase):
+    def test_a_server_that_daemonizes_is_named_with_the_pid_still_listening(self):
+        daemon_pid = os.path.join(self.tmp, "daemon.pid")
+        script = os.path.join(self.tmp, "daemonize.py")
+        with open(script, "w", encoding="utf-8") as handle:
+            handle.write(f"""
+import subprocess, time, urllib.request
+daemon = subprocess.Popen({self.fake()!r}, start_new_session=True,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+open({daemon_pid!r}, "w").write(str(daemon.pid))
+for _ in range(400):
+    try:
+        urllib.request.urlopen({self.url!r} + "/health", timeout=1)
+        break
+    except OSError:
+        time.sleep(0.05)
+""")
+        self.addCleanup(self.kill_pid_in, daemon_pid)
+        result = self.start("--ready-file", self.ready, server=[sys.executable, script])
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        with open(daemon_pid) as handle:
+            pid = handle.read().strip()
+        self.assertRegex(result.stderr, rf"held by pid {pid}\b")
+        self.assertNotRegex(result.stderr, r"is left$")
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertNotIn("warm-up:", result.stdout)
+
+    @staticmethod
+    def kill_pid_in(path: str) -> None:
+        if os.path.exists(path):
+            with open(path) as handle:
+                try:
+                    os.killpg(int(handle.read()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+
+
 @unittest.skipUnless(os.geteuid() == 0, "needs root to mount a small file system")
 class TestStartOnAFullOrReadOnlyDisk(StartCase):
     def mount(self, *options: str) -> str:

@@ -87,12 +87,19 @@ class TestReadyStaysTrue(StartCase):
                                  {"status": "sleeping", "level": level})
                 asleep = ready(self.ready, "--base-url", server.url)
                 self.assertEqual(asleep.returncode, 1)
-                self.assertEqual(asleep.stderr.strip(), f"not ready: {said}")
-                refused = self.run_helper(server)
+                self.assertEqual(asleep.stderr.strip(), f"not ready: {said}; marked in the "
+                                 f"ready file: after the wake, warm it again")
+                refused = self.run_helper(server, "--ready-file", self.ready)
                 self.assertEqual(refused.code, 3, refused.stdout)
                 self.assertIn(said, refused.stdout)
                 self.assertEqual(refused.kind("summary")[-1]["verdict"], "refused")
+                self.assertIn("left as it was", refused.stdout)
                 self.assertEqual(post(server.url + "/wake_up"), {"status": "awake", "tags": None})
+                woken = ready(self.ready, "--base-url", server.url)
+                self.assertEqual(woken.returncode, 1, "a woken server must be warmed again")
+                self.assertIn("not ready: the server slept since its warm-up", woken.stderr)
+                again = self.run_helper(server, "--ready-file", self.ready)
+                self.assertEqual(again.code, 0, again.stdout)
                 self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
     def test_the_warm_up_rewrites_the_ready_file_or_removes_it(self):
@@ -152,7 +159,8 @@ class TestReadyStaysTrue(StartCase):
         self.start_fake_on_port()
         again = ready(self.ready)
         self.assertEqual(again.returncode, 1)
-        self.assertIn("not ready: the server restarted since the warm-up", again.stderr)
+        # Another process holds the port now (start.sh named its server's process group).
+        self.assertIn("not ready: another process answers port", again.stderr)
         with open(textfile) as handle:
             self.assertIn("offload_warmup_last_run_success 1.0", handle.read())
 
