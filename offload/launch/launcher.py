@@ -536,17 +536,22 @@ def judged(records: str, status: int) -> dict:
     (readback.last_verdict: contract.decide(), the warm-up's own verdict), named as the
     terminal and the textfile name it (textfile.outcome; from the step's exit status when
     it left no summary): the verdict, the plan's differences (with the settings that made
-    them), the cache check."""
+    them), the cache check, what passed ('contract 10/10, paths stream 5/5') and the
+    settings that added to the plan, with where they came from."""
     from readback import last_verdict
+    from records import as_dict, parts_text, show
     from textfile import outcome, outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
     if found is None or found["summary"] is None:
         return {"verdict": outcome_of_status(status), "differences": "-",
-                "cache_check": "-", "judged": found}
+                "cache_check": "-", "judged": found, "counts": "", "given": ""}
     summary = found["summary"]
+    given = as_dict(as_dict(as_dict(found["run"]).get("plan")).get("given"))
     return {"verdict": outcome(found["verdict"], status), "judged": found,
             "differences": "; ".join(found["decided"].differences) or "-",
-            "cache_check": str(summary.get("cache_check", "-"))}
+            "cache_check": str(summary.get("cache_check", "-")),
+            "counts": parts_text(found["decided"].parts),
+            "given": ", ".join(show(v, 120) for v in given.values())}
 
 
 def records_named(path: str) -> str:
@@ -689,8 +694,10 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
             return
     if settings.ready_file:
         write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid)
+    what = f": {run['counts']}" if run["counts"] else ""
+    what += f" ({run['given']})" if run["given"] else ""
     passed = f"gate passed ({gate['figures']})" if gate else ""
-    log(f"OK: warm-up passed{', ' + passed if passed else ''}; {records} — read "
+    log(f"OK: warm-up passed{what}{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
 
 

@@ -377,11 +377,34 @@ def start_line(warm: WarmUp, run: Run) -> str:
     b1_size = "estimated" if None in counted else \
         "-".join(str(n) for n in dict.fromkeys((counted[0], counted[-1])))
     given = ", ".join(source for _, source in plan.given)
+    read = environment_read(warm.connection.target.display, given)
     return (f"warm-up {run.settings.run_id}: {warm.connection.target.display} model "
             f"{clean_text(warm.server.model or '', 80)}{shown}, waves "
             f"{','.join(wave_name(d) for d in plan.waves)}{kinds} ({warm.planned()} "
             f"requests), B1 prompt {b1_size} tokens, deadline "
-            f"{run.settings.deadline_s:g} s" + (f"; given: {given}" if given else ""))
+            f"{run.settings.deadline_s:g} s" + (f"; given: {given}" if given else "")
+            + (f"; environment: {read}" if read else ""))
+
+
+# Every WARMUP_* variable the warm-up reads (WARMUP_HARD_BOUND_AT is the wrapper's own).
+READ_VARIABLES = ("WARMUP_BASE_URL", "WARMUP_MODEL", "WARMUP_ENGINES", "WARMUP_WAVES",
+                  "WARMUP_TOKENS", "WARMUP_PRIORITY", "WARMUP_PATHS", "WARMUP_CHUNK_TOKENS",
+                  "WARMUP_DEADLINE_S", "WARMUP_HARD_S", "WARMUP_RECORDS_DIR",
+                  "WARMUP_TEXTFILE", "WARMUP_READY_FILE", "WARMUP_LOCK_DIR",
+                  "WARMUP_HEALTHY_AT")
+
+
+def environment_read(base_url: str, given: str) -> str:
+    """Each WARMUP_* variable set in the environment and not already named as given, with
+    its value ('WARMUP_HARD_S=60, WARMUP_TEXTFILE=/x.prom'; the base URL without
+    credentials): a leftover in the environment is seen on the first line."""
+    said = []
+    for name in READ_VARIABLES:
+        value = os.environ.get(name)
+        if value and f"{name}=" not in given:
+            shown = base_url if name == "WARMUP_BASE_URL" else clean_text(value, 60)
+            said.append(f"{name}={shown}")
+    return ", ".join(said)
 
 
 def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:

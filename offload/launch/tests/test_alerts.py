@@ -45,8 +45,9 @@ class TestRuleUnitTests(unittest.TestCase):
 
 
 class TestAlertsInARealPrometheus(HelperCase):
-    """A failed warm-up's textfile raises OffloadWarmupDidNotPass in a real Prometheus;
-    a passing one's raises nothing."""
+    """A failed warm-up's textfile raises OffloadWarmupFailed in a real Prometheus, a
+    node_exporter with no offload textfile OffloadTextfileMissing; a passing one's raises
+    nothing."""
 
     runs_long = True                      # run.py starts it first: one test, ~15 s
 
@@ -91,6 +92,8 @@ class TestAlertsInARealPrometheus(HelperCase):
             os.mkdir(folders[name])
             textfile = os.path.join(folders[name], "offload.prom")
             self.assertEqual(self.run_helper(server, "--textfile", textfile).code, code)
+        folders["none"] = os.path.join(self.tmp, "none")      # no textfile written there
+        os.mkdir(folders["none"])
         targets = {name: f"127.0.0.1:{self.exporter(folder)}" for name, folder in folders.items()}
         config = os.path.join(self.tmp, "prometheus.yml")
         with open(config, "w") as handle:
@@ -104,14 +107,17 @@ class TestAlertsInARealPrometheus(HelperCase):
                                  f"--web.listen-address=127.0.0.1:{port}",
                                  "--log.level=error"], port, "/-/ready")
         deadline = time.monotonic() + 60
-        raised = []
-        while time.monotonic() < deadline and not raised:
-            raised = [a for a in self.alerts(prometheus)
-                      if a["labels"].get("alertname") == "OffloadWarmupDidNotPass"]
+        raised, missing = [], []
+        while time.monotonic() < deadline and not (raised and missing):
+            alerts = self.alerts(prometheus)
+            raised = [a for a in alerts if a["labels"].get("alertname") == "OffloadWarmupFailed"]
+            missing = [a for a in alerts
+                       if a["labels"].get("alertname") == "OffloadTextfileMissing"]
             time.sleep(0.5)
         self.assertEqual([(a["labels"]["instance"], a["labels"]["verdict"]) for a in raised],
                          [(targets["failed"], "fail")])
         self.assertIn(raised[0]["state"], ("pending", "firing"))
+        self.assertEqual([a["labels"]["instance"] for a in missing], [targets["none"]])
         time.sleep(3)                     # three more evaluations of the passing instance
         response = transport.fetch(prometheus, transport.Clock.start(5, 5), "GET",
                                    "/api/v1/query?query=offload_warmup_last_run_success")

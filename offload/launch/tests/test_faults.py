@@ -21,7 +21,8 @@ from support import (API_KEY, QUALIFY, REPO, HelperCase, run_script, SilentServe
 MATRIX = [
     ("nothing listens on the port", "1", "`cannot connect to URL: Connection refused`, at once",
      "test_faults.TestFaults.test_nothing_listens"),
-    ("`/metrics` answers 404 or garbage", "3", "`guard cannot be read`, no completion sent",
+    ("`/metrics` answers 404 or garbage", "3", "`cannot tell how many engines the server has`, "
+     "no completion sent",
      "test_faults.TestFaults.test_metrics_404_or_garbage"),
     ("request gauges absent (metrics collection off)", "3",
      "`vllm:num_requests_running missing from /metrics`, no completion sent",
@@ -29,7 +30,8 @@ MATRIX = [
     ("a gauge non-zero on any engine", "3",
      "gauge, labels and value (`…{engine=\"1\",…} = 2.0`), no completion sent",
      "test_faults.TestFaults.test_gauge_busy_on_second_engine"),
-    ("`/metrics` drops the connection once", "0", "read again once; the run passes",
+    ("`/metrics` drops the connection once", "0", "read again once (the engines too); the "
+     "run passes",
      "test_faults.TestFaults.test_metrics_read_retried_once"),
     ("server accepts and never answers", "1", "`no complete response by the deadline`, "
      "within the deadline",

@@ -39,7 +39,7 @@ class TestStart(StartCase):
         result = self.start("--ready-file", self.ready,
                             server=self.fake("--compile-lines", "2"))
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
-        self.assertRegex(result.stdout, r"OK: warm-up passed; records: \S+\.jsonl — read them before "
+        self.assertRegex(result.stdout, r"OK: warm-up passed: contract 10/10; records: \S+\.jsonl — read them before "
                                         r"releasing HOLD \(2 compile lines during warm-up")
         pid = self.server_pid()
         self.assertTrue(group_alive(pid), "the server must keep running after start.sh")
@@ -420,7 +420,7 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                 gates = [f for f in os.listdir(self.logs) if f.startswith("gate-")]
                 self.assertTrue(gates, "the gate writes its records in the log dir")
                 if verdict == "pass":
-                    self.assertIn("OK: warm-up passed, gate passed (identifiers 6/6 alone and "
+                    self.assertIn("OK: warm-up passed: contract 10/10, gate passed (identifiers 6/6 alone and "
                                   "batched, worst CER 0.000); records: ", result.stdout)
                     self.assertTrue(os.path.exists(self.ready))
                 else:
@@ -518,7 +518,7 @@ class TestStartGate(StartCase):
         secret_url = f"http://ops:pw-CREDMARKER-79@127.0.0.1:{self.port}"
         result = self.gate("--base-url", secret_url, plan={"summary": PASSED_GATE})
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
-        self.assertIn("OK: warm-up passed, gate passed (identifiers 6/6 alone and batched, "
+        self.assertIn("OK: warm-up passed: contract 10/10, gate passed (identifiers 6/6 alone and batched, "
                       "worst CER 0.000); records: ", result.stdout)
         self.assertIn("read them before releasing HOLD", result.stdout)
         # The URL as given, in the environment: a command line is visible to every user.

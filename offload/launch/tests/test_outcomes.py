@@ -4,16 +4,19 @@ start.log and in the textfile alike, and say a kill the hard bound did not make 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import unittest
 
-from support import WRAPPER, HelperCase, StartCase
-import textfile  # noqa: E402  (support puts offload/launch on sys.path)
+from support import LAUNCH, REPO, WRAPPER, HelperCase, StartCase
+import runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import textfile  # noqa: E402
 
 SUCCESS = "offload_warmup_last_run_success 1.0"
 
@@ -30,6 +33,91 @@ def verdict_of(path: str) -> str:
         text = handle.read()
     found = re.findall(r'offload_warmup_last_run_verdict\{verdict="([a-z_]+)"\} 1\.0', text)
     return found[0] if len(found) == 1 else f"unclear: {found}"
+
+
+def event_table() -> list[dict]:
+    """CONTRACT section 14's rows, each a dict of its columns."""
+    with open(os.path.join(LAUNCH, "CONTRACT.md"), encoding="utf-8") as handle:
+        text = handle.read().split("## 14. One name per event", 1)[1]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    heads = rows[0]
+    return [dict(zip(heads, row)) for row in rows[1:]]
+
+
+def quoted(cell: str) -> list[str]:
+    return re.findall(r"`([^`]*)`", cell)
+
+
+class TestEventTable(unittest.TestCase):
+    """Every row of the event table: the one name on the terminal, in start.log and in
+    the textfile, and the alert (or none) its textfile raises in promtool."""
+
+    def test_every_row_names_its_event_once(self):
+        rows = event_table()
+        self.assertGreaterEqual(len(rows), 10)
+        for row in rows:
+            with self.subTest(event=row["event"]):
+                name = quoted(row["textfile"])[0]
+                self.assertIn(name, textfile.VERDICTS)
+                codes = [int(c) for c in re.findall(r"\d+", row["exit"])]
+                if row["exit"].isdigit() or "/" in row["exit"]:
+                    for code in codes:       # what a step without a summary is named
+                        if name not in ("pass", "custom"):
+                            self.assertEqual(textfile.outcome_of_status(code), name, code)
+                    said = quoted(row["terminal"])[0]
+                    if said.endswith(f"(exit {codes[0]})"):
+                        summary = {"verdict": "fail" if name == "usage" else name,
+                                   "exit_code": codes[0], "problems": [], "elapsed_s": 1.0}
+                        self.assertTrue(runframe.verdict_line(summary, "r").startswith(said),
+                                        said)
+                        self.assertEqual(textfile.outcome(summary["verdict"], codes[0]), name)
+                    self.assertIn(f"verdict {name}", quoted(row["start.log"]))
+
+    def test_every_row_raises_its_alert_and_no_other(self):
+        promtool = shutil.which("promtool")
+        if not promtool:
+            self.skipTest("promtool is not installed (.ci/run installs it)")
+        rows = event_table()
+        alerts = ("OffloadWarmupFailed", "OffloadWarmupCustomPlan", "OffloadWarmupRefused",
+                  "OffloadWarmupNeverEnded")
+        tests = []
+        for number, row in enumerate(rows):
+            name = quoted(row["textfile"])[0]
+            codes = re.findall(r"\d+", row["exit"]) or ["1"]
+            series = [(f'offload_warmup_last_run_verdict{{instance="e{number}", job="node", '
+                       f'verdict="{v}"}}', "1" if v == name else "0") for v in textfile.VERDICTS]
+            series += [(f'offload_warmup_last_run_exit_code{{instance="e{number}", '
+                        f'job="node"}}', codes[0]),
+                       (f'offload_warmup_last_run_started_timestamp_seconds{{instance='
+                        f'"e{number}", job="node"}}', "0")]
+            tests.append({"interval": "1m", "input_series": [
+                {"series": s, "values": f"{v}x30"} for s, v in series],
+                "alert_rule_test": [{"eval_time": "20m", "alertname": a, "exp_alerts": []}
+                                    for a in alerts]})
+        spec = os.path.join(self.tmp(), "events_test.yml")
+        with open(spec, "w", encoding="utf-8") as handle:     # JSON is YAML
+            json.dump({"rule_files": [os.path.join(REPO, "offload", "monitoring",
+                                                   "alerts.yml")],
+                       "evaluation_interval": "1m", "tests": tests}, handle)
+        done = subprocess.run([promtool, "test", "rules", spec], capture_output=True,
+                              text=True, timeout=60)
+        fired = {}
+        for labels in re.findall(r"Labels:\{([^}]*)\}", done.stdout + done.stderr):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            fired.setdefault(found["instance"], set()).add(
+                (found["alertname"], found["severity"]))
+        for number, row in enumerate(rows):
+            with self.subTest(event=row["event"]):
+                want = set() if row["alert"] == "none" else {
+                    (quoted(row["alert"])[0], row["alert"].split()[-1])}
+                self.assertEqual(fired.get(f"e{number}", set()), want)
+
+    def tmp(self) -> str:
+        import tempfile
+        folder = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, folder)
+        return folder
 
 
 class TestWrapperPublishes(HelperCase):
@@ -135,6 +223,19 @@ class TestStartPublishes(StartCase):
         self.assertIn("USAGE (exit 2)", result.stdout)
         self.assertIn("warm-up ended: exit 2, verdict usage", self.start_log())
         self.assertEqual(verdict_of(self.textfile), "usage")
+
+
+class TestLeftoversNamed(StartCase):
+    def test_a_variable_left_in_the_environment_is_named_where_the_operator_looks(self):
+        result = self.start(server=self.fake(), env={"WARMUP_PATHS": "stream",
+                                                     "WARMUP_HARD_S": "60"})
+        self.assertEqual(result.code, 0, result.stderr)
+        first = [line for line in result.stdout.splitlines() if line.startswith("warm-up 2")][0]
+        self.assertIn("deadline 55 s; given: WARMUP_PATHS=stream from the environment; "
+                      "environment: WARMUP_BASE_URL=" + self.url, first)
+        self.assertIn("WARMUP_HARD_S=60", first)
+        self.assertIn("OK: warm-up passed: contract 10/10, paths stream 5/5 (WARMUP_PATHS=stream "
+                      "from the environment); records: ", result.stdout)
 
 
 class TestStartSaysWhoHoldsThePort(StartCase):
