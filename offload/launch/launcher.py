@@ -375,13 +375,15 @@ class Server(ServerProcess):
             self.log.writer = LineWriter()
         self.launch(self.settings.command, sys.stdout if supervised else None,
                     int(self.settings.log_max_bytes) if supervised else 0, self.log.writer)
-        if self.pid:
-            path = os.path.join(self.settings.log_dir, "server.pid")
-            try:
-                with open(path, "w") as handle:
-                    handle.write(f"{self.pid}\n")
-            except OSError as exc:        # a full disk says so only when it is written
-                raise OSError(exc.errno, exc.strerror, path) from None
+        if self.pid:                      # the pid, and the address a probe reads
+            for name, text in (("server.pid", f"{self.pid}\n"),
+                               ("server.url", f"{self.settings.target.display}\n")):
+                path = os.path.join(self.settings.log_dir, name)
+                try:
+                    with open(path, "w") as handle:
+                        handle.write(text)
+                except OSError as exc:    # a full disk says so only when it is written
+                    raise OSError(exc.errno, exc.strerror, path) from None
         self.log(f"launch pid {self.pid or 'none'} (process group {self.pid or 'none'}): "
                  f"{redacted_command(self.settings.command)}")
 
@@ -728,6 +730,13 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     def pass_on(signum, frame):
         asked.append((signal.Signals(signum).name[3:], time.monotonic()))
         server.kill(signum)
+
+    def stopping() -> None:
+        """Not ready from the first signal on: traffic leaves while the server drains."""
+        if settings.ready_file:
+            from ready import mark_stopping
+            said = mark_stopping(settings.ready_file)
+            log(f"ready file {settings.ready_file}: {said}")
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
     log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
@@ -744,6 +753,8 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
                 log(f"server asleep: {said}")
         while told < len(asked):
             log(f"{asked[told][0]} received: passed on to server process group {server.pid}")
+            if told == 0:
+                stopping()
             told += 1
         if not server.alive():
             break

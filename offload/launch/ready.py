@@ -24,8 +24,8 @@ import urllib.parse
 
 from processes import port_owners
 from transport import (Clock, TransportError, UsageError, base_url_from, clean_text, fetch,
-                       finite_number, parse_base_url, read_json_file, sanitize_text,
-                       write_atomically)
+                       finite_number, open_regular, parse_base_url, read_json_file,
+                       sanitize_text, write_atomically)
 from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                           served_by_engine, served_models, sleep_states)
 
@@ -111,20 +111,41 @@ def health_main(argv: list[str]) -> int:
     """qualify.py health: exit 0 when /health answers 200 within the bound."""
     parser = check_parser(
         "health", "GET {base}/health once, within --timeout-s. The address comes from "
-                  "--base-url or WARMUP_BASE_URL (start.sh passes it there, out of the "
-                  "command line); user:password in it is sent as Basic auth and never shown.",
+                  "--url-file, else --base-url or WARMUP_BASE_URL (start.sh passes it there, "
+                  "out of the command line); user:password in it is sent as Basic auth and "
+                  "never shown.",
         "exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
-        "3 no HTTP answer at all (nothing listening, or no answer in time)",
-        "http://127.0.0.1:8000", "the request")
+        "3 no HTTP answer at all (nothing listening, no answer in time, or no --url-file "
+        "yet)", "http://127.0.0.1:8000", "the request")
+    parser.add_argument("--url-file", metavar="PATH",
+                        help="the file start.sh writes the server's address to at launch "
+                             "(LOG_DIR/server.url): what a Kubernetes probe reads, as it does "
+                             "not get start.sh's environment")
     args = parser.parse_args(argv)
     try:
-        target = base_url_from(args.base_url)
+        text = args.base_url
+        if args.url_file:
+            text, why = url_from_file(args.url_file)
+            if text is None:
+                emit(f"no answer: {why}", sys.stderr)
+                return EXIT_NO_ANSWER
+        target = base_url_from(text)
     except UsageError as exc:
         emit(f"{PROG} health: {exc}", sys.stderr)
         return EXIT_USAGE
     code, line = check_health(target, Clock.start(args.timeout_s, args.timeout_s))
     emit(line, sys.stdout if code == EXIT_PASS else sys.stderr)
     return code
+
+
+def url_from_file(path: str) -> tuple[str | None, str | None]:
+    """The first line of start.sh's server.url, or (None, why there is none yet)."""
+    try:
+        with open_regular(path) as handle:         # a FIFO there never blocks a probe
+            return handle.read(4096).decode("utf-8", "replace").strip().split("\n")[0], None
+    except OSError as exc:
+        return None, (f"{clean_text(path, 200)} cannot be read "
+                      f"({exc.strerror or type(exc).__name__}): start.sh writes it at launch")
 
 
 # ---------------------------------------------------------------------------
@@ -268,6 +289,9 @@ def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = 
         return EXIT_FAIL, (f"not ready: the server slept since its warm-up (seen asleep at "
                            f"{shown(doc.get('slept_at'))}): warm it again; a warm-up that "
                            f"passes writes a new ready file")
+    if doc.get("stopping_at"):
+        return EXIT_FAIL, (f"not ready: the server is stopping (asked at "
+                           f"{shown(doc.get('stopping_at'))})")
     if doc.get("rewarm_run_id"):
         return EXIT_FAIL, (f"not ready: a re-warm (run {shown(doc.get('rewarm_run_id'))}) "
                            f"began and has not ended; its records say how it went")
@@ -321,6 +345,16 @@ def mark_ready_file(path: str, run_id, **fields) -> str | None:
         return why or "it vouches for another run now"
     changed = {k: v for k, v in dict(now, **fields).items() if v is not None or k not in fields}
     return write_ready(path, changed)
+
+
+def mark_stopping(path: str) -> str:
+    """The ready file marked: the server is stopping (start.sh --supervise got TERM or
+    INT); what was done, in words."""
+    doc, why = read_ready_file(path)
+    if doc is None:
+        return f"nothing to mark ({why})"
+    why = mark_ready_file(path, doc.get("run_id"), stopping_at=iso_time(time.time()))
+    return f"could not be marked stopping ({why})" if why else "marked stopping: not ready"
 
 
 def mark_slept(path: str, doc: dict) -> str:

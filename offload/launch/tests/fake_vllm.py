@@ -234,6 +234,7 @@ class FakeState:
         self.config = config
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.aborting = threading.Event()     # TERM with --shutdown-timeout 0: answer 500
         self.started = time.monotonic()
         # process_start_time_seconds: a restart; in clock ticks, rounded down as the kernel
         # (and so prometheus_client) gives it, never after the process started
@@ -654,6 +655,10 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if not streaming or fault == "hang":    # a stream runs until its last event
                 self.count_out(engine)
+        if st.aborting.is_set():      # vLLM 0.32 on TERM with --shutdown-timeout 0
+            return self.send_json(500, {"error": {
+                "message": "The request was aborted: the server is shutting down.",
+                "type": "InternalServerError", "param": None, "code": 500}})
         n_out = max_tokens if body.get("ignore_eos") else max(min_tokens, 1)
         finish, stop_reason = ("length", None) if n_out >= max_tokens else ("stop", EOS_ID)
         if "json" in kinds:                  # the grammar ends the object early
@@ -945,6 +950,26 @@ class FakeServer:
         self.httpd.server_close()
         self.thread.join(timeout=5)
 
+    def drain(self, shutdown_timeout_s: float) -> None:
+        """What vLLM 0.32 does on TERM: with --shutdown-timeout S > 0 it takes no new
+        connection and waits up to S seconds for the requests in flight to finish; with 0
+        (its default) it aborts them (HTTP 500)."""
+        st = self.state
+        if shutdown_timeout_s <= 0:
+            st.aborting.set()
+            st.stop.set()                 # wake the requests in flight: they answer 500
+            time.sleep(0.2)
+            return
+        self.httpd.shutdown()             # no new connection is taken
+        self.httpd.server_close()
+        deadline = time.monotonic() + shutdown_timeout_s
+        while time.monotonic() < deadline:
+            with st.lock:
+                if not any(st.running):
+                    break
+            time.sleep(0.02)
+        time.sleep(0.1)                   # the last answers leave their sockets
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="A fake vLLM 0.32 OpenAI server (tests, demo).")
@@ -1007,6 +1032,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "and GET /is_sleeping answer (vllm:engine_sleep_state follows)")
     parser.add_argument("--asleep", type=int, choices=(0, 1, 2), default=None,
                         metavar="LEVEL", help="start asleep at this sleep level")
+    parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="S",
+                        help="on TERM, wait up to S s for requests in flight (vLLM 0.32's "
+                             "--shutdown-timeout; 0, its default: abort them, HTTP 500)")
     parser.add_argument("--demo", action="store_true",
                         help="serve on a free port, run warmup_serve.sh against it, stop; "
                              "exits with the warm-up's status")
@@ -1086,6 +1114,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
     died = not done.wait(args.exit_after_s or None) if not args.exit_when else \
         not done.is_set()                 # a timeout (or the file) means it died
+    if not died:
+        server.drain(args.shutdown_timeout)
     server.stop()
     if died:
         print("fake vLLM: engine died (--exit-after-s)", flush=True)

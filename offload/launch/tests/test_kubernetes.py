@@ -1,0 +1,369 @@
+"""The Kubernetes recipe (offload/deploy/kubernetes/vllm-offload.yaml) run as a kubelet
+runs it, against the fake server.
+
+Pod plays the kubelet for the manifest's vllm container: the container's command (the
+fake in place of `vllm serve MODEL`, every other argument as written) in a PID namespace
+of its own with the manifest's environment only, its volumes as folders, and each probe's
+exec command as a fresh process in that namespace, with the manifest's period, timeout and
+thresholds; a failed startup or liveness probe, or the container's end, restarts it.
+PyYAML and kubernetes-validate are test-only packages .ci/run installs; without them
+(a bare `python3 -m unittest`) these tests skip, in CI they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+from support import FAKE, REPO, HelperCase, free_port, read_records
+
+MANIFEST = os.path.join(REPO, "offload", "deploy", "kubernetes", "vllm-offload.yaml")
+NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
+
+
+def needs(found: bool, what: str) -> None:
+    """Skip without a test-only tool; in CI (which installs it) fail instead."""
+    if found:
+        return
+    if os.environ.get("CI") == "true":
+        raise AssertionError(f"{what} is not installed: .ci/run installs it")
+    raise unittest.SkipTest(f"{what} is not installed (.ci/run installs it)")
+
+
+def manifest() -> dict:
+    try:
+        import yaml
+    except ImportError:
+        needs(False, "PyYAML")
+    with open(MANIFEST, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
+
+
+def container(doc: dict, name: str = "vllm") -> dict:
+    return next(c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+
+
+class TestManifest(unittest.TestCase):
+    def test_it_validates_against_the_kubernetes_schema(self):
+        tool = shutil.which("kubernetes-validate")
+        needs(tool is not None, "kubernetes-validate")
+        done = subprocess.run([tool, "--strict", MANIFEST], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn("passed", done.stdout + done.stderr)
+
+    def test_its_numbers_fit_together(self):
+        doc = manifest()
+        vllm = container(doc)
+        command, env = vllm["command"], {e["name"]: e.get("value") for e in vllm["env"]}
+        startup, liveness = vllm["startupProbe"], vllm["livenessProbe"]
+        guard_s = 600                                  # start.sh's default start guard
+        self.assertNotIn("--start-guard-s", command)
+        self.assertGreater(startup["periodSeconds"] * startup["failureThreshold"], guard_s,
+                           "start.sh ends a server that misses its guard before the probe")
+        for probe in (startup, liveness):
+            args = probe["exec"]["command"]
+            self.assertEqual(args[args.index("--url-file") + 1],
+                             command[command.index("--log-dir") + 1] + "/server.url",
+                             "the probes read the address start.sh writes")
+            self.assertGreater(probe["timeoutSeconds"], float(args[args.index("--timeout-s") + 1]))
+        shutdown = float(command[command.index("--shutdown-timeout") + 1])
+        grace = float(env["START_STOP_GRACE_S"])
+        pre_stop = float(vllm["lifecycle"]["preStop"]["exec"]["command"][1])
+        self.assertGreater(grace, shutdown, "start.sh KILLs only after vLLM drained")
+        self.assertGreater(doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+                           pre_stop + grace, "the kubelet KILLs only after start.sh did")
+        mounts = {m["mountPath"] for m in vllm["volumeMounts"]}
+        for option in ("--log-dir", "--ready-file", "--textfile"):
+            path = command[command.index(option) + 1]
+            self.assertTrue(any(path == m or path.startswith(m + "/") for m in mounts),
+                            f"{option} {path} is on a volume")
+
+
+class Pod:
+    """The kubelet for the manifest's vllm container (see the module's docstring)."""
+
+    def __init__(self, case: HelperCase, *server_args: str):
+        self.case, self.doc = case, manifest()
+        self.spec = container(self.doc)
+        self.port = free_port()
+        self.mounts = {}
+        for mount in self.spec["volumeMounts"]:
+            folder = os.path.join(case.tmp, mount["name"])
+            os.makedirs(folder, exist_ok=True)
+            self.mounts[mount["mountPath"]] = folder
+        self.server_args = server_args
+        self.proc: subprocess.Popen | None = None
+        self.restarts, self.exits, self.ready_at = 0, [], None
+        self.ready = False
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        case.addCleanup(self.stop)
+
+    def path(self, arg: str) -> str:
+        """A path of the container's file system in this test's folders."""
+        if arg.startswith("/opt/offload/"):
+            return os.path.join(REPO, arg[len("/opt/offload/"):])
+        for mount, folder in self.mounts.items():
+            if arg == mount or arg.startswith(mount + "/"):
+                return folder + arg[len(mount):]
+        return arg
+
+    def command(self) -> list[str]:
+        command = [self.path(a) for a in self.spec["command"]]
+        at = command.index("--")
+        server = command[at + 1:]
+        self.case.assertEqual(server[:2], ["vllm", "serve"])
+        rest = [str(self.port) if a == "8000" else a for a in server[3:]]   # the model's flags
+        return command[:at + 1] + [sys.executable, FAKE, *rest, *self.server_args]
+
+    def env(self) -> dict:
+        env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+        for item in self.spec.get("env", []):
+            if "value" in item:
+                env[item["name"]] = item["value"]
+        env["WARMUP_LOCK_DIR"] = self.case.tmp      # the test's, as every test's
+        return env
+
+    def start_container(self) -> None:
+        prefix = ["unshare", "-pf", "--mount-proc"] if NAMESPACE else []
+        self.proc = subprocess.Popen(prefix + self.command(), env=self.env(),
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.started_at = time.monotonic()
+        self.started = False                      # the startup probe has not passed yet
+
+    def in_container(self) -> list[str]:
+        """How a probe's process enters the container (its PID and mount namespaces)."""
+        if not NAMESPACE or self.proc is None:
+            return []
+        init = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True,
+                              text=True).stdout.split()
+        return ["nsenter", "-t", init[0], "-p", "-m", "--"] if init else []
+
+    def probe(self, name: str) -> bool:
+        spec = self.spec[name]
+        args = [sys.executable if a == "python3" else self.path(a)
+                for a in spec["exec"]["command"]]
+        try:
+            done = subprocess.run(self.in_container() + args, capture_output=True,
+                                  timeout=spec["timeoutSeconds"], env=self.env())
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    def kill_container(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def restart(self, why: str) -> None:
+        self.kill_container()
+        with self.lock:
+            self.restarts += 1
+            self.exits.append(why)
+            self.ready = False
+        self.start_container()
+
+    def run(self) -> "Pod":
+        """Start the container and the probe loops (threads), as the kubelet does."""
+        self.start_container()
+        for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+            threading.Thread(target=self.loop, args=(name,), daemon=True).start()
+        threading.Thread(target=self.watch, daemon=True).start()
+        return self
+
+    def watch(self) -> None:
+        """restartPolicy Always: a container that ended is started again."""
+        while not self.stopping.wait(0.2):
+            proc = self.proc
+            if proc is not None and proc.poll() is not None:
+                self.restart(f"exit {proc.returncode}")
+
+    def loop(self, name: str) -> None:
+        spec, failures = self.spec[name], 0
+        wait = 0.5                                # initialDelaySeconds 0: at once, then
+        while not self.stopping.wait(wait):       # every period
+            if name != "startupProbe" and not self.started or \
+                    name == "startupProbe" and self.started:
+                wait = 0.5                        # the others wait for startup to pass
+                continue
+            wait = spec["periodSeconds"]
+            ok = self.probe(name)
+            failures = 0 if ok else failures + 1
+            if name == "startupProbe":
+                if ok:
+                    self.started = True
+                elif failures >= spec["failureThreshold"]:
+                    failures = 0
+                    self.restart("startup probe")
+            elif name == "livenessProbe" and failures >= spec["failureThreshold"]:
+                failures = 0
+                self.restart("liveness probe")
+            elif name == "readinessProbe":
+                with self.lock:
+                    self.ready = ok and failures == 0
+                    if self.ready and self.ready_at is None:
+                        self.ready_at = time.monotonic() - self.started_at
+
+    def wait_for(self, condition, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if condition():
+                return True
+            time.sleep(0.1)
+        return condition()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.kill_container()
+
+    def logs(self) -> str:
+        return self.path("/var/log/offload")
+
+    def server_pid(self) -> int:
+        """The fake's pid as this host sees it (server.pid holds the namespace's)."""
+        found = subprocess.run(["pgrep", "-f", f"^{sys.executable} {FAKE} --port {self.port}"],
+                               capture_output=True, text=True).stdout.split()
+        return int(found[0])
+
+
+class KubeletCase(HelperCase):
+    runs_long = True
+
+    def setUp(self):
+        super().setUp()
+        manifest()                                 # skips without PyYAML, fails in CI
+
+    def readiness_budget(self, pod: Pod) -> float:
+        """The stated budget: the start guard and the warm-up's hard bound (a quiet fake
+        is healthy at once: the bound itself, 100 s, plus a readiness period)."""
+        return 100 + pod.spec["readinessProbe"]["periodSeconds"]
+
+
+class TestKubeletPass(KubeletCase):
+    def test_a_passing_start_becomes_ready_and_stays(self):
+        pod = Pod(self, "--latency-s", "0.01").run()
+        self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)),
+                        "Ready within the stated budget")
+        self.assertLess(pod.ready_at, self.readiness_budget(pod))
+        period = pod.spec["livenessProbe"]["periodSeconds"]
+        time.sleep(period + 1)                     # a liveness period: still one container
+        self.assertEqual((pod.restarts, pod.ready), (0, True), pod.exits)
+
+
+class TestKubeletFailedWarmup(KubeletCase):
+    def test_a_failed_warm_up_runs_never_ready_and_keeps_its_evidence(self):
+        pod = Pod(self, "--latency-s", "0.01", "--fault", "one_token").run()
+        logs = pod.logs()
+        self.assertTrue(pod.wait_for(lambda: "WARN: warm-up failed" in read(
+            os.path.join(logs, "start.log")), 60))
+        period = pod.spec["livenessProbe"]["periodSeconds"]
+        time.sleep(2 * period + 1)                 # startup passed; liveness twice
+        self.assertTrue(pod.started)
+        self.assertEqual((pod.restarts, pod.ready, pod.ready_at), (0, False, None), pod.exits)
+        records = [name for name in os.listdir(logs) if name.startswith("warmup-")]
+        self.assertEqual(len(records), 1)
+        found, _ = read_records(os.path.join(logs, records[0]))
+        self.assertEqual(found[-1]["verdict"], "fail")
+        textfile = read(os.path.join(pod.path("/textfile"), "offload.prom"))
+        self.assertIn('offload_warmup_last_run_verdict{verdict="fail"} 1.0', textfile)
+
+
+class TestKubeletCrash(KubeletCase):
+    def test_a_crashed_server_ends_the_container_non_zero(self):
+        pod = Pod(self, "--latency-s", "0.01", "--exit-after-s", "4").run()
+        self.assertTrue(pod.wait_for(lambda: pod.restarts >= 1, 60), pod.exits)
+        self.assertNotEqual(pod.exits[0], "exit 0")
+        self.assertTrue(pod.exits[0].startswith("exit "), pod.exits)
+        self.assertIn("unasked", read(os.path.join(pod.logs(), "start.log")),
+                      "the evidence of the first container is still there")
+
+
+class TestKubeletHang(KubeletCase):
+    def test_a_hung_server_is_restarted_by_liveness_within_its_budget(self):
+        pod = Pod(self, "--latency-s", "0.01").run()
+        self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
+        os.kill(pod.server_pid(), signal.SIGSTOP)  # alive, and answers nothing
+        hung_at = time.monotonic()
+        live = pod.spec["livenessProbe"]
+        budget = live["periodSeconds"] * (live["failureThreshold"] + 1) + live["timeoutSeconds"]
+        self.assertTrue(pod.wait_for(lambda: pod.restarts >= 1, budget + 10), pod.exits)
+        self.assertEqual(pod.exits[0], "liveness probe")
+        self.assertLess(time.monotonic() - hung_at, budget + 10)
+
+
+class TestKubeletSleep(KubeletCase):
+    def test_a_sleeping_server_is_alive_and_not_ready(self):
+        pod = Pod(self, "--latency-s", "0.01", "--dev-mode").run()
+        self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
+        request = urllib.request.Request(f"http://127.0.0.1:{pod.port}/sleep?level=1",
+                                         method="POST")
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            self.assertEqual(json.load(answer)["status"], "sleeping")
+        self.assertTrue(pod.wait_for(lambda: not pod.ready,
+                                     2 * pod.spec["readinessProbe"]["periodSeconds"] + 3))
+        time.sleep(pod.spec["livenessProbe"]["periodSeconds"] + 1)
+        self.assertEqual(pod.restarts, 0, pod.exits)
+        self.assertFalse(pod.ready)
+
+
+class TestKubeletDrain(KubeletCase):
+    """A TERM with four requests in flight (vLLM's --shutdown-timeout in the manifest's
+    command): not Ready at once, every client answered, the container's exit 0."""
+
+    def send(self, port: int, number: int, answers: list) -> None:
+        body = json.dumps({"model": "fake-model", "prompt": f"drain {number}", "max_tokens": 4,
+                           "request_id": f"drain-{number}"}).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                answers.append(answer.status)
+        except urllib.error.HTTPError as exc:
+            answers.append(exc.code)
+        except OSError as exc:
+            answers.append(type(exc).__name__)
+
+    def test_a_term_with_requests_in_flight_drains_them(self):
+        # The four requests take 5 s each (the fake's 'slow' fault, on their ids only).
+        pod = Pod(self, "--latency-s", "0.01", "--fault", "slow", "--fault-match", "drain-")
+        pod.run()
+        self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
+        answers: list = []
+        clients = [threading.Thread(target=self.send, args=(pod.port, n, answers))
+                   for n in range(4)]
+        for client in clients:
+            client.start()
+        time.sleep(1.0)                            # all four in flight
+        pod.stopping.set()                         # the kubelet deletes the pod: TERM
+        init = pod.in_container()
+        os.kill(int(init[2]) if init else pod.proc.pid, signal.SIGTERM)
+        self.assertFalse(pod.probe("readinessProbe"), "not Ready from the TERM on")
+        for client in clients:
+            client.join(30)
+        self.assertEqual(answers, [200] * 4, "every client answered")
+        self.assertEqual(pod.proc.wait(30), 0, "asked to stop: start.sh exits 0")
+        log = read(os.path.join(pod.logs(), "start.log"))
+        self.assertIn("marked stopping: not ready", log)
+
+
+def read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    unittest.main()
