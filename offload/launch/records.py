@@ -28,7 +28,8 @@ _ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_toke
 DECLARED = {
     "run": "run_id:str mode:str format:int started_at:str base_url:str "
            "model:str? max_model_len:int? engines:list? plan:dict versions:dict "
-           "process_start_time_seconds:num? api_key_env:str api_key_set:bool pid:int",
+           "process_start_time_seconds:num? ~spec_positions:int? api_key_env:str "
+           "api_key_set:bool pid:int",
     "gauges": "run_id:str wave:str at_s:num ok:bool samples:list fresh_engines:list "
               "settle_s:num? problems:list ~sleep_state:dict?",
     "request": "run_id:str request_id:str request_kind:str wave:str ~path:str depth:int "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from contract import batch_name, identity, read_plan
@@ -27,7 +28,7 @@ from readback import (READ_STOPPED, judge_run, last_gauges, load_records, repeat
 from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
                      parts_text, probe_line, show)
 from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
-from transport import clean_text, finite_number
+from transport import clean_text, count_value, finite_number
 
 PROG = "qualify.py report"
 
@@ -306,11 +307,19 @@ def report_main(argv: list[str]) -> int:
                              "problems, verdict, exit_code, claimed, evidence, "
                              "evidence_problems, differences, ends), issues, the last run's "
                              "verdict, exit_code and evidence, and expect_k when asked")
-    parser.add_argument("--expect-k", metavar="B1=5,...", type=expect_k_type,
-                        help="check each named wave's drafted length (speculative draft "
-                             "tokens / drafts over the wave, from its counters) against its "
-                             "k: it holds when k-1 < drafted <= k; a wave that differs, or "
-                             "whose length was not observed, makes the exit status 1")
+    parser.add_argument("--expect-k", metavar="1-2:5,3-4:4", type=expect_k_type,
+                        help="the server's k by batch size (1-2:5,3-4:4: 5 at batch 1-2, 4 at "
+                             "3-4), or by wave (B1=5,B3=4): each wave's drafted length "
+                             "(draft tokens / drafts over the wave) against the k its depth "
+                             "allows, a smaller batch's k explaining its tails, and the "
+                             "draft positions the server counts against its largest k; a "
+                             "wave that differs, or whose length was not observed, makes the "
+                             "exit status 1")
+    parser.add_argument("--proposer", choices=("mtp", "ngram"), default="mtp",
+                        help="how the server drafts: mtp (or a draft model) k tokens every "
+                             "step, ngram at most k (fewer when its lookup finds less: only "
+                             "more than k, or another count of draft positions, differs) "
+                             "(default: %(default)s)")
     args = parser.parse_args(argv)
     try:
         records, issues = load_records(args.records)
@@ -321,8 +330,10 @@ def report_main(argv: list[str]) -> int:
         return EXIT_USAGE
     report = build_report(records, issues, args.records)
     if args.expect_k:
-        report["expect_k"] = drafted_findings(_last_run(report).get("waves") or [],
-                                              args.expect_k)
+        last = _last_run(report)
+        report["expect_k"] = drafted_findings(
+            last.get("waves") or [], args.expect_k, args.proposer,
+            count_value(as_dict(last.get("run")).get("spec_positions")))
     held = all(f["holds"] for f in report.get("expect_k", []))
     code = report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
     if args.json:
@@ -347,45 +358,90 @@ def final_line(report: dict, held: bool, code: int) -> str:
     return ""
 
 
-def expect_k_type(text: str) -> dict[str, int]:
-    """An argparse type: 'B1=5,B2=5,B3=4,B4=4' -> {"B1": 5, ...}."""
-    expected = {}
+def expect_k_type(text: str) -> dict:
+    """An argparse type, either form: k by batch size, as the server's schedule says it
+    ('1-2:5,3-4:4' -> {"batch": {1: 5, 2: 5, 3: 4, 4: 4}}), or k by wave ('B1=5,B3=4' ->
+    {"wave": {"B1": 5, "B3": 4}})."""
+    batch = ":" in text
+    expected: dict = {}
     for item in text.split(","):
-        wave, _, k = item.strip().partition("=")
-        if not wave or not k.isdigit() or not 1 <= int(k) <= 64:
-            raise argparse.ArgumentTypeError(f"wants WAVE=K pairs such as B1=5,B3=4 (K from "
-                                             f"1 to 64); got {text!r}")
-        if wave in expected:
-            raise argparse.ArgumentTypeError(f"names {wave} twice; got {text!r}")
-        expected[wave] = int(k)
-    return expected
+        name, _, k = item.strip().partition(":" if batch else "=")
+        sizes = re.fullmatch(r"([1-9][0-9]?)(?:-([1-9][0-9]?))?", name) if batch else None
+        if not k.isdigit() or not 1 <= int(k) <= 64 or (sizes is None if batch else not name):
+            raise argparse.ArgumentTypeError(
+                f"wants k by batch size such as 1-2:5,3-4:4, or WAVE=K pairs such as "
+                f"B1=5,B3=4 (K from 1 to 64); got {text!r}")
+        keys = range(int(sizes[1]), int(sizes[2] or sizes[1]) + 1) if batch else [name]
+        for key in keys:
+            if key in expected:
+                raise argparse.ArgumentTypeError(f"names {key} twice; got {text!r}")
+            expected[key] = int(k)
+    return {"batch" if batch else "wave": expected}
 
 
-def drafted_findings(waves: list[dict], expected: dict[str, int]) -> list[dict]:
-    """Each expected wave (each engine's record of it): its drafted length (draft tokens /
-    drafts over the wave) against k (pure). It holds when k - 1 < drafted <= k: more than
-    k cannot be a k-token draft; k - 1 or less means shorter drafts than k (an n-gram
-    proposer drafts less when its lookup finds less) or another k."""
+def drafted_findings(waves: list[dict], expected: dict, proposer: str = "mtp",
+                     positions: int | None = None) -> list[dict]:
+    """Each wave (each engine's record of it) the expectation names: its drafted length
+    (draft tokens / drafts over the wave) against its k (pure).
+
+    With k by batch size a wave of depth d runs most steps at batch d (its own k) and may
+    end at any smaller size when a request finishes first (its tails, at their k). mtp
+    (drafts k every step): holds when k-1 < drafted <= k, or when the figure lies strictly
+    between its own k and a tail's (a mix of the two: 'explained by tails'); all steps at
+    another k is a wrong k. ngram (drafts at most k, fewer when its lookup finds less):
+    holds when 0 < drafted <= the largest k the wave may run at. Either way the draft
+    positions the server counts (`positions`, from its /metrics) must be its largest k: a
+    server started with another k is caught even when its drafts look short."""
+    by_batch = expected.get("batch")
+    wanted = by_batch or expected.get("wave", {})
+    top = max(wanted.values()) if wanted else None
     found = []
-    for name, k in expected.items():
+    if positions is not None and top is not None and positions != top:
+        found.append({"wave": "server", "holds": False,
+                      "said": f"it counts {positions} draft positions: its k is {positions}, "
+                              f"not {top}"})
+    names = sorted({str(w.get("wave")) for w in waves if not w.get("path")}) if by_batch \
+        else list(wanted)
+    for name in names:
         mine = [w for w in waves if w.get("wave") == name]
         if not mine:
             found.append({"wave": name, "holds": False, "said": "no wave record of it"})
         for wave in mine:
-            where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
-            spec = as_dict(wave.get("spec_decode"))
-            drafted = finite_number(spec.get("drafted_length"))
-            if drafted is None:
-                why = "no drafts over the wave: the proposer proposed nothing" \
-                    if spec.get("drafts") == 0 else "no speculative counters over the wave"
-                found.append({"wave": where, "holds": False,
-                              "said": f"drafted length not observed ({why})"})
-                continue
-            holds = k - 1 < drafted <= k
-            found.append({"wave": where, "holds": holds, "drafted_length": drafted,
-                          "said": f"drafted length {drafted:g}, k {k}: "
-                                  f"{'holds' if holds else 'DIFFERS'}"})
+            found.append(judge_drafted(wave, name, by_batch, wanted, proposer))
     return found
+
+
+def judge_drafted(wave: dict, name: str, by_batch: dict | None, wanted: dict,
+                  proposer: str) -> dict:
+    """One wave record's drafted length against the k its depth (and its tails) allow."""
+    where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
+    spec = as_dict(wave.get("spec_decode"))
+    drafted = finite_number(spec.get("drafted_length"))
+    depth = wave.get("depth") if isinstance(wave.get("depth"), int) else 0
+    k = by_batch.get(depth) if by_batch else wanted.get(name)
+    if drafted is None or k is None:
+        why = f"no k for batch size {depth}" if k is None else \
+            "no drafts over the wave: the proposer proposed nothing" if spec.get("drafts") == 0 \
+            else "no speculative counters over the wave"
+        return {"wave": where, "holds": False, "said": f"drafted length not observed ({why})"
+                if drafted is None else f"drafted length {drafted:g}: {why}"}
+    tails = sorted({by_batch[s] for s in range(1, depth) if s in by_batch} - {k}) \
+        if by_batch else []
+    said = f"drafted length {drafted:g}, k {k}"
+    if proposer == "ngram":
+        most = max([k] + tails)
+        holds = 0 < drafted <= most
+        return {"wave": where, "holds": holds, "drafted_length": drafted,
+                "said": f"{said} (ngram: at most {most}): {'holds' if holds else 'DIFFERS'}"}
+    if k - 1 < drafted <= k:
+        return {"wave": where, "holds": True, "drafted_length": drafted,
+                "said": f"{said}: holds"}
+    tail = next((t for t in tails if min(k, t) < drafted < max(k, t)), None)
+    if tail is not None:
+        return {"wave": where, "holds": True, "drafted_length": drafted,
+                "said": f"{said}: holds, explained by tails (a smaller batch drafts {tail})"}
+    return {"wave": where, "holds": False, "drafted_length": drafted,
+            "said": f"{said}: DIFFERS"}
 
 
 def _last_run(report: dict) -> dict:

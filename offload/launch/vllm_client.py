@@ -48,7 +48,7 @@ from transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
                        scrub)
 from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                           busy_gauges, exposition_of, guard_problems, process_start,
-                          sleep_states)
+                          sleep_states, spec_positions)
 
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
 STOP_REASON_LIMIT = 64
@@ -80,6 +80,7 @@ class Server:
     engines: tuple = NO_ROUTING           # the engines a batch covers; (None,): no routing
     process_start: float | None = None    # process_start_time_seconds: changes on a restart
     served: tuple = ()                    # the engines /metrics shows
+    spec_positions: int | None = None     # the draft positions it counts: its k
 
 
 @dataclass
@@ -181,6 +182,7 @@ class ServerLearning:
         samples = exposition.samples
         served = engines_in(samples)
         self.server.process_start = process_start(samples)
+        self.server.spec_positions = spec_positions(samples)
         self.server.served = served
         if asked is None:
             return served if len(served) > 1 else NO_ROUTING
@@ -410,6 +412,7 @@ class ServerProgram(ServerLearning, GuardedBatches, Program):
             "versions": {"helper": __version__, "python": sys.version.split()[0],
                          "server": self.server.version},
             "process_start_time_seconds": self.server.process_start,
+            "spec_positions": self.server.spec_positions,
             "api_key_env": self.connection.api_key_env,
             "api_key_set": bool(self.connection.api_key),
         }

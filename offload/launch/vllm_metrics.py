@@ -276,6 +276,14 @@ def spec_figures(deltas: dict) -> dict | None:
     }
 
 
+def spec_positions(samples: list) -> int | None:
+    """The draft positions the server counts (vllm:spec_decode_num_accepted_tokens_per_pos
+    has one series per position, from its start): its configured k; None without them."""
+    found = {labels.get("position") for name, labels, _ in samples
+             if name == SPEC + "accepted_tokens_per_pos_total"}
+    return len(found) or None
+
+
 def tokens_per_step(deltas: dict) -> float | None:
     """Mean tokens per engine step over the deltas (vllm:iteration_tokens_total's sum /
     count); None when absent or no step ran."""

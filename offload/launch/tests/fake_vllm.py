@@ -61,6 +61,10 @@ class FakeConfig:
     per_request_metrics: bool = False     # --enable-per-request-metrics
     speculative: bool = True
     spec_k: int = 5                       # speculative tokens a draft proposes
+    spec_schedule: tuple = ()             # ((low, high, k), ...): k by batch size (K1's
+                                          # 1-2:5,3-4:4); () drafts spec_k at every size
+    spec_method: str = "mtp"              # mtp drafts k every step; ngram at most k (its
+                                          # lookup finds fewer on some steps)
     spec_accept: tuple = (0.8, 0.7, 0.5, 0.4, 0.3)   # share of drafts accepted at each position
     lack_paths: tuple = ()                # request kinds (PATH_KINDS) answered 400, as a
                                           # server without a grammar backend or template
@@ -90,6 +94,17 @@ class FakeConfig:
     copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
     dev_mode: bool = False                # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
     sleep_level: int | None = None        # asleep from the start at this level (None: awake)
+
+    def k_at(self, batch: int) -> int:
+        """The k the server drafts at a batch size (its schedule, else spec_k)."""
+        for low, high, k in self.spec_schedule:
+            if low <= batch <= high:
+                return k
+        return self.spec_k
+
+    def k_max(self) -> int:
+        """The server's configured k: the draft positions it counts."""
+        return max([k for _, _, k in self.spec_schedule] or [self.spec_k])
 
 
 STEP_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)   # vLLM 0.32, eager
@@ -235,6 +250,7 @@ class FakeState:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.aborting = threading.Event()     # TERM with --shutdown-timeout 0: answer 500
+        self.live: dict = {}                  # a running request -> [engine, largest batch]
         self.started = time.monotonic()
         # process_start_time_seconds: a restart; in clock ticks, rounded down as the kernel
         # (and so prometheus_client) gives it, never after the process started
@@ -265,7 +281,7 @@ class FakeState:
             for reason in ("stop", "length", "abort", "error", "repetition"):
                 self.count("vllm:request_success_total", 0, engine=engine,
                            finished_reason=reason)
-            for position in range(config.spec_k if config.speculative else 0):
+            for position in range(config.k_max() if config.speculative else 0):
                 self.count("vllm:spec_decode_num_accepted_tokens_per_pos_total", 0,
                            engine=engine, position=str(position))
 
@@ -329,19 +345,26 @@ class FakeState:
                 self.counters = {key: 0.0 for key in self.counters}
                 self.histograms = {e: [0.0] * len(h) for e, h in self.histograms.items()}
 
-    def speculate(self, engine: int, n_out: int) -> None:
+    def speculate(self, engine: int, n_out: int, peak: int = 1, left: int = 1) -> None:
         """Draft/verify counters for n_out tokens: each step emits its accepted tokens plus
-        one; spec_accept says which share of drafts each position accepts."""
+        one; spec_accept says which share of drafts each position accepts. Its steps ran at
+        the largest batch seen while it ran (`peak`), its last two at the batch left when
+        it ended (`left`, a tail when others had finished first), each drafting that batch
+        size's k; an ngram proposer drafts three fewer on every other step."""
         cfg = self.config
-        accept = [min(max(p, 0.0), 1.0) for p in cfg.spec_accept[:cfg.spec_k]]
+        accept = [min(max(p, 0.0), 1.0) for p in cfg.spec_accept[:cfg.k_max()]]
         drafts = math.ceil(n_out / (1 + sum(accept)))
         accepted = max(n_out - drafts, 0)
         per_pos = [min(drafts, round(accepted * p / sum(accept))) if sum(accept) else 0
                    for p in accept]
         if per_pos:
             per_pos[0] += accepted - sum(per_pos)
+        tail = min(2, drafts) if left < peak else 0
+        sizes = [peak] * (drafts - tail) + [left] * tail
+        draft_tokens = sum(max(cfg.k_at(b) - 3 * (cfg.spec_method == "ngram" and i % 2), 1)
+                           for i, b in enumerate(sizes))
         self.count("vllm:spec_decode_num_drafts_total", drafts, engine)
-        self.count("vllm:spec_decode_num_draft_tokens_total", cfg.spec_k * drafts, engine)
+        self.count("vllm:spec_decode_num_draft_tokens_total", draft_tokens, engine)
         self.count("vllm:spec_decode_num_accepted_tokens_total", accepted, engine)
         for position, value in enumerate(per_pos):
             self.count("vllm:spec_decode_num_accepted_tokens_per_pos_total", value, engine,
@@ -558,6 +581,8 @@ class Handler(BaseHTTPRequestHandler):
         late_gauge_s)."""
         st, cfg = self.state, self.state.config
         with st.lock:
+            live = st.live.pop(id(self), [engine, st.running[engine]])
+            self.spec_shape = (live[1], st.running[engine])   # (largest batch, batch left)
             st.running[engine] -= 1
             st.served[engine] += 1
             if cfg.late_gauge_s:
@@ -631,6 +656,10 @@ class Handler(BaseHTTPRequestHandler):
         cached = st.cached_prefix(ids, engine)
         with st.lock:
             st.running[engine] += 1
+            for live in st.live.values():      # the batch it runs in grows with each arrival
+                if live[0] == engine:
+                    live[1] = max(live[1], st.running[engine])
+            st.live[id(self)] = [engine, st.running[engine]]
             compile_lines, cfg.compile_lines = cfg.compile_lines, 0
             # A shape not served before is cold: the first batch at a depth, the first long
             # prefill, on each engine.
@@ -678,7 +707,7 @@ class Handler(BaseHTTPRequestHandler):
         st.count("vllm:prefix_cache_queries_total", n_prompt, engine)
         st.count("vllm:prefix_cache_hits_total", cached, engine)
         if cfg.speculative:
-            st.speculate(engine, n_out)
+            st.speculate(engine, n_out, *getattr(self, "spec_shape", (1, 1)))
         # As vLLM 0.32 counts a step's tokens: a prefill chunk that ends without output adds
         # nothing; the step that ends the prefill adds the whole prompt and the first token.
         chunks = -(-(n_prompt - cached) // max(cfg.max_num_batched_tokens, 1))
@@ -1032,6 +1061,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "and GET /is_sleeping answer (vllm:engine_sleep_state follows)")
     parser.add_argument("--asleep", type=int, choices=(0, 1, 2), default=None,
                         metavar="LEVEL", help="start asleep at this sleep level")
+    parser.add_argument("--k-schedule", default="", metavar="LIST",
+                        help="k by batch size, as K1's server drafts (1-2:5,3-4:4); default: "
+                             "5 at every size")
+    parser.add_argument("--spec-method", choices=("mtp", "ngram"), default="mtp",
+                        help="mtp drafts k every step; ngram at most k (fewer on some steps)")
     parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="S",
                         help="on TERM, wait up to S s for requests in flight (vLLM 0.32's "
                              "--shutdown-timeout; 0, its default: abort them, HTTP 500)")
@@ -1083,6 +1117,8 @@ def main(argv: list[str] | None = None) -> int:
                         cold_s=args.cold_s, engines=args.engines,
                         ignore_rank=args.ignore_rank, late_gauge_s=args.late_gauge_s,
                         dev_mode=args.dev_mode, sleep_level=args.asleep,
+                        spec_schedule=parse_schedule(args.k_schedule),
+                        spec_method=args.spec_method,
                         gauge_values={("vllm:num_requests_running", "0"): args.busy}
                         if args.busy else {})
     if args.fail_start:
@@ -1102,7 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
     # vLLM 0.32 says its speculative config in its engine's start line (where k is read).
     print(f"(EngineCore pid={os.getpid()}) INFO [core.py:133] Initializing a V1 LLM engine "
           f"(v{VERSION}) with config: model='{args.model}', speculative_config="
-          f"SpeculativeConfig(method='ngram', model=None, num_spec_tokens=5), "
+          f"SpeculativeConfig(method='{args.spec_method}', model=None, num_spec_tokens="
+          f"{config.k_max()}), "
           f"max_seq_len={args.max_model_len}", flush=True)
     print(f"INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens="
           f"{args.max_num_batched_tokens}.", flush=True)
@@ -1121,6 +1158,16 @@ def main(argv: list[str] | None = None) -> int:
         print("fake vLLM: engine died (--exit-after-s)", flush=True)
         return args.exit_status
     return 0
+
+
+def parse_schedule(text: str) -> tuple:
+    """'1-2:5,3-4:4' -> ((1, 2, 5), (3, 4, 4)); '' -> ()."""
+    schedule = []
+    for item in filter(None, text.split(",")):
+        sizes, _, k = item.partition(":")
+        low, _, high = sizes.partition("-")
+        schedule.append((int(low), int(high or low), int(k)))
+    return tuple(schedule)
 
 
 def fail_start() -> int:

@@ -417,7 +417,7 @@ class TestEvidenceDecides(HelperCase):
     def test_a_wave_with_no_drafts_says_so(self):
         wave = {"wave": "B1", "engine": None, "spec_decode": {"drafts": 0.0,
                                                               "drafted_length": None}}
-        (found,) = report.drafted_findings([wave], {"B1": 5})
+        (found,) = report.drafted_findings([wave], {"wave": {"B1": 5}})
         self.assertFalse(found["holds"])
         self.assertIn("no drafts over the wave", found["said"])
 
