@@ -24,8 +24,8 @@ from contract import B1_FLOOR
 from kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
 from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
 from records import probe_line
-from runframe import (Run, RunSettings, add_run_options, argument_type, emit, flag_or_env,
-                      whole)
+from runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options, argument_type,
+                      emit, flag_or_env, whole)
 from transport import UsageError, clean_text, finite_number
 from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                          add_server_options, answer_record, connection_from, read_slot,
@@ -86,6 +86,7 @@ class WarmthProbe(ServerProgram):
         options = self.options
         self.learn_server(run)
         if options.long_tokens:
+            self.refuse_a_long_item_past_the_context()
             self.long_prompts = self.size_long_prompts(run, options.long_tokens, options.tokens)
         run.write_run_record()
         run.say(f"probe {run.settings.run_id}: {self.connection.target.display} model "
@@ -115,6 +116,17 @@ class WarmthProbe(ServerProgram):
         run.say("probe (first round against the median of later rounds):")
         for entry in self.items:
             run.say(probe_line(entry))
+
+    def refuse_a_long_item_past_the_context(self) -> None:
+        """--long-tokens larger than the server's context is a usage error, said in one
+        line before anything is sent (the long item would otherwise be sized down)."""
+        context, tokens = self.server.max_model_len, self.options.tokens
+        if context is not None and self.options.long_tokens + tokens > context:
+            raise Fatal(f"--long-tokens {self.options.long_tokens} does not fit the server's "
+                        f"context: max_model_len {context} leaves room for "
+                        f"{max(context - tokens, 0)} prompt tokens beside {tokens} completion "
+                        f"tokens; give --long-tokens {max(context - tokens, 0)} or less; "
+                        f"nothing was sent", EXIT_USAGE)
 
     def run_rounds(self, run: Run) -> None:
         """Each round, each item, behind the guard; stops at a refusal or the deadline."""
@@ -192,8 +204,10 @@ def probe_summary(records: list[dict]) -> list[dict]:
 
 def item_kind(item: str):
     """An item's request kind: a --paths kind by its name; single, bursts and long are
-    streamed completions."""
-    return KINDS.get(item) or KINDS["stream"]
+    streamed completions (the long item's first token is its prefill: its TTFT is the
+    figure a long first use pays, so it is never sent as B1's unstreamed kind)."""
+    kind_ = KINDS.get(item)
+    return kind_ if kind_ is not None and kind_.path else KINDS["stream"]
 
 
 def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: Slot) -> dict:
@@ -247,9 +261,10 @@ def build_probe_parser() -> argparse.ArgumentParser:
                         help="rounds of single, burst3, burst4 (default: %(default)s)")
     parser.add_argument("--long-tokens", type=whole(0, MAX_LONG_PROMPT_TOKENS), default=0,
                         metavar="N",
-                        help="also a long request of N prompt tokens (more than 4096), "
-                             "sized once with /tokenize, a new nonce every round "
-                             "(default: none)")
+                        help="also a long request of N prompt tokens (more than 4096; "
+                             "32768 for a 32K first use), streamed (its TTFT is the prefill), "
+                             "sized once with /tokenize, a new nonce every round; refused when "
+                             "the server's context cannot hold it (default: none)")
     parser.add_argument("--paths", metavar="LIST", type=argument_type(parse_paths),
                         default=None,
                         help="also measure other request kinds, each an item at depth 1 "

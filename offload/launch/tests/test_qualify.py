@@ -230,6 +230,27 @@ class TestQualificationRuns(HelperCase):
         self.assertIn("ttft_ratio", shown["probe"][0])
         self.assert_clean(server, result)
 
+    def test_the_long_item_is_streamed_its_ttft_the_prefill(self):
+        server = self.start_fake(latency_s=0.02, max_model_len=8192)
+        result = self.run_probe(server, "--long-tokens", "8160")
+        self.assertEqual(result.code, 0, result.stdout)
+        long = [r for r in result.kind("probe") if r["item"] == "long"]
+        self.assertEqual(len(long), 3)
+        self.assertTrue(all(isinstance(r["ttft_s"], float) for r in long), long)
+        self.assertTrue(all(r["request_kind"] == "stream" for r in long))
+        bodies = [e["body"] for e in server.state.completions() if "-long-" in
+                  e["body"]["request_id"]]
+        self.assertTrue(all(b["stream"] is True for b in bodies))
+        self.assertRegex(result.stdout, r"long +TTFT first \d+ ms vs later \d+ ms")
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertRegex(shown.stdout, r"long +TTFT first \d+ ms vs later \d+ ms")
+        os.remove(self.records_path)
+        past = self.run_probe(server, "--long-tokens", "32768")
+        self.assertEqual(past.code, 2)
+        self.assertIn("--long-tokens 32768 does not fit the server's context: max_model_len "
+                      "8192 leaves room for 8160 prompt tokens", past.stdout)
+        self.assertEqual(len(server.state.completions()), 3 * 9, "the refused run sent nothing")
+
     def test_probe_respects_the_guard(self):
         server = self.start_fake(gauge_values={("vllm:num_requests_waiting", "0"): 1.0})
         result = self.run_probe(server)
