@@ -88,6 +88,7 @@ class EvidenceOptions:
     metrics_targets: tuple = ()           # more Prometheus endpoints (Targets)
     status_files: tuple = ()
     status_wait_s: float = 15.0
+    status_time_field: str = "timestamp"  # the field a status file's writer stamps
     healthy_at: float | None = None       # when /health first answered 200 (the launcher's)
 
 
@@ -123,7 +124,7 @@ class Evidence:
         for target in self.options.metrics_targets:
             self.counters_before[target.display] = read_counters(target, run.clock, "")
         for path in self.options.status_files:
-            self.status_before[path] = self.wait_for_status(run, path)
+            self.status_before[path] = self.wait_for_status(run, path)[:2]
 
     def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
                    judge_main=None) -> None:
@@ -172,45 +173,65 @@ class Evidence:
             run.write(record)
         for path in self.options.status_files:
             before, why_before = self.status_before.get(path, (None, "not read"))
-            after, why_after = self.wait_for_status(
+            after, why_after, fresh_by = self.wait_for_status(
                 run, path, missing_before=before is None
                 and str(why_before).startswith("missing"))
             why = "; ".join([f"before: {why_before}"] * bool(why_before)
                             + [f"after: {why_after}"] * bool(why_after)) or None
             result = status_delta(before, after, why)
             run.write(dict({"record": "status", "run_id": run.settings.run_id, "path": path},
-                           **result))
+                           **result, fresh_by=fresh_by))
             if result["state"] != "valid":
                 tally.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
         run.say(counters_line(self.highlights))
 
     def wait_for_status(self, run: Run, path: str, missing_before: bool = False
-                        ) -> tuple[dict | None, str | None]:
-        """The status file once rewritten after this moment, within --status-wait-s and the
-        deadline."""
+                        ) -> tuple[dict | None, str | None, str | None]:
+        """The status file once fresh, within --status-wait-s and the deadline: (document,
+        why not, what told it fresh). Fresh is a new value of its own timestamp field
+        (--status-time-field), the writer's word; only a file without that field is told
+        fresh by its modification time."""
         if missing_before and not os.path.exists(path):
-            return None, "missing (and missing before the first wave: not waited for again)"
-        wait_s = self.options.status_wait_s
+            return None, "missing (and missing before the first wave: not waited for " \
+                "again)", None
+        wait_s, field = self.options.status_wait_s, self.options.status_time_field
         if os.path.exists(path) and not os.path.isfile(path):
-            return None, "not a regular file (a FIFO or a device could block the read)"
+            return None, "not a regular file (a FIFO or a device could block the read)", None
         run.say(f"waiting up to {wait_s:g} s for {path} to be rewritten")
-        asked = time.time()
+        asked, stamp = time.time(), time_stamp(path, field)
         limit = time.monotonic() + min(wait_s, max(run.clock.remaining() - 1, 0))
         while True:
             try:
-                if os.stat(path).st_mtime > asked:
-                    doc, _ = read_json_file(path)
-                    if isinstance(doc, dict):
-                        return doc, None
+                moved = os.stat(path).st_mtime > asked
+                doc = read_json_file(path)[0] if moved or stamp is not None else None
+                if isinstance(doc, dict) and stamped(doc, field):
+                    if doc[field] != stamp:
+                        return doc, None, f"its {field} field"
+                elif isinstance(doc, dict) and moved:
+                    return doc, None, f"modification time (no {field} field)"
             except FileNotFoundError:
                 if time.monotonic() >= limit:
-                    return None, "missing"
+                    return None, "missing", None
             except OSError:
                 pass                                # being rewritten: read it again
             if time.monotonic() >= limit:
-                return None, (f"stale: not rewritten within {wait_s:g} s "
-                              f"(or the time left to the deadline)")
+                return None, (f"stale: no fresh {field} (nor, without one, a rewrite) within "
+                              f"{wait_s:g} s (or the time left to the deadline)"), None
             time.sleep(0.1)
+
+
+def stamped(doc: dict, field: str) -> bool:
+    """The document carries its timestamp field (a number or a string)."""
+    return isinstance(doc.get(field), (int, float, str)) and not isinstance(doc[field], bool)
+
+
+def time_stamp(path: str, field: str):
+    """A status file's timestamp field now (None: unreadable, or no such field)."""
+    try:
+        doc, _ = read_json_file(path)
+    except OSError:
+        return None
+    return doc[field] if isinstance(doc, dict) and stamped(doc, field) else None
 
 
 def counters_line(highlights: dict | None) -> str:

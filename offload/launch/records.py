@@ -43,7 +43,7 @@ DECLARED = {
             "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
                "highlights:dict ~warnings:list ~problems:list ~engines:list ~served:dict?",
-    "status": "run_id:str path:str state:str why:str? delta:dict?",
+    "status": "run_id:str path:str state:str why:str? delta:dict? ~fresh_by:str?",
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
                "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "

@@ -40,7 +40,7 @@ PICKED = {
              "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
              "spec_decode", "tokens_per_step", "counters_went_down"),
     "metrics": ("source", "state", "why", "highlights", "warnings"),
-    "status": ("path", "state", "why", "delta"),
+    "status": ("path", "state", "why", "delta", "fresh_by"),
     "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
               "cached_tokens", "ok"),
     "gate": ("shape", "probe", "kind", "engine", "index", "http_status", "finish_reason",
@@ -229,8 +229,9 @@ def format_run(run: dict) -> list[str]:
         why = f": {show(st.get('why'), 200)}" if st.get("why") else ""
         delta = as_dict(st.get("delta"))
         moved = ", ".join(f"{show(k, 60)} {show(v)}" for k, v in list(delta.items())[:12])
+        fresh = f" (fresh by {show(st.get('fresh_by'), 80)})" if st.get("fresh_by") else ""
         lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}"
-                     + (f"; deltas: {moved}" if moved else ""))
+                     f"{fresh}" + (f"; deltas: {moved}" if moved else ""))
     if run["probe_summary"]:
         lines += ["", "probe (first round against the median of later rounds):"]
         items = as_list(as_dict(run["probe_summary"]).get("items"))

@@ -583,6 +583,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
                              "or session changed, unverified when it has neither); repeatable")
+    parser.add_argument("--status-time-field", metavar="NAME", default="timestamp",
+                        help="the field a status file's writer stamps on each rewrite: a "
+                             "snapshot is fresh when it moves (the file's modification time "
+                             "only when it has no such field; the status record says which) "
+                             "(default: %(default)s)")
     parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
@@ -635,6 +640,7 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
     evidence = EvidenceOptions(
         metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
         status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
+        status_time_field=args.status_time_field,
         healthy_at=given_value(None, "", "WARMUP_HEALTHY_AT", unix_time, None)[0])
     if args.ready_file:
         same = [name for path, name in ((settings.records_path, "the records file"),

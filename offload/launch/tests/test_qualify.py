@@ -22,9 +22,11 @@ import vllm_client  # noqa: E402
 class StatusWriter:
     """Rewrites a JSON status file on a timer, like a worker's; stopped at cleanup."""
 
-    def __init__(self, path: str, period_s: float = 0.1):
-        self.path, self.period_s = path, period_s
+    def __init__(self, path: str, period_s: float = 0.1, stamp: bool = True):
+        self.path, self.period_s, self.stamp = path, period_s, stamp
         self.doc = {"pid": 100, "session": "s1", "steps": 0, "proxy": {"rounds": 0}}
+        if stamp:
+            self.doc["timestamp"] = "2026-12-03T00:00:00.000Z"
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -33,6 +35,11 @@ class StatusWriter:
         while not self.stopped.wait(self.period_s):
             self.doc["steps"] += 3
             self.doc["proxy"]["rounds"] += 1
+            if self.stamp == "frozen":          # rewritten, its own timestamp unchanged
+                pass
+            elif self.stamp:
+                self.doc["timestamp"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + \
+                    f".{int(time.time() * 1000) % 1000:03d}Z"
             tmp = self.path + ".tmp"
             with open(tmp, "w") as handle:
                 json.dump(self.doc, handle)
@@ -119,8 +126,10 @@ class TestQualificationRuns(HelperCase):
         self.assertGreater(status["delta"]["steps"], 0)
         self.assertGreater(status["delta"]["proxy.rounds"], 0)
         self.assertNotIn("pid", status["delta"])
+        self.assertEqual(status["fresh_by"], "its timestamp field")
         shown = self.run_argv(["report", self.records_path], main=qualify.main)
-        self.assertIn(f"status file {path}: valid; deltas: ", shown.stdout)
+        self.assertIn(f"status file {path}: valid (fresh by its timestamp field); deltas: ",
+                      shown.stdout)
         self.assertIn(f"steps {status['delta']['steps']}", shown.stdout,
                       "the runbook reads the deltas in the report")
 
@@ -141,6 +150,25 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(status["state"], "invalid")
         self.assertIn("pid changed (100 -> 101)", status["why"])
         self.assertIn("status file", " ".join(result.summary["warnings"]))
+
+    def test_freshness_is_the_files_own_timestamp_mtime_only_without_one(self):
+        server = self.start_fake(latency_s=0.02)
+        for stamp, state, fresh_by in (("frozen", "incomplete", None),
+                                       (False, "valid", "modification time (no timestamp "
+                                                        "field)")):
+            with self.subTest(stamp=stamp):
+                path = os.path.join(self.tmp, f"status-{stamp}.json")
+                writer = StatusWriter(path, stamp=stamp)
+                self.addCleanup(writer.stop)
+                if os.path.exists(self.records_path):
+                    os.remove(self.records_path)
+                result = self.run_helper(server, "--status-file", path, "--status-wait-s", "0.8")
+                (status,) = result.kind("status")
+                self.assertEqual((status["state"], status["fresh_by"]), (state, fresh_by),
+                                 status)
+                if stamp == "frozen":
+                    self.assertIn("stale: no fresh timestamp", status["why"],
+                                  "its mtime moved, its timestamp did not: not fresh")
 
     def test_missing_or_stale_status_file_is_incomplete(self):
         server = self.start_fake()
