@@ -281,7 +281,7 @@ def b1_prompts(requests: list[dict]) -> dict:
 
 
 def counter_problems(plan: Plan, engines: list, records: list[dict],
-                     requests: list[dict]) -> list[str]:
+                     requests: list[dict], plan_recorded: dict | None = None) -> list[str]:
     """What the counters the run recorded show: each wave's (from its wave records) and the
     whole run's (the first metrics record, when complete), foreign work or a restart; on
     a routed server, every engine its share."""
@@ -295,6 +295,16 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
         if deltas or down:
             problems += cross_check(deltas, [r for r in requests if r.get("wave") == name],
                                     name, down)[0]
+    if as_dict(plan_recorded).get("foreign_work") == "fail":     # the operator's choice
+        for record in (r for r in records if r.get("record") == "metrics"):
+            counted, source = as_dict(record.get("counted")), show(record.get("source"))
+            if counted and counted.get("foreign") != 0:
+                problems.append(
+                    f"foreign work on {source}: {show(counted.get('counter'))} counted "
+                    f"{finite_number(counted.get('foreign')):g} more than the warm-up sent "
+                    f"(--foreign-work fail)" if finite_number(counted.get("foreign"))
+                    else f"{show(counted.get('counter'))} on {source} could not be compared "
+                         f"with what the warm-up sent (--foreign-work fail)")
     main = next((as_dict(r) for r in records if r.get("record") == "metrics"), {})
     deltas = as_dict(main.get("deltas")) if main.get("state") == "complete" else {}
     if deltas:
@@ -379,7 +389,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
         differs = differences(plan, as_list(as_dict(run.get("plan")).get("engines_skipped")))
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(as_dict(run.get("plan")), differs)
-        found += counter_problems(plan, engines, records, judged)
+        found += counter_problems(plan, engines, records, judged, run.get("plan"))
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, as_dict(run.get("plan")).get("engines_skipped"),
                                       records)

@@ -89,6 +89,9 @@ class EvidenceOptions:
     status_files: tuple = ()
     status_wait_s: float = 15.0
     status_time_field: str = "timestamp"  # the field a status file's writer stamps
+    counted: tuple = ()                   # (Target, counter name, unit "requests"/"tokens"):
+                                          # an operator's counter of the work it saw
+    foreign_work: str = "evidence"        # what foreign work on one does: evidence or fail
     healthy_at: float | None = None       # when /health first answered 200 (the launcher's)
 
 
@@ -118,6 +121,7 @@ class Evidence:
         self.highlights: dict | None = None   # the main source's highlighted deltas
         self.main_deltas: dict | None = None  # the main source's deltas, when complete
         self.served: dict | None = None       # requests each engine served, after the run
+        self.marks: list = []                 # (wave, {source: counter now}) at each release
 
     def read_before(self, run: Run) -> None:
         """Counters of the extra endpoints and the status files, before the first wave."""
@@ -125,6 +129,36 @@ class Evidence:
             self.counters_before[target.display] = read_counters(target, run.clock, "")
         for path in self.options.status_files:
             self.status_before[path] = self.wait_for_status(run, path)[:2]
+
+    def mark(self, run: Run, wave: str) -> None:
+        """Each operator counter (--metrics-counter) read now, as a wave is released (or,
+        `wave` None, after the last): what moved between two marks is that wave's."""
+        if self.options.counted:
+            self.marks.append((wave, {t.display: counted_value(t, run.clock, name)
+                                      for t, name, _ in self.options.counted}))
+
+    def counted_records(self, requests: list[dict]) -> dict:
+        """Per operator counter: what it counted over the run and over each wave, against
+        what the warm-up sent (its requests, or their prompt and completion tokens); more is
+        foreign work, named with the waves it overlaps. Pure over the marks."""
+        found = {}
+        for target, name, unit in self.options.counted:
+            values = [(wave, seen.get(target.display)) for wave, seen in self.marks]
+            waves, foreign_in = {}, []
+            for (wave, before), (_, after) in zip(values, values[1:]):
+                sent = sent_by(unit, [r for r in requests if r.get("wave") == wave])
+                delta = None if before is None or after is None else after - before
+                waves[wave] = {"delta": maybe_number(delta), "sent": sent}
+                if delta is not None and delta > sent:
+                    foreign_in.append(wave)
+            first, last = (values[0][1], values[-1][1]) if values else (None, None)
+            delta = None if first is None or last is None else last - first
+            sent = sent_by(unit, requests)
+            found[target.display] = {
+                "counter": name, "unit": unit, "delta": maybe_number(delta), "sent": sent,
+                "foreign": None if delta is None else json_number(max(delta - sent, 0)),
+                "waves": waves, "overlaps": foreign_in}
+        return found
 
     def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
                    judge_main=None) -> None:
@@ -140,6 +174,8 @@ class Evidence:
                                   "wave: less than 1 s left to the deadline")
             return
         main_source = target.display + "/metrics"
+        self.mark(run, None)
+        counted = self.counted_records(tally.requests)
         befores = dict(self.counters_before)
         if first_counters is not None:
             befores[main_source] = (first_counters, None)
@@ -170,6 +206,9 @@ class Evidence:
                     tally.warnings.append(f"counter deltas incomplete: {record['why']}")
                 if judge_main is not None:
                     judge_main(deltas if not why else {}, record)
+            if source in counted:
+                record["counted"] = counted[source]
+                tally.warnings += foreign_said(source, counted[source])
             run.write(record)
         for path in self.options.status_files:
             before, why_before = self.status_before.get(path, (None, "not read"))
@@ -218,6 +257,42 @@ class Evidence:
                 return None, (f"stale: no fresh {field} (nor, without one, a rewrite) within "
                               f"{wait_s:g} s (or the time left to the deadline)"), None
             time.sleep(0.1)
+
+
+def maybe_number(value: float | None):
+    """A count as a record keeps it; None stays None (not read)."""
+    return None if value is None else json_number(value)
+
+
+def counted_value(target: Target, clock, name: str) -> float | None:
+    """An operator counter's value now: the sum of its series (None: unreadable, absent)."""
+    found, _ = read_counters(target, clock, "")
+    values = [v for k, v in (found or {}).items() if series_name(k) == name]
+    return sum(values) if values and all(v is not None for v in values) else None
+
+
+def sent_by(unit: str, requests: list[dict]) -> int:
+    """What the warm-up sent, as an operator counter counts it: requests, or the prompt
+    and completion tokens the server reported for them."""
+    if unit == "requests":
+        return len(requests)
+    return sum((r.get("prompt_tokens") or 0) + (r.get("completion_tokens") or 0)
+               for r in requests if isinstance(r.get("prompt_tokens"), int))
+
+
+def foreign_said(source: str, counted: dict) -> list[str]:
+    """The warning a counter that counted more than the warm-up sent gives (or why it
+    could not be compared)."""
+    if counted["delta"] is None:
+        return [f"{source}: {counted['counter']} could not be read at every wave: foreign "
+                f"work there not checked"]
+    if not counted["foreign"]:
+        return []
+    during = f" (during {', '.join(map(str, counted['overlaps']))})" if counted["overlaps"] \
+        else ""
+    return [f"foreign work on {source}: {counted['counter']} counted {counted['delta']:g} "
+            f"{counted['unit']}, the warm-up sent {counted['sent']}: {counted['foreign']:g} "
+            f"more{during}"]
 
 
 def stamped(doc: dict, field: str) -> bool:

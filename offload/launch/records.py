@@ -42,7 +42,8 @@ DECLARED = {
             "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
             "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
-               "highlights:dict ~warnings:list ~problems:list ~engines:list ~served:dict?",
+               "highlights:dict ~warnings:list ~problems:list ~engines:list ~served:dict? "
+               "~counted:dict",
     "status": "run_id:str path:str state:str why:str? delta:dict? ~fresh_by:str?",
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
                "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "

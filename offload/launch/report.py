@@ -39,7 +39,7 @@ PICKED = {
     "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "released_at",
              "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
              "spec_decode", "tokens_per_step", "counters_went_down"),
-    "metrics": ("source", "state", "why", "highlights", "warnings"),
+    "metrics": ("source", "state", "why", "highlights", "warnings", "counted"),
     "status": ("path", "state", "why", "delta", "fresh_by"),
     "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
               "cached_tokens", "ok"),
@@ -208,13 +208,40 @@ def evidence_table(waves: list[dict]) -> list[str]:
     return lines + notes
 
 
+def counted_lines(counted: dict) -> list[str]:
+    """An operator counter (--metrics-counter) against what the warm-up sent."""
+    if not counted:
+        return []
+
+    def num(value) -> str:
+        return f"{value:g}" if finite_number(value) is not None else show(value)
+    more = counted.get("foreign")
+    during = ", ".join(map(show, as_list(counted.get("overlaps")))) or "-"
+    said = "not compared (a read failed)" if more is None else "no foreign work" \
+        if not more else f"FOREIGN WORK: {num(more)} more (during {during})"
+    return [f"  {show(counted.get('counter'))}: counted {num(counted.get('delta'))} "
+            f"{show(counted.get('unit'))}, the warm-up sent {num(counted.get('sent'))}: {said}"]
+
+
+def overlapped(metrics: list[dict]) -> dict:
+    """wave -> the sources whose operator counter saw foreign work during it."""
+    found: dict = {}
+    for m in metrics:
+        for wave in as_list(as_dict(m.get("counted")).get("overlaps")):
+            found.setdefault(str(wave), []).append(show(m.get("source"), 120))
+    return found
+
+
 def format_run(run: dict) -> list[str]:
     """One run's lines, ending with its verdict line."""
     lines = [run_header(as_dict(run["run"]))] if run["run"] else ["(no run record)"]
     if run["requests"]:
         lines += [""] + request_table(run["requests"])
     if run["waves"]:
-        lines += [""] + [wave_text(w) for w in run["waves"]]
+        foreign = overlapped(run["metrics"])
+        lines += [""] + [wave_text(w) + "".join(f"  foreign work on {s}" for s in
+                                                foreign.get(str(w.get("wave")), []))
+                         for w in run["waves"]]
         table = evidence_table(run["waves"])
         if table:
             lines += ["", "per-wave evidence (counters and gauges; not worker RPC steps, not "
@@ -225,6 +252,7 @@ def format_run(run: dict) -> list[str]:
                       f"{why}):"]
         lines += [f"  {show(k, 160)} {show(v)}" for k, v in as_dict(m.get("highlights")).items()]
         lines += [f"  warning: {show(w, 300)}" for w in as_list(m.get("warnings"))]
+        lines += counted_lines(as_dict(m.get("counted")))
     for st in run["status"]:
         why = f": {show(st.get('why'), 200)}" if st.get("why") else ""
         delta = as_dict(st.get("delta"))

@@ -182,6 +182,7 @@ class WarmUp(ServerProgram):
         """One batch of a kind on every engine at once; False when the guard refused it."""
         name = batch_name(kind_, depth)
         slots = self.batch_slots(run, kind_, depth)
+        self.evidence.mark(run, name)
         started = run.clock.elapsed()
         finished = self.guarded_batch(run, name, slots, first=not self.tally.requests,
                                       observe_ms=self.plan.gauge_interval_ms)
@@ -228,6 +229,17 @@ class WarmUp(ServerProgram):
 
 
 
+def counted_type(text: str) -> tuple:
+    """--metrics-counter URL=NAME[:tokens] -> (Target, NAME, 'requests' or 'tokens')."""
+    url, _, name = text.rpartition("=")
+    name, _, unit = name.rpartition(":") if name.endswith((":tokens", ":requests")) \
+        else (name, "", "")
+    if not url or not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
+        raise ValueError(f"wants URL=NAME or URL=NAME:tokens (a Prometheus metric name); "
+                         f"got {text!r}")
+    return parse_url(url, "--metrics-counter"), name, unit or "requests"
+
+
 def recorded_plan(warm: WarmUp) -> dict:
     """The plan as the run record holds it (contract.plan_record()), with what this run
     learned: engines left cold, how it differs from the reviewed plan, B1's counted size."""
@@ -239,6 +251,7 @@ def recorded_plan(warm: WarmUp) -> dict:
     found = differences(warm.plan, skipped)
     return dict(plan_record(warm.plan), engines_skipped=skipped,
                 contract=not found, differences=found, deadline_s=warm.settings.deadline_s,
+                foreign_work=warm.evidence.options.foreign_work,
                 b1_prompt_tokens_counted=smallest, b1_prompt_tokens_by_engine=by_engine or None,
                 b1_sizing="tokenize" if smallest is not None else "estimate")
 
@@ -579,6 +592,17 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                         help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
                              "deltas over the warm-up are recorded; repeatable")
+    parser.add_argument("--metrics-counter", action="append", default=[],
+                        metavar="URL=NAME[:tokens]", type=argument_type(counted_type),
+                        help="an operator's counter of the work an endpoint saw (a proxy's "
+                             "requests, or with :tokens its prompt and completion tokens), "
+                             "read as each wave is released and after the last: more than the "
+                             "warm-up sent is foreign work, named with the waves it overlaps; "
+                             "repeatable")
+    parser.add_argument("--foreign-work", choices=("evidence", "fail"), default="evidence",
+                        help="what foreign work on a --metrics-counter does: evidence (a "
+                             "warning in the records and the report) or fail (the run fails); "
+                             "recorded in the plan (default: %(default)s)")
     parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
@@ -637,8 +661,12 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         given["engines"] = "--engines on the command line" if hasattr(args, "engines") \
             else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
     plan = replace(plan, given=tuple(given.items()))
+    counted = tuple(args.metrics_counter)
+    urls = [parse_url(url, "--metrics-url") for url in args.metrics_url]
     evidence = EvidenceOptions(
-        metrics_targets=tuple(parse_url(url, "--metrics-url") for url in args.metrics_url),
+        metrics_targets=tuple(urls + [t for t, _, _ in counted
+                                      if t.display not in {u.display for u in urls}]),
+        counted=counted, foreign_work=args.foreign_work,
         status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
         status_time_field=args.status_time_field,
         healthy_at=given_value(None, "", "WARMUP_HEALTHY_AT", unix_time, None)[0])

@@ -114,6 +114,53 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(sources[proxy.url + "/metrics"]["state"], "complete")
         self.assertEqual([r["path"] for r in proxy.state.requests], ["/metrics", "/metrics"])
 
+    def proxied(self):
+        """The server, and a second fake playing the proxy in front of it: the proxy's
+        proxy:requests_total counts every completion the server gets, and one more (a
+        foreign request) while B3 runs."""
+        server, proxy = self.start_fake(latency_s=0.02), self.start_fake()
+        logged, foreign = server.state.log, []
+        proxy.state.count("proxy:requests_total", 0)        # a counter exists from the start
+
+        def log(entry):
+            logged(entry)
+            body = entry["body"] if isinstance(entry["body"], dict) else {}
+            if entry["path"].endswith("/v1/completions"):
+                proxy.state.count("proxy:requests_total", 1)
+                if "-B3-" in str(body.get("request_id")) and not foreign:
+                    foreign.append(proxy.state.count("proxy:requests_total", 1))
+        server.state.log = log
+        return server, proxy
+
+    def test_foreign_work_on_an_operators_counter_is_named_with_its_wave(self):
+        server, proxy = self.proxied()
+        counter = f"{proxy.url}/metrics=proxy:requests_total"
+        result = self.run_helper(server, "--metrics-counter", counter)
+        self.assertEqual(result.code, 0, result.stdout)         # evidence, the default
+        (counted,) = [m["counted"] for m in result.kind("metrics") if "counted" in m]
+        self.assertEqual((counted["delta"], counted["sent"], counted["foreign"],
+                          counted["overlaps"]), (11.0, 10, 1.0, ["B3"]))
+        self.assertEqual(result.kind("run")[0]["plan"]["foreign_work"], "evidence")
+        self.assertIn(f"foreign work on {proxy.url}/metrics: proxy:requests_total counted 11 "
+                      f"requests, the warm-up sent 10: 1 more (during B3)",
+                      result.summary["warnings"])
+        shown = self.run_argv(["report", self.records_path], main=qualify.main)
+        self.assertEqual(shown.code, 0)
+        self.assertRegex(shown.stdout, r"(?m)^B3 .*ok  foreign work on " + proxy.url)
+        self.assertNotRegex(shown.stdout, r"(?m)^B[124] .*foreign work")
+        self.assertIn("proxy:requests_total: counted 11 requests, the warm-up sent 10: "
+                      "FOREIGN WORK: 1 more (during B3)", shown.stdout)
+        os.remove(self.records_path)
+        server, proxy = self.proxied()
+        strict = self.run_helper(server, "--metrics-counter",
+                                 f"{proxy.url}/metrics=proxy:requests_total",
+                                 "--foreign-work", "fail")
+        self.assertEqual(strict.code, 1, strict.stdout)
+        self.assertIn(f"foreign work on {proxy.url}/metrics: proxy:requests_total counted 1 "
+                      f"more than "
+                      f"the warm-up sent (--foreign-work fail)", strict.summary["problems"])
+        self.assertEqual(self.run_argv(["report", self.records_path], main=qualify.main).code, 1)
+
     def test_status_file_delta(self):
         path = os.path.join(self.tmp, "status.json")
         writer = StatusWriter(path)
