@@ -674,5 +674,34 @@ def load_tests(loader, standard_tests, pattern):
     return standard_tests
 
 
+
+class TestK1Call(HelperCase):
+    """The call K1's start.sh makes into the wrapper (CONTRACT section 10), held unchanged:
+    no argument, the address and the chunk in the environment, the exit status read."""
+
+    CALL = ("`bash\noffload/launch/warmup_serve.sh` with no argument, `WARMUP_BASE_URL` and\n"
+            "`WARMUP_CHUNK_TOKENS`")
+
+    def call(self, server) -> subprocess.CompletedProcess:
+        records = os.path.join(self.tmp, "k1")
+        os.makedirs(records, exist_ok=True)
+        return subprocess.run(["bash", os.path.relpath(WRAPPER, REPO)], cwd=REPO,
+                              capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, WARMUP_BASE_URL=server.url,
+                                       WARMUP_CHUNK_TOKENS="4096", WARMUP_RECORDS_DIR=records))
+
+    def test_the_call_k1_makes_passes_and_fails_by_exit_status(self):
+        with open(os.path.join(os.path.dirname(WRAPPER), "CONTRACT.md"), encoding="utf-8") as f:
+            self.assertIn(self.CALL, f.read(), "CONTRACT states the call this test makes")
+        passed = self.call(self.start_fake(latency_s=0.01))
+        self.assertEqual(passed.returncode, 0, passed.stdout + passed.stderr)
+        self.assertIn("PASS (exit 0): contract 10/10", passed.stdout)
+        written = os.listdir(os.path.join(self.tmp, "k1"))
+        self.assertEqual(len(written), 1, "the records go to WARMUP_RECORDS_DIR")
+        found, _ = read_records(os.path.join(self.tmp, "k1", written[0]))
+        self.assertEqual(found[0]["plan"]["chunk_tokens"], 4096)
+        failed = self.call(self.start_fake(latency_s=0.01, fault="one_token"))
+        self.assertEqual(failed.returncode, 1, "K1's WARN reads a non-zero status")
+
 if __name__ == "__main__":
     unittest.main()
