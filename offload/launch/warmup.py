@@ -414,6 +414,8 @@ def environment_read(base_url: str, given: str) -> str:
     said = []
     for name in READ_VARIABLES:
         value = os.environ.get(name)
+        if name == "WARMUP_HARD_S" and value == f"{DEFAULT_HARD_S:g}":
+            continue                      # the wrapper passes its default bound on
         if value and f"{name}=" not in given:
             shown = base_url if name == "WARMUP_BASE_URL" else clean_text(value, 60)
             said.append(f"{name}={shown}")
