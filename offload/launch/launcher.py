@@ -86,7 +86,8 @@ options (environment variable in brackets):
   --supervise         a container's entry point: stay the server's parent, its output
                       also on start.sh's own ("server| " before each line) and
                       server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
-                      server.log.1); pass TERM and INT on to its process group. When
+                      server.log.1); pass TERM and INT on to the server process (it
+                      drains, then stops its engines). When
                       the server ends, stop what is left of its group (KILL after
                       START_STOP_GRACE_S) and exit: with its status when TERM or INT
                       asked it to stop, else non-zero (a crash, or an exit 0 nobody
@@ -720,27 +721,27 @@ def interrupt_while_starting() -> None:
 
 def supervise(settings: Settings, server: Server, log: Log) -> int:
     """Stay the server's parent until its launched process ends (a container's entry
-    point): TERM and INT go to its group; every child is reaped (as PID 1, orphans too).
+    point): TERM and INT go to the server process (vLLM drains first); every child is
+    reaped (as PID 1, orphans too).
     When it ends, say how and after how long, stop what is left of its group (KILL after
     the grace), and exit: with its status when a signal asked it to stop, else non-zero
     (a crash, a signal from elsewhere, or an exit 0 nobody asked for), so that every
     restart policy restarts it."""
     asked: list = []                        # (signal name, when), from the handler
+    marked: list = []                       # what marking the ready file stopping did
+    from ready import mark_stopping
 
     def pass_on(signum, frame):
+        """Not ready first (the ready file marked stopping: no lock is taken here), then the
+        signal to the server, which drains while traffic leaves."""
+        if settings.ready_file and not asked:
+            marked.append(mark_stopping(settings.ready_file))
         asked.append((signal.Signals(signum).name[3:], time.monotonic()))
-        server.kill(signum)
-
-    def stopping() -> None:
-        """Not ready from the first signal on: traffic leaves while the server drains."""
-        if settings.ready_file:
-            from ready import mark_stopping
-            said = mark_stopping(settings.ready_file)
-            log(f"ready file {settings.ready_file}: {said}")
+        server.signal_server(signum)
     signal.signal(signal.SIGTERM, pass_on)
     signal.signal(signal.SIGINT, pass_on)
     log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
-        f"it; start.sh ends when the server does")
+        f"the server; start.sh ends when the server does")
     told, killed, watched = 0, False, time.monotonic()
     grace = int(settings.stop_grace_s)
     while True:
@@ -752,9 +753,10 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
             if said:
                 log(f"server asleep: {said}")
         while told < len(asked):
-            log(f"{asked[told][0]} received: passed on to server process group {server.pid}")
-            if told == 0:
-                stopping()
+            log(f"{asked[told][0]} received: passed on to the server (pid {server.pid}); "
+                f"what is left of its group is stopped when it ends")
+            if told == 0 and marked:
+                log(f"ready file {settings.ready_file}: {marked[0]}")
             told += 1
         if not server.alive():
             break

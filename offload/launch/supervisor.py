@@ -217,6 +217,15 @@ class ServerProcess:
         except OSError:
             pass
 
+    def signal_server(self, sig: int) -> None:
+        """The signal to the launched process alone, as Kubernetes sends TERM to PID 1:
+        vLLM drains its requests (--shutdown-timeout), then stops its own engines; a TERM
+        to the whole group would stop the engines first and fail what is in flight."""
+        try:
+            os.kill(self.pid, sig)
+        except OSError:
+            pass
+
     def stop(self, grace_s: int, say) -> None:
         """TERM the process group, KILL what is left after grace_s; reap as it goes."""
         if not self.pid or not signalable(-self.pid):

@@ -1066,6 +1066,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "5 at every size")
     parser.add_argument("--spec-method", choices=("mtp", "ngram"), default="mtp",
                         help="mtp drafts k every step; ngram at most k (fewer on some steps)")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="run an engine-core child in its process group, as vLLM does: "
+                             "when it ends (a TERM to the whole group), the requests in flight "
+                             "fail (HTTP 500) whatever --shutdown-timeout says")
     parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="S",
                         help="on TERM, wait up to S s for requests in flight (vLLM 0.32's "
                              "--shutdown-timeout; 0, its default: abort them, HTTP 500)")
@@ -1134,6 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: done.set())
+    if args.engine_process:
+        engine_core(server)
     # vLLM 0.32 says its prefill chunk at start, in this line (the only place it does).
     # vLLM 0.32 says its speculative config in its engine's start line (where k is read).
     print(f"(EngineCore pid={os.getpid()}) INFO [core.py:133] Initializing a V1 LLM engine "
@@ -1158,6 +1164,20 @@ def main(argv: list[str] | None = None) -> int:
         print("fake vLLM: engine died (--exit-after-s)", flush=True)
         return args.exit_status
     return 0
+
+
+def engine_core(server: FakeServer) -> None:
+    """vLLM's EngineCore: a child in the server's process group. When it ends, the server
+    can no longer answer: every request in flight fails (HTTP 500)."""
+    core = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
+
+    def watch():
+        core.wait()
+        server.state.aborting.set()
+        server.state.stop.set()
+    threading.Thread(target=watch, daemon=True).start()
+    import atexit
+    atexit.register(core.kill)
 
 
 def parse_schedule(text: str) -> tuple:

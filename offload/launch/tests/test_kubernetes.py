@@ -319,7 +319,8 @@ class TestKubeletSleep(KubeletCase):
 
 class TestKubeletDrain(KubeletCase):
     """A TERM with four requests in flight (vLLM's --shutdown-timeout in the manifest's
-    command): not Ready at once, every client answered, the container's exit 0."""
+    command, its engine core a child of the server's group): not Ready at once, every
+    client answered, the container's exit 0."""
 
     def send(self, port: int, number: int, answers: list) -> None:
         body = json.dumps({"model": "fake-model", "prompt": f"drain {number}", "max_tokens": 4,
@@ -336,7 +337,8 @@ class TestKubeletDrain(KubeletCase):
 
     def test_a_term_with_requests_in_flight_drains_them(self):
         # The four requests take 5 s each (the fake's 'slow' fault, on their ids only).
-        pod = Pod(self, "--latency-s", "0.01", "--fault", "slow", "--fault-match", "drain-")
+        pod = Pod(self, "--latency-s", "0.01", "--fault", "slow", "--fault-match", "drain-",
+                  "--engine-process")
         pod.run()
         self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
         answers: list = []

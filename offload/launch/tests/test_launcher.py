@@ -749,7 +749,7 @@ class TestSupervise(StartCase):
         server = self.server_pid()
         os.kill(proc.pid, signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=30), 0, "the fake ends gracefully on TERM: 0")
-        self.assertIn("TERM received: passed on to server process group", self.start_log())
+        self.assertIn("TERM received: passed on to the server (pid ", self.start_log())
         self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, asked to "
                                            r"stop \(TERM passed on\): start.sh exits 0")
         self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
