@@ -75,7 +75,8 @@ options (environment variable in brackets):
   --textfile PATH     the warm-up and the gate also publish their result there for
                       monitoring (node_exporter's textfile collector, *.prom), as
                       WARMUP_TEXTFILE; every start rewrites it, a server that never
-                      became healthy too (success 0) [START_TEXTFILE]
+                      became healthy too (success 0) [START_TEXTFILE, else
+                      WARMUP_TEXTFILE]
   --no-warmup         start and guard only [START_WARMUP=0]
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
@@ -236,7 +237,7 @@ class Settings:
         except OSError as exc:
             raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
                         f"({os_reason(exc)}); choose a writable folder") from None
-        for name in ("start.log", "server.log", "server.pid"):
+        for name in ("start.log", "server.log", "server.pid", "server.url"):
             path = os.path.join(self.log_dir, name)
             if os.path.exists(path) and not os.path.isfile(path):
                 raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
