@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import group_alive, port_owners, process_alive
+    from processes import foreign_holders, group_alive, process_alive
     from server_command import (address_problem, command_url, flag_value, logged_chunk,
                                 redacted_command, tokens_value)
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
@@ -289,8 +289,8 @@ class Settings:
 def os_reason(exc: OSError) -> str:
     """Why a file could not be written, in words an operator acts on."""
     import errno
-    return {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system",
-            errno.EDQUOT: "disk quota exceeded"}.get(exc.errno, exc.strerror or str(exc))
+    said = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
+    return said.get(exc.errno, exc.strerror or str(exc))
 
 
 def os_problem(exc: OSError) -> str:
@@ -389,8 +389,9 @@ class Server(ServerProcess):
         self.log(f"launch pid {self.pid or 'none'} (process group {self.pid or 'none'}): "
                  f"{redacted_command(self.settings.command)}")
 
-    def stop_group(self) -> None:
-        self.stop(int(self.settings.stop_grace_s), self.log)
+    def stop_group(self, grace_s: int | None = None) -> None:
+        """TERM the group, KILL it after START_STOP_GRACE_S (or what is left of it)."""
+        self.stop(int(self.settings.stop_grace_s) if grace_s is None else grace_s, self.log)
 
     def show_error(self) -> None:
         """This start's first error in server.log (a Traceback, an ERROR line, an
@@ -486,13 +487,6 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
             log(f"ready after {server.since_launch()} s ({url}/health = 200)")
             return healthy_at
         time.sleep(max(min(float(settings.poll_s), left), 0))
-
-
-def foreign_holders(port: int, pgid: int) -> list[tuple[int, int]] | None:
-    """The processes outside the launched group that listen on the port ([]: only ours);
-    None when /proc cannot tell."""
-    owners = port_owners(port)
-    return None if owners is None else [o for o in owners if o[1] != pgid]
 
 
 def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> None:
@@ -778,9 +772,10 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
         log.error(f"server ended {how} after {server.ended_after} s, unasked (a crash, a "
                   f"signal from elsewhere, or an exit nobody asked for): start.sh exits "
                   f"{code}, so that a restart policy restarts it")
-    if server.left():
+    if server.left():                 # asked: within the one grace since the signal
         log(f"stopping what is left of server process group {server.pid}")
-        server.stop_group()
+        server.stop_group(max(int(grace - (time.monotonic() - asked[0][1])), 1)
+                          if asked else None)
     if log.writer is not None and log.writer.dropped:
         log(f"{log.writer.dropped} lines of output were dropped: nobody read them in time "
             f"(server.log keeps the server's)")

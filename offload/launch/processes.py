@@ -104,3 +104,10 @@ def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
                 if stat is not None and (int(name), stat[1]) not in owners:
                     owners.append((int(name), stat[1]))
     return owners if seen == wanted else None
+
+
+def foreign_holders(port: int, pgid: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
+    """The (pid, group) outside process group `pgid` that listen on the port ([]: only
+    that group); None when /proc cannot tell."""
+    owners = port_owners(port, proc)
+    return None if owners is None else [o for o in owners if o[1] != pgid]

@@ -188,6 +188,8 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
         "server_pgid": server_pgid, "slept_at": None,
+        "chunk_tokens": (run.get("plan") or {}).get("chunk_tokens")
+        if isinstance(run.get("plan"), dict) else None,
     }, None
 
 
@@ -330,7 +332,7 @@ def foreign_listener(doc: dict, port: int) -> str | None:
         return None
     owners = port_owners(port)
     if not owners or any(group == pgid for _, group in owners):
-        return None
+        return None               # the vouched group holds it, or /proc cannot tell
     return (f"another process answers port {port} (pid {owners[0][0]}, process group "
             f"{owners[0][1]}), not the server process group {pgid} the ready file vouches "
             f"for")
@@ -397,7 +399,10 @@ def ready_main(argv: list[str]) -> int:
                  "be spelled another way), the server answers /health 200 within "
                  "--timeout-s, and its /metrics shows the same process start "
                  "(process_start_time_seconds) and the same model, every engine awake "
-                 "(vllm:engine_sleep_state, where the server has it); otherwise exit 1 with "
+                 "(vllm:engine_sleep_state, where the server has it), its port held by the "
+                 "process group start.sh launched; not ready either after a sleep (marked "
+                 "in the file: until a warm-up passes again), while a re-warm runs or after "
+                 "one was killed, and once start.sh was asked to stop; otherwise exit 1 with "
                  "one line saying which. One /health and one /metrics, no records: what a "
                  "Kubernetes exec readiness probe runs. start.sh writes the file from the "
                  "records of a passing warm-up (and gate).",

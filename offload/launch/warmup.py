@@ -50,9 +50,9 @@ try:
     from ready import drop_ready_file, mark_ready_file, read_ready_file, write_ready
     from records import as_dict
     from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
-                          emit, given_value, seconds, whole)
-    from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, parse_url,
-                           series_name, writable)
+                          emit, flag_or_env, given_value, seconds, whole)
+    from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, count_value,
+                           parse_url, series_name, writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                              add_server_options, answer_record, connection_from,
                              format_engines, read_slot, release_skew_ms, routed, server_main,
@@ -227,6 +227,13 @@ class WarmUp(ServerProgram):
                                             plan.priority, plan.template_kwargs))
         return slots
 
+
+
+def foreign_work_type(text: str) -> str:
+    """WARMUP_FOREIGN_WORK: evidence or fail."""
+    if text not in ("evidence", "fail"):
+        raise ValueError(f"must be evidence or fail, got {clean_text(text, 40)!r}")
+    return text
 
 
 def counted_type(text: str) -> tuple:
@@ -404,7 +411,8 @@ READ_VARIABLES = ("WARMUP_BASE_URL", "WARMUP_MODEL", "WARMUP_ENGINES", "WARMUP_W
                   "WARMUP_TOKENS", "WARMUP_PRIORITY", "WARMUP_PATHS", "WARMUP_CHUNK_TOKENS",
                   "WARMUP_DEADLINE_S", "WARMUP_HARD_S", "WARMUP_RECORDS_DIR",
                   "WARMUP_TEXTFILE", "WARMUP_READY_FILE", "WARMUP_LOCK_DIR",
-                  "WARMUP_HEALTHY_AT")
+                  "WARMUP_HEALTHY_AT", "WARMUP_METRICS_COUNTER", "WARMUP_FOREIGN_WORK",
+                  "WARMUP_STATUS_FILE")
 
 
 def environment_read(base_url: str, given: str) -> str:
@@ -510,7 +518,11 @@ EPILOG = ENVIRONMENT_HELP + """\
   WARMUP_DEADLINE_S   default for --deadline-s
   WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
                       command's --max-num-batched-tokens)
-  WARMUP_READY_FILE   default for --ready-file
+  WARMUP_READY_FILE   default for --ready-file (a re-warm: a ready file there gives
+                      the base URL and the chunk when they are not given)
+  WARMUP_METRICS_COUNTER, WARMUP_STATUS_FILE  defaults for --metrics-counter and
+                      --status-file (several: separated by spaces)
+  WARMUP_FOREIGN_WORK default for --foreign-work
   WARMUP_HEALTHY_AT   when /health first answered 200 (Unix time; start.sh sets it): the
                       summary's time_to_warm then has all three phases
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
@@ -601,10 +613,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "read as each wave is released and after the last: more than the "
                              "warm-up sent is foreign work, named with the waves it overlaps; "
                              "repeatable")
-    parser.add_argument("--foreign-work", choices=("evidence", "fail"), default="evidence",
+    parser.add_argument("--foreign-work", choices=("evidence", "fail"), default=None,
                         help="what foreign work on a --metrics-counter does: evidence (a "
                              "warning in the records and the report) or fail (the run fails); "
-                             "recorded in the plan (default: %(default)s)")
+                             "recorded in the plan (default: $WARMUP_FOREIGN_WORK, else "
+                             "evidence)")
     parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
@@ -642,6 +655,12 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                          f"longer; leave --b1-tokens out to size it past the chunk")
+    chunk_source = chunk_source.split("=")[0].split(" ")[0] if chunk_source else "assumed"
+    vouched = read_ready_file(args.ready_file)[0] if args.ready_file else None
+    if vouched and chunk_source == "assumed" and count_value(vouched.get("chunk_tokens")):
+        chunk, chunk_source = vouched["chunk_tokens"], "the ready file"   # a re-warm
+    if vouched and not args.base_url and not os.environ.get("WARMUP_BASE_URL"):
+        args.base_url = vouched["base_url"]          # the server it vouches for
     given = {}
 
     def planned(name, flag, variable, parse, default):
@@ -656,20 +675,23 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
                                  REVIEWED.priority),
                 paths=planned("paths", "--paths", "WARMUP_PATHS", parse_paths, ()),
                 b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
-                chunk_tokens=chunk, chunk_source=chunk_source.split("=")[0].split(" ")[0]
-                if chunk_source else "assumed", template_kwargs=args.chat_template_kwargs)
+                chunk_tokens=chunk, chunk_source=chunk_source,
+                template_kwargs=args.chat_template_kwargs)
     connection = connection_from(args)
     if connection.engines is not None:
         given["engines"] = "--engines on the command line" if hasattr(args, "engines") \
             else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
     plan = replace(plan, given=tuple(given.items()))
-    counted = tuple(args.metrics_counter)
+    counted = tuple(args.metrics_counter or flag_or_env(
+        None, "WARMUP_METRICS_COUNTER", lambda t: [counted_type(c) for c in t.split()], ()))
     urls = [parse_url(url, "--metrics-url") for url in args.metrics_url]
     evidence = EvidenceOptions(
         metrics_targets=tuple(urls + [t for t, _, _ in counted
                                       if t.display not in {u.display for u in urls}]),
-        counted=counted, foreign_work=args.foreign_work,
-        status_files=tuple(args.status_file), status_wait_s=args.status_wait_s,
+        counted=counted, foreign_work=flag_or_env(args.foreign_work, "WARMUP_FOREIGN_WORK",
+                                                  foreign_work_type, "evidence"),
+        status_files=tuple(args.status_file or flag_or_env(
+            None, "WARMUP_STATUS_FILE", str.split, ())), status_wait_s=args.status_wait_s,
         status_time_field=args.status_time_field,
         healthy_at=given_value(None, "", "WARMUP_HEALTHY_AT", unix_time, None)[0])
     if args.ready_file:

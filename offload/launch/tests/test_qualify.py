@@ -160,6 +160,14 @@ class TestQualificationRuns(HelperCase):
                       f"more than "
                       f"the warm-up sent (--foreign-work fail)", strict.summary["problems"])
         self.assertEqual(self.run_argv(["report", self.records_path], main=qualify.main).code, 1)
+        # The same through the environment, as start.sh passes WARMUP_* on.
+        os.remove(self.records_path)
+        server, proxy = self.proxied()
+        strict = self.run_helper(server, env={
+            "WARMUP_METRICS_COUNTER": f"{proxy.url}/metrics=proxy:requests_total",
+            "WARMUP_FOREIGN_WORK": "fail"})
+        self.assertEqual(strict.code, 1, strict.stdout)
+        self.assertIn("WARMUP_FOREIGN_WORK=fail", strict.stdout.splitlines()[0])
 
     def test_status_file_delta(self):
         path = os.path.join(self.tmp, "status.json")

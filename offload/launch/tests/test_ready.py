@@ -102,6 +102,18 @@ class TestReadyStaysTrue(StartCase):
                 self.assertEqual(again.code, 0, again.stdout)
                 self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
+    def test_a_re_warm_takes_the_address_and_chunk_from_the_ready_file(self):
+        server = self.start_fake(latency_s=0.01)
+        first = self.run_helper(server, "--ready-file", self.ready, "--chunk-tokens", "6000")
+        self.assertEqual(first.code, 0, first.stdout)
+        os.remove(self.records_path)
+        again = self.run_argv(["--ready-file", self.ready, "--records", self.records_path])
+        self.assertEqual(again.code, 0, again.stdout + again.stderr)
+        plan = again.kind("run")[0]["plan"]
+        self.assertEqual((plan["chunk_tokens"], plan["chunk_source"]), (6000, "the ready file"))
+        self.assertEqual(again.kind("run")[0]["base_url"], server.url)
+        self.assertGreater(again.requests[0]["prompt_tokens"], 6000)
+
     def test_the_warm_up_rewrites_the_ready_file_or_removes_it(self):
         server = self.start_fake()
         passed = self.run_helper(server, "--ready-file", self.ready)
