@@ -303,6 +303,26 @@ class TestStartOnAFullOrReadOnlyDisk(StartCase):
                       f"on the device", said)
         self.assertNotIn("Errno", said)
 
+    def test_records_lost_mid_run_to_a_full_disk_are_a_failure_on_every_sink(self):
+        folder = self.mount()
+        with open(os.path.join(folder, "filler"), "wb") as handle:
+            try:                           # leave room for the run record and a little
+                handle.write(b"x" * (64 * 1024 - 3 * 4096))
+            except OSError:
+                pass
+        textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(textfile)
+        server = self.start_fake(latency_s=0.01)
+        records = os.path.join(folder, "r.jsonl")
+        result = self.run_process([sys.executable, "-I", "-S", os.path.join(LAUNCH, "warmup.py"),
+                                   "--base-url", server.url, "--records", records,
+                                   "--textfile", textfile],
+                                  records=os.path.join(self.tmp, "none"))   # cut: not read
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("the run stopped (exit 1)", result.stderr)
+        self.assertEqual(verdict_of(textfile), "fail")
+        self.assertNotIn("Traceback", result.stdout + result.stderr)
+
     def test_a_read_only_log_folder_is_named_read_only(self):
         self.logs = self.mount("ro")
         result = self.start(server=self.fake(), timeout=60)
