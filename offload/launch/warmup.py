@@ -273,7 +273,9 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
         run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
                 f"it sent anything")
         return
-    doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path)
+    same = warm.vouched.get("base_url") == warm.connection.target.display
+    doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path,
+                        server_pgid=warm.vouched.get("server_pgid") if same else None)
     why = why or write_ready(warm.ready_file, doc)
     if why is None:
         run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "

@@ -107,12 +107,19 @@ class TestReadyStaysTrue(StartCase):
         first = self.run_helper(server, "--ready-file", self.ready, "--chunk-tokens", "6000")
         self.assertEqual(first.code, 0, first.stdout)
         os.remove(self.records_path)
+        with open(self.ready) as handle:          # as start.sh writes it: the server's group
+            doc = json.load(handle)
+        with open(self.ready, "w") as handle:
+            json.dump(dict(doc, server_pgid=os.getpgrp()), handle)
         again = self.run_argv(["--ready-file", self.ready, "--records", self.records_path])
         self.assertEqual(again.code, 0, again.stdout + again.stderr)
         plan = again.kind("run")[0]["plan"]
         self.assertEqual((plan["chunk_tokens"], plan["chunk_source"]), (6000, "the ready file"))
         self.assertEqual(again.kind("run")[0]["base_url"], server.url)
         self.assertGreater(again.requests[0]["prompt_tokens"], 6000)
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle)["server_pgid"], os.getpgrp(),
+                             "the re-warm's ready file still names the group on the port")
 
     def test_the_warm_up_rewrites_the_ready_file_or_removes_it(self):
         server = self.start_fake()
