@@ -26,7 +26,7 @@ from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from prompts import MIN_LONG_PROMPT_TOKENS
 from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
 from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS, EXIT_REFUSED,
-                      EXIT_TERMINATED, EXIT_USAGE)
+                      EXIT_TERMINATED)
 from transport import finite_number
 from vllm_metrics import engine_label, series_sum
 
@@ -613,8 +613,9 @@ def said_once(failed: list[dict]) -> list[str]:
     return said
 
 
-# The exit statuses each ending may have: a file cannot give a failed run exit 0.
-ENDING_EXITS = {"fail": (EXIT_FAIL, EXIT_USAGE), "refused": (EXIT_REFUSED,),
+# The exit statuses an ending read from a file may have: a file cannot give a failed run
+# exit 0 (nor 2, report's own 'cannot be read').
+ENDING_EXITS = {"fail": (EXIT_FAIL,), "refused": (EXIT_REFUSED,),
                 "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND, 137)}
 
 
