@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from contract import Ending, Verdict, decide, ending_of
-from ready import ready_document, write_ready
+from ready import ready_of, write_ready
 from records import as_dict, as_list, field_problems
 from runframe import EXIT_FAIL
 from transport import clean_text, decode_json, open_regular
@@ -239,29 +239,6 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
     groups = split_runs(records)
     runs = [group for group in groups if any(r["record"] == "run" for r in group)]
     return judge_run(runs[-1], repeated_run(runs[-1], groups)) if runs else None
-
-
-def last_gauges(records: list[dict]) -> dict:
-    """The last guard read's record of a run ({} when none)."""
-    return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
-
-
-def served_after(records: list[dict]) -> dict | None:
-    """The requests each engine had served after the run (its main metrics record's)."""
-    main = next((r for r in records if r.get("record") == "metrics"), {})
-    return as_dict(main.get("served")) or None
-
-
-def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
-             server_pgid: int | None = None):
-    """The ready file's document from a warm-up's verdict and its records, and the process
-    group start.sh launched when it did: (doc, why)."""
-    runs = [r for r in records if r.get("record") == "run"]
-    summaries = [r for r in records if r.get("record") == "summary"]
-    return ready_document(verdict, as_dict((runs or [{}])[-1]),
-                          as_dict((summaries or [{}])[-1]), path,
-                          last_gauges(records).get("sleep_state"), gate,
-                          served_after(records), server_pgid=server_pgid)
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,

@@ -193,6 +193,35 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
     }, None
 
 
+def as_dict(value) -> dict:
+    """A value as a dict ({} for any other type): records.as_dict, kept here so that the
+    readiness probe loads less."""
+    return value if isinstance(value, dict) else {}
+
+
+def last_gauges(records: list[dict]) -> dict:
+    """The last guard read's record of a run ({} when none)."""
+    return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
+
+
+def served_after(records: list[dict]) -> dict | None:
+    """The requests each engine had served after the run (its main metrics record's)."""
+    main = next((r for r in records if r.get("record") == "metrics"), {})
+    return as_dict(main.get("served")) or None
+
+
+def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
+             server_pgid: int | None = None):
+    """The ready file's document from a warm-up's verdict and its records, and the process
+    group start.sh launched when it did: (doc, why)."""
+    runs = [r for r in records if r.get("record") == "run"]
+    summaries = [r for r in records if r.get("record") == "summary"]
+    return ready_document(verdict, as_dict((runs or [{}])[-1]),
+                          as_dict((summaries or [{}])[-1]), path,
+                          last_gauges(records).get("sleep_state"), gate,
+                          served_after(records), server_pgid=server_pgid)
+
+
 def served_counts(served) -> dict:
     """Requests served per engine, as a ready file keeps them: finite numbers only."""
     if not isinstance(served, dict):

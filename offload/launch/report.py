@@ -23,7 +23,8 @@ import re
 import sys
 
 from contract import batch_name, identity, read_plan
-from readback import (READ_STOPPED, judge_run, last_gauges, load_records, repeated_run,
+from ready import last_gauges
+from readback import (READ_STOPPED, judge_run, load_records, repeated_run,
                       split_runs, tidy)
 from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
                      parts_text, probe_line, show)

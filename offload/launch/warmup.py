@@ -46,8 +46,7 @@ try:
     from evidence import Evidence, EvidenceOptions, time_to_warm
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from readback import ready_of
-    from ready import drop_ready_file, mark_ready_file, read_ready_file, write_ready
+    from ready import drop_ready_file, mark_ready_file, read_ready_file, ready_of, write_ready
     from records import as_dict
     from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
                           emit, flag_or_env, given_value, seconds, whole)
