@@ -26,7 +26,7 @@ from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from prompts import MIN_LONG_PROMPT_TOKENS
 from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
 from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS, EXIT_REFUSED,
-                      EXIT_TERMINATED)
+                      EXIT_TERMINATED, MAX_SECONDS)
 from transport import finite_number
 from vllm_metrics import engine_label, series_sum
 
@@ -633,7 +633,7 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
     elapsed, deadline = finite_number(summary.get("elapsed_s")), finite_number(deadline)
     if claimed in ("pass", "custom") and (elapsed is None or deadline is None
-                                          or elapsed > deadline):
+                                          or elapsed > deadline or deadline > MAX_SECONDS):
         return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
                                           f"within the run record's deadline_s "
                                           f"{show(deadline)}",))

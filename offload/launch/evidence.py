@@ -156,11 +156,12 @@ class Evidence:
                     foreign_in.append(wave)
             first, last = (values[0][1], values[-1][1]) if values else (None, None)
             delta = None if first is None or last is None else last - first
+            down = any(w["delta"] is not None and w["delta"] < 0 for w in waves.values())
             sent = sent_by(unit, requests)
             found[target.display] = {
                 "counter": name, "unit": unit, "delta": maybe_number(delta), "sent": sent,
-                "foreign": None if delta is None else json_number(max(delta - sent, 0)),
-                "waves": waves, "overlaps": foreign_in}
+                "foreign": None if delta is None or down else json_number(max(delta - sent, 0)),
+                "went_down": down, "waves": waves, "overlaps": foreign_in}
         return found
 
     def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
@@ -286,9 +287,14 @@ def sent_by(unit: str, requests: list[dict]) -> int:
 def foreign_said(source: str, counted: dict) -> list[str]:
     """The warning a counter that counted more than the warm-up sent gives (or why it
     could not be compared)."""
-    if counted["delta"] is None:
-        return [f"{source}: {counted['counter']} could not be read at every wave: foreign "
-                f"work there not checked"]
+    if counted["delta"] is None or counted["went_down"]:
+        why = "went down during the warm-up (a restart or a reset)" if counted["went_down"] \
+            else "could not be read at every wave"
+        return [f"{source}: {counted['counter']} {why}: foreign work there not checked"]
+    if counted["delta"] < counted["sent"]:
+        return [f"{source}: {counted['counter']} counted {counted['delta']:g} "
+                f"{counted['unit']}, fewer than the {counted['sent']} the warm-up sent: "
+                f"does it count this traffic?"]
     if not counted["foreign"]:
         return []
     during = f" (during {', '.join(map(str, counted['overlaps']))})" if counted["overlaps"] \

@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import foreign_holders, group_alive, process_alive
+    from processes import foreign_holders, group_alive, process_alive, stop_session
     from server_command import (address_problem, command_url, flag_value, logged_chunk,
                                 redacted_command, tokens_value)
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
@@ -444,7 +444,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
     if os.path.isfile(pid_file):
         with open(pid_file, "rb") as handle:
             old = re.sub(rb"[^0-9]", b"", handle.read(64)).decode()[:10]
-        if old and 0 < int(old) < 1 << 22 and (process_alive(int(old)) or
+        if old and 1 < int(old) < 1 << 22 and (process_alive(int(old)) or
                                                group_alive(int(old))):
             log.error(f"{pid_file} names pid {old}, which is still alive: a server may "
                       f"already run here. Stop it (kill -TERM -- -{old}) or remove the file "
@@ -515,8 +515,13 @@ class Steps:
 
     @classmethod
     def run(cls, command: list[str], env: dict) -> int:
-        cls.child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-        return shell_status(cls.child.wait())
+        """The step in a session of its own; once it ended, what it left there (a helper
+        whose wrapper was KILLed, in timeout's group) is stopped: nothing outlives it."""
+        cls.child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        status = shell_status(cls.child.wait())
+        stop_session(cls.child.pid)
+        return status
 
     @classmethod
     def stop(cls) -> None:
@@ -724,7 +729,7 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     restart policy restarts it."""
     asked: list = []                        # (signal name, when), from the handler
     marked: list = []                       # what marking the ready file stopping did
-    from ready import mark_stopping
+    from ready import mark_stopping, watch_sleep
 
     def pass_on(signum, frame):
         """Not ready first (the ready file marked stopping: no lock is taken here), then the
@@ -743,7 +748,6 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
         server.reap()
         if settings.ready_file and not asked and time.monotonic() - watched >= SLEEP_WATCH_S:
             watched = time.monotonic()            # a short sleep between probes is seen too
-            from ready import watch_sleep
             said = watch_sleep(settings.ready_file, settings.target, PROBE_TIMEOUT_S)
             if said:
                 log(f"server asleep: {said}")

@@ -86,6 +86,10 @@ def open_lock_file(path: str, target: Target) -> int:
     a folder at the path is a refusal naming it (exit 3); a folder we cannot write, a
     usage error that says so."""
     flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK     # a FIFO must not block us
+    if os.path.islink(path):
+        raise Fatal(f"refused: the lock path {path} for {target.display} is a link, not a "
+                    f"regular file: something else put it there; remove it, or point "
+                    f"WARMUP_LOCK_DIR elsewhere; nothing was sent", EXIT_REFUSED)
     try:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644)

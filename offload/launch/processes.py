@@ -13,17 +13,18 @@ import re
 DIGITS = re.compile(r"[0-9]{1,10}")          # str.isdigit() would take "²"
 
 
-def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int] | None:
-    """(state, process group) from /proc/PID/stat; None when there is no such process."""
+def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int, int] | None:
+    """(state, process group, session) from /proc/PID/stat; None when there is no such
+    process."""
     try:
         with open(os.path.join(proc, pid, "stat"), "rb") as handle:
             line = handle.read(4096).decode("ascii", "replace")
     except OSError:
         return None
     fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
-    if len(fields) < 3 or not DIGITS.fullmatch(fields[2]):
+    if len(fields) < 4 or not DIGITS.fullmatch(fields[2]) or not DIGITS.fullmatch(fields[3]):
         return None
-    return fields[0], int(fields[2])
+    return fields[0], int(fields[2]), int(fields[3])
 
 
 def signalable(pid: int) -> bool:
@@ -111,3 +112,31 @@ def foreign_holders(port: int, pgid: int, proc: str = "/proc") -> list[tuple[int
     that group); None when /proc cannot tell."""
     owners = port_owners(port, proc)
     return None if owners is None else [o for o in owners if o[1] != pgid]
+
+
+def stop_session(sid: int, grace_s: float = 5.0, proc: str = "/proc") -> list[int]:
+    """TERM every live process of session `sid` (a step's leftovers), KILL what is left
+    after grace_s; the pids it found."""
+    import signal
+    import time
+
+    def members() -> list[int]:
+        if not os.path.isdir(proc):
+            return []
+        found = []
+        for name in os.listdir(proc):
+            stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
+            if stat is not None and stat[2] == sid and stat[0] != "Z":
+                found.append(int(name))
+        return found
+    found = members()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in members():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while members() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return found

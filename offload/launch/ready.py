@@ -142,10 +142,12 @@ def url_from_file(path: str) -> tuple[str | None, str | None]:
     """The first line of start.sh's server.url, or (None, why there is none yet)."""
     try:
         with open_regular(path) as handle:         # a FIFO there never blocks a probe
-            return handle.read(4096).decode("utf-8", "replace").strip().split("\n")[0], None
+            text = handle.read(4096).decode("utf-8", "replace").strip().split("\n")[0]
     except OSError as exc:
         return None, (f"{clean_text(path, 200)} cannot be read "
                       f"({exc.strerror or type(exc).__name__}): start.sh writes it at launch")
+    return (text, None) if text else (None, f"{clean_text(path, 200)} is empty: start.sh "
+                                            f"writes the server's address there at launch")
 
 
 # ---------------------------------------------------------------------------
@@ -259,7 +261,7 @@ def read_ready_file(path: str) -> tuple[dict | None, str | None]:
         return None, f"{where} is missing: no warm-up has passed since the last start"
     except OSError as exc:
         return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
-    if not isinstance(doc, dict) or doc.get("kind") != READY_KIND \
+    if not isinstance(doc, dict) or doc.get("kind") != READY_KIND or doc.get("verdict") != "pass" \
             or not isinstance(doc.get("model"), str) or not isinstance(doc.get("base_url"), str):
         return None, f"{where} is not a ready file ({why or 'not what start.sh writes'})"
     try:

@@ -123,10 +123,17 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
         return {"runs": runs, "issues": tidy(issues), "verdict": "none",
                 "exit_code": EXIT_FAIL, "evidence": "incomplete",
                 "ends": f"no warm-up run in {clean_text(path, 200)} (no run record)"}
-    last = runs[-1]
+    last = decisive(runs)
     return {"runs": runs, "issues": tidy(issues),
             "verdict": last["verdict"], "exit_code": last["exit_code"],
             "evidence": last["evidence"], "ends": last["ends"]}
+
+
+def decisive(runs: list[dict]) -> dict:
+    """The run a file's exit status is: its last warm-up (a probe or gate run after a failed
+    warm-up does not make the file pass), else its last run."""
+    warmups = [r for r in runs if as_dict(r["run"]).get("mode") == "warmup"]
+    return (warmups or runs)[-1]
 
 
 def run_header(run: dict) -> str:
@@ -307,7 +314,8 @@ def format_report(report: dict) -> str:
             lines += ["", f"== run {number} of {len(runs)} =="]
         lines += format_run(run)
     if len(runs) > 1:
-        lines.append(f"(the file holds {len(runs)} runs; the exit status is the last run's)")
+        lines.append(f"(the file holds {len(runs)} runs; the exit status is the last "
+                     f"warm-up's, else the last run's)")
     return "\n".join(lines).lstrip("\n")
 
 
@@ -383,7 +391,8 @@ def final_line(report: dict, held: bool, code: int) -> str:
         return ""
     if not held:
         return f"\nverdict: {show(report['verdict'])}, but --expect-k does not hold (exit {code})"
-    if last.get("verdict") != report["verdict"] or last.get("exit_code") != code:
+    if last.get("verdict") != report["verdict"] or last.get("exit_code") != code or \
+            len(report["runs"]) > 1:
         return f"\nverdict: {show(report['verdict'])} (exit {code}; {show(report['ends'], 300)})"
     return ""
 
@@ -416,9 +425,9 @@ def drafted_findings(waves: list[dict], expected: dict, proposer: str = "mtp",
 
     With k by batch size a wave of depth d runs most steps at batch d (its own k) and may
     end at any smaller size when a request finishes first (its tails, at their k). mtp
-    (drafts k every step): holds when k-1 < drafted <= k, or when the figure lies strictly
-    between its own k and a tail's (a mix of the two: 'explained by tails'); all steps at
-    another k is a wrong k. ngram (drafts at most k, fewer when its lookup finds less):
+    (drafts k every step): holds when k-1/2 < drafted <= k, or when the figure lies between
+    its own k and a tail's, nearer its own (most steps at its own k, a few at the tail's:
+    'explained by tails'); mostly or all steps at another k is a wrong k. ngram (drafts at most k, fewer when its lookup finds less):
     holds when 0 < drafted <= the largest k the wave may run at. Either way the draft
     positions the server counts (`positions`, from its /metrics) must be its largest k: a
     server started with another k is caught even when its drafts look short."""
@@ -463,10 +472,11 @@ def judge_drafted(wave: dict, name: str, by_batch: dict | None, wanted: dict,
         holds = 0 < drafted <= most
         return {"wave": where, "holds": holds, "drafted_length": drafted,
                 "said": f"{said} (ngram: at most {most}): {'holds' if holds else 'DIFFERS'}"}
-    if k - 1 < drafted <= k:
+    if k - 0.5 < drafted <= k:                # a step that drafted less, at most
         return {"wave": where, "holds": True, "drafted_length": drafted,
                 "said": f"{said}: holds"}
-    tail = next((t for t in tails if min(k, t) < drafted < max(k, t)), None)
+    tail = next((t for t in tails if min(k, t) < drafted < max(k, t)          # tails: a few
+                 and abs(drafted - k) < abs(t - k) / 2), None)                 # steps only
     if tail is not None:
         return {"wave": where, "holds": True, "drafted_length": drafted,
                 "said": f"{said}: holds, explained by tails (a smaller batch drafts {tail})"}
@@ -475,4 +485,4 @@ def judge_drafted(wave: dict, name: str, by_batch: dict | None, wanted: dict,
 
 
 def _last_run(report: dict) -> dict:
-    return report["runs"][-1] if report["runs"] else {}
+    return decisive(report["runs"]) if report["runs"] else {}

@@ -532,13 +532,14 @@ def usage_object(problem: str) -> dict:
             "problems": [problem], "records": None}
 
 
-def publish_usage(mode: str, textfile: str) -> None:
-    """A usage error in the textfile (verdict 'usage', success 0): a run that could not
-    begin leaves no stale success behind."""
+def publish_usage(mode: str, textfile: str, verdict: str = "usage",
+                  exit_code: int = EXIT_USAGE) -> None:
+    """An outcome no summary says in the textfile (success 0): a usage error (a run that
+    could not begin), or a KILL the run could not write down; no stale success stays."""
     why = publish(textfile, f"offload_{mode}", result_samples(
-        f"offload_{mode}", {"verdict": "usage", "exit_code": EXIT_USAGE}, time.time()))
+        f"offload_{mode}", {"verdict": verdict, "exit_code": exit_code}, time.time()))
     if why:
-        emit(f"{why} (a usage error was not published)", sys.stderr)
+        emit(f"{why} (the outcome '{verdict}' was not published)", sys.stderr)
 
 
 def textfile_of(argv: list[str]) -> str | None:

@@ -106,11 +106,11 @@ class WarmUp(ServerProgram):
 
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
+        self.learn_server(run)        # the server to ourselves: no other helper runs now
         if self.ready_file:           # a re-warm killed mid-run leaves the file not ready
             self.vouched = read_ready_file(self.ready_file)[0] or {}
             mark_ready_file(self.ready_file, self.vouched.get("run_id"),
                             rewarm_run_id=run.settings.run_id)
-        self.learn_server(run)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.b1_minimum)
         run.write_run_record()
@@ -267,8 +267,10 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
     start.sh writes it; a mark that the server slept goes with the old one), left as it
     was by a refusal (nothing was sent: what it says is still true), removed after any
     other end (the server this run tried to warm is not known warm)."""
-    if summary["verdict"] == "refused":
-        mark_ready_file(warm.ready_file, warm.vouched.get("run_id"), rewarm_run_id=None)
+    if summary["verdict"] == "refused":       # as it was: our mark (only ours) undone
+        now = read_ready_file(warm.ready_file)[0] or {}
+        if warm.vouched and now.get("rewarm_run_id") == run.settings.run_id:
+            write_ready(warm.ready_file, warm.vouched)
         run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
                 f"it sent anything")
         return
@@ -413,7 +415,7 @@ READ_VARIABLES = ("WARMUP_BASE_URL", "WARMUP_MODEL", "WARMUP_ENGINES", "WARMUP_W
                   "WARMUP_DEADLINE_S", "WARMUP_HARD_S", "WARMUP_RECORDS_DIR",
                   "WARMUP_TEXTFILE", "WARMUP_READY_FILE", "WARMUP_LOCK_DIR",
                   "WARMUP_HEALTHY_AT", "WARMUP_METRICS_COUNTER", "WARMUP_FOREIGN_WORK",
-                  "WARMUP_STATUS_FILE")
+                  "WARMUP_STATUS_FILE", "WARMUP_PYTHON")
 
 
 def environment_read(base_url: str, given: str) -> str:
@@ -428,6 +430,10 @@ def environment_read(base_url: str, given: str) -> str:
         if value and f"{name}=" not in given:
             shown = base_url if name == "WARMUP_BASE_URL" else clean_text(value, 60)
             said.append(f"{name}={shown}")
+    said += [f"{clean_text(name, 60)} (not a variable the warm-up reads)"
+             for name in sorted(os.environ)
+             if name.startswith("WARMUP_") and name not in READ_VARIABLES
+             and name != "WARMUP_HARD_BOUND_AT"]          # a typo, or another tool's
     return ", ".join(said)
 
 
@@ -754,12 +760,14 @@ def deadline_for(flag: float | None) -> float:
     return deadline
 
 
-def publish_refusal(argv: list[str]) -> None:
-    """A usage error warmup_serve.sh found before the helper could start (a bad
-    WARMUP_HARD_S), published to the textfile the command line or WARMUP_TEXTFILE names."""
+def publish_refusal(argv: list[str], status: int = 2) -> None:
+    """What warmup_serve.sh knows and the helper could not say, published to the textfile
+    the command line or WARMUP_TEXTFILE names: a usage error found before the helper could
+    start (a bad WARMUP_HARD_S), or (status 137) the helper KILLed."""
     textfile = runframe.textfile_of(argv)
     if textfile:
-        runframe.publish_usage("warmup", textfile)
+        runframe.publish_usage("warmup", textfile, *(("killed", status) if status != 2
+                                                    else ()))
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,

@@ -22,7 +22,7 @@ forwarded="" # the signal forwarded to timeout, if any
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH_REFUSAL='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_refusal(sys.argv[1:])'
+warmup.publish_refusal(sys.argv[2:], int(sys.argv[1]))'
 
 die() {
   echo "warmup_serve.sh: $*" >&2
@@ -38,7 +38,7 @@ refuse() {
   shift
   for python in "${WARMUP_PYTHON:-python3}" python3; do
     if runs_python "${python}"; then
-      "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" "$@" 2>/dev/null || true
+      "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" 2 "$@" 2>/dev/null || true
       break
     fi
   done
@@ -142,6 +142,9 @@ main() {
     kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
   fi
   say_ending "${status}" "${hard}" "${WARMUP_HARD_BOUND_AT}"
+  if [[ "${status}" == 137 ]]; then   # KILLed: the helper could write no summary
+    "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" 137 "$@" 2>/dev/null || true
+  fi
   return "${status}"
 }
 

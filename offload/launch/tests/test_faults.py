@@ -325,6 +325,7 @@ class TestFaults(HelperCase):
         ready_file = os.path.join(self.tmp, "ready")
         with open(ready_file, "w") as handle:      # the ready file of the run before
             json.dump({"kind": "offload-ready/1", "model": "fake-model", "base_url": server.url,
+                       "verdict": "pass",
                        "run_id": "before", "process_start_time_seconds": None,
                        "served_at_warm": {"0": 1.0}}, handle)
         proc = self.start_helper_process(server, "--deadline-s", "60", "--ready-file",

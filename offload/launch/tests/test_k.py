@@ -25,8 +25,8 @@ class TestExpectKGrammar(unittest.TestCase):
     def test_the_rule_on_figures(self):
         k1 = {"batch": {1: 5, 2: 5, 3: 4, 4: 4}}
         for depth, drafted, holds in ((3, 4.111, True), (3, 4.0, True), (3, 5.0, False),
-                                      (1, 4.0, False), (2, 4.5, True), (4, 3.5, True),
-                                      (4, 3.0, False)):
+                                      (3, 4.6, False), (1, 4.0, False), (2, 4.6, True),
+                                      (2, 4.5, False), (4, 3.6, True), (4, 3.5, False)):
             with self.subTest(depth=depth, drafted=drafted):
                 wave = {"wave": f"B{depth}", "depth": depth, "engine": None,
                         "spec_decode": {"drafts": 10, "drafted_length": drafted}}
@@ -53,6 +53,15 @@ class TestKByBatchSize(HelperCase):
         self.assertIn("expect-k B1: drafted length 5, k 5: holds", shown.stdout)
         # The same file read by wave with the old rule: the tails read as a wrong k.
         self.assertEqual(self.report("--expect-k", "B1=5,B2=5,B3=4,B4=4").code, 1)
+
+    def test_a_wrong_schedule_is_not_explained_by_tails(self):
+        self.warm(spec_schedule=K1)
+        for wrong in ("1-4:5", "1-2:5,3-4:3"):
+            with self.subTest(expect=wrong):
+                shown = self.report("--expect-k", wrong)
+                self.assertEqual(shown.code, 1, shown.stdout)
+                self.assertRegex(shown.stdout, r"expect-k B3: drafted length 4\.\d+, k \d: "
+                                               r"DIFFERS")
 
     def test_a_flat_k_5_differs_at_b3_and_b4(self):
         self.warm(spec_schedule=((1, 4, 5),))

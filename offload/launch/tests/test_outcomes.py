@@ -14,7 +14,7 @@ import sys
 import time
 import unittest
 
-from support import LAUNCH, REPO, WRAPPER, HelperCase, StartCase
+from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartCase
 import runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import textfile  # noqa: E402
 
@@ -178,6 +178,7 @@ class TestWrapperPublishes(HelperCase):
         self.assertEqual(proc.returncode, 137, err)
         self.assertIn("warm-up killed by signal 9 (not the hard bound; exit 137)", err)
         self.assertNotIn("by the hard bound", err)
+        self.assertEqual(verdict_of(self.textfile), "killed", "not 'running' for ever")
 
     @staticmethod
     def timeout_pid(wrapper_pid: int) -> int:
@@ -228,14 +229,52 @@ class TestStartPublishes(StartCase):
 class TestLeftoversNamed(StartCase):
     def test_a_variable_left_in_the_environment_is_named_where_the_operator_looks(self):
         result = self.start(server=self.fake(), env={"WARMUP_PATHS": "stream",
-                                                     "WARMUP_HARD_S": "60"})
+                                                     "WARMUP_HARD_S": "60",
+                                                     "WARMUP_WAVE": "1,2"})
         self.assertEqual(result.code, 0, result.stderr)
         first = [line for line in result.stdout.splitlines() if line.startswith("warm-up 2")][0]
         self.assertIn("deadline 55 s; given: WARMUP_PATHS=stream from the environment; "
                       "environment: WARMUP_BASE_URL=" + self.url, first)
         self.assertIn("WARMUP_HARD_S=60", first)
+        self.assertIn("WARMUP_WAVE (not a variable the warm-up reads)", first)
         self.assertIn("OK: warm-up passed: contract 10/10, paths stream 5/5 (WARMUP_PATHS=stream "
                       "from the environment); records: ", result.stdout)
+
+
+class TestStartStepsLeaveNothing(StartCase):
+    def test_a_wrapper_killed_under_start_sh_takes_its_helper_with_it(self):
+        textfile = os.path.join(self.tmp, "offload.prom")
+        proc = subprocess.Popen(["bash", START_SH, "--base-url", self.url, "--log-dir",
+                                 self.logs, "--textfile", textfile, "--",
+                                 *self.fake("--latency-s", "1")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, START_POLL_S="0.2"))
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 30
+        wrapper = []
+        while not wrapper and time.monotonic() < deadline:
+            wrapper = subprocess.run(["pgrep", "-f", "bash .*warmup_serve.sh --records " +
+                                      self.logs], capture_output=True, text=True).stdout.split()
+            time.sleep(0.1)
+        time.sleep(1.5)                            # the helper is sending B1
+        os.kill(int(wrapper[0]), signal.SIGKILL)
+        out, _ = proc.communicate(timeout=60)
+        self.assertIn("warm-up ended: exit 137, verdict killed", out)
+        time.sleep(6)                              # what a helper left running would do
+        self.assertEqual(verdict_of(textfile), "killed", "no later pass from an orphan")
+        left = subprocess.run(["pgrep", "-f", "import warmup"], capture_output=True, text=True)
+        self.assertNotIn(self.logs, subprocess.run(
+            ["ps", "-o", "args=", "-p", ",".join(left.stdout.split()) or "0"],
+            capture_output=True, text=True).stdout)
+
+    def test_a_pid_file_naming_pid_1_is_stale_not_a_server(self):
+        os.makedirs(self.logs, exist_ok=True)
+        with open(os.path.join(self.logs, "server.pid"), "w") as handle:
+            handle.write("1\n")
+        result = self.start(server=self.fake())
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertNotIn("kill -TERM -- -1", result.stderr)
+        self.assertIn("stale", self.start_log())
 
 
 class TestStartSaysWhoHoldsThePort(StartCase):

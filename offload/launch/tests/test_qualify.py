@@ -114,13 +114,13 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(sources[proxy.url + "/metrics"]["state"], "complete")
         self.assertEqual([r["path"] for r in proxy.state.requests], ["/metrics", "/metrics"])
 
-    def proxied(self):
+    def proxied(self, reset: bool = False):
         """The server, and a second fake playing the proxy in front of it: the proxy's
         proxy:requests_total counts every completion the server gets, and one more (a
-        foreign request) while B3 runs."""
+        foreign request) while B3 runs; with `reset`, it drops back by 100 during B2."""
         server, proxy = self.start_fake(latency_s=0.02), self.start_fake()
         logged, foreign = server.state.log, []
-        proxy.state.count("proxy:requests_total", 0)        # a counter exists from the start
+        proxy.state.count("proxy:requests_total", 100 if reset else 0)   # from the start
 
         def log(entry):
             logged(entry)
@@ -129,6 +129,8 @@ class TestQualificationRuns(HelperCase):
                 proxy.state.count("proxy:requests_total", 1)
                 if "-B3-" in str(body.get("request_id")) and not foreign:
                     foreign.append(proxy.state.count("proxy:requests_total", 1))
+                if reset and "-B2-0" in str(body.get("request_id")):
+                    proxy.state.count("proxy:requests_total", -100)
         server.state.log = log
         return server, proxy
 
@@ -168,6 +170,16 @@ class TestQualificationRuns(HelperCase):
             "WARMUP_FOREIGN_WORK": "fail"})
         self.assertEqual(strict.code, 1, strict.stdout)
         self.assertIn("WARMUP_FOREIGN_WORK=fail", strict.stdout.splitlines()[0])
+        # A counter that went down (a proxy restarted) cannot be compared: no pass when strict.
+        os.remove(self.records_path)
+        server, proxy = self.proxied(reset=True)
+        reset = self.run_helper(server, "--metrics-counter",
+                                f"{proxy.url}/metrics=proxy:requests_total",
+                                "--foreign-work", "fail")
+        self.assertEqual(reset.code, 1, reset.stdout)
+        self.assertIn("proxy:requests_total on " + proxy.url + "/metrics could not be compared",
+                      " ".join(reset.summary["problems"]))
+        self.assertIn("went down during the warm-up", " ".join(reset.summary["warnings"]))
 
     def test_status_file_delta(self):
         path = os.path.join(self.tmp, "status.json")

@@ -102,6 +102,39 @@ class TestReadyStaysTrue(StartCase):
                 self.assertEqual(again.code, 0, again.stdout)
                 self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
+    def test_a_refused_re_warm_keeps_the_mark_of_the_one_running(self):
+        server = self.start_fake(latency_s=0.5)
+        self.assertEqual(self.run_helper(server, "--ready-file", self.ready).code, 0)
+        running = self.start_helper_process(server, "--ready-file", self.ready)
+        self.wait_for_completions(server, 11)           # the re-warm is sending
+        self.assertIn("a re-warm", ready(self.ready).stderr)
+        other = os.path.join(self.tmp, "other.jsonl")
+        refused = self.run_argv(["--ready-file", self.ready, "--records", other])
+        self.assertEqual(refused.code, 3, refused.stdout)     # another helper at the server
+        shown = ready(self.ready)
+        self.assertEqual(shown.returncode, 1, "still not ready while the re-warm runs")
+        self.assertIn("a re-warm", shown.stderr)
+        running.kill()
+
+    def test_a_ready_file_that_does_not_say_pass_is_not_one(self):
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server, "--ready-file", self.ready).code, 0)
+        with open(self.ready) as handle:
+            doc = json.load(handle)
+        with open(self.ready, "w") as handle:
+            json.dump(dict(doc, verdict="fail"), handle)
+        shown = ready(self.ready)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("is not a ready file", shown.stderr)
+
+    def test_an_empty_url_file_is_no_answer_yet(self):
+        path = os.path.join(self.tmp, "server.url")
+        open(path, "w").close()
+        shown = run_script(QUALIFY, "health", "--url-file", path)
+        self.assertEqual(shown.returncode, 3)
+        self.assertIn(f"{path} is empty: start.sh writes the server's address there",
+                      shown.stderr)
+
     def test_a_re_warm_takes_the_address_and_chunk_from_the_ready_file(self):
         server = self.start_fake(latency_s=0.01)
         first = self.run_helper(server, "--ready-file", self.ready, "--chunk-tokens", "6000")
@@ -201,7 +234,7 @@ class TestReadyRefuses(HelperCase):
         doc = os.path.join(self.tmp, "ready")
         with open(doc, "w") as handle:
             json.dump({"kind": "offload-ready/1", "base_url": silent.url, "model": "m",
-                       "process_start_time_seconds": 1.0}, handle)
+                       "verdict": "pass", "process_start_time_seconds": 1.0}, handle)
         started = time.monotonic()
         shown = ready(doc, "--timeout-s", "1")
         self.assertEqual(shown.returncode, 1)
@@ -212,7 +245,8 @@ class TestReadyRefuses(HelperCase):
             self.assertEqual(len(proc.stderr.strip().splitlines()), 1)
         with open(doc, "w") as handle:
             json.dump({"kind": "offload-ready/1", "base_url": f"http://127.0.0.1:{free_port()}",
-                       "model": "m", "process_start_time_seconds": 1.0}, handle)
+                       "model": "m", "verdict": "pass", "process_start_time_seconds": 1.0},
+                      handle)
         nothing = ready(doc)
         self.assertIn("not answering", nothing.stderr)
         link = os.path.join(self.tmp, "link")

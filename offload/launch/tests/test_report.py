@@ -414,7 +414,8 @@ class TestReportReading(unittest.TestCase):
         self.assertEqual(shown.returncode, 0)
         self.assertIn("== run 1 of 2 ==", shown.stdout)
         self.assertIn("verdict: fail (exit 1)", shown.stdout)
-        self.assertTrue(shown.stdout.rstrip().splitlines()[-2].startswith("verdict: pass"))
+        self.assertTrue(shown.stdout.rstrip().splitlines()[-1].startswith("verdict: pass (exit 0"),
+                        "the last line is the file's verdict")
         doc = json.loads(self.report("--json").stdout)
         self.assertEqual([r["verdict"] for r in doc["runs"]], ["fail", "pass"])
         self.assertEqual([len(r["requests"]) for r in doc["runs"]], [10, 10])

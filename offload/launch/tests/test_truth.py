@@ -19,7 +19,7 @@ import subprocess
 import sys
 import unittest
 
-from support import WARMUP, HelperCase, contract, transport
+from support import WARMUP, HelperCase, contract, qualify, transport
 import readback  # noqa: E402  (support puts offload/launch on sys.path)
 import report  # noqa: E402
 
@@ -88,6 +88,26 @@ class TestRecordedClaimsAreNotTheVerdict(TruthCase):
         last = text.rstrip().splitlines()[-1]
         self.assertTrue(last.startswith("verdict: incomplete (exit 1;"), last)
         self.assertIn("not read to its end", last)
+
+    def test_a_failed_warm_up_followed_by_a_probe_in_one_file_exits_1(self):
+        failed = self.records_of(fault="one_token")
+        server = self.start_fake(latency_s=0.01)
+        probed = self.run_argv(["probe", "--base-url", server.url, "--records",
+                                self.records_path, "--rounds", "2"], main=qualify.main)
+        self.assertEqual(probed.code, 0, probed.stdout)
+        got, text = self.report(failed + probed.records)
+        self.assertEqual(got, 1, text)
+        self.assertTrue(text.rstrip().splitlines()[-1].startswith("verdict: fail (exit 1"), text)
+
+    def test_a_deadline_past_any_the_helper_allows_is_no_pass(self):
+        records = self.records_of()
+        for record in records:
+            if record["record"] == "run":
+                record["plan"]["deadline_s"] = 1e9
+            if record["record"] == "summary":
+                record.update(deadline_s=1e9, elapsed_s=5e8)
+        got, text = self.report(records)
+        self.assertEqual(got, 1, text)
 
     def test_engines_and_engine_of_the_wrong_shape_fail_closed(self):
         records = self.records_of(engines=2)
@@ -186,6 +206,16 @@ class TestLockPaths(HelperCase):
                       result.summary["problems"][0])
         self.assertNotIn("internal error", result.stdout + result.stderr)
         self.assertEqual(server.state.requests, [])
+
+    def test_a_link_at_the_lock_path_is_a_refusal_naming_it(self):
+        import locks
+        server = self.start_fake()
+        path = locks.lock_path(transport.parse_url(server.url))
+        os.symlink(os.path.join(self.tmp, "elsewhere"), path)
+        result = self.run_helper(server)
+        self.assertEqual(result.code, 3, result.stdout + result.stderr)
+        self.assertIn(f"the lock path {path} for {server.url} is a link",
+                      result.summary["problems"][0])
 
     @unittest.skipUnless(os.geteuid() == 0 and shutil.which("setpriv"),
                          "needs root to run the helper as another user")
