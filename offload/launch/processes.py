@@ -52,11 +52,20 @@ def group_alive(pgid: int, proc: str = "/proc") -> bool:
         return False
     if not os.path.isdir(proc):
         return True                              # without /proc, trust kill -0
+    return bool(live_members(1, pgid, proc))
+
+
+def live_members(field: int, value: int, proc: str = "/proc") -> list[int]:
+    """The live (not zombie) pids whose /proc stat has `value` at `field` (1: process
+    group, 2: session, as proc_stat gives them); [] without /proc."""
+    if not os.path.isdir(proc):
+        return []
+    found = []
     for name in os.listdir(proc):
         stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
-        if stat is not None and stat[1] == pgid and stat[0] != "Z":
-            return True
-    return False
+        if stat is not None and stat[field] == value and stat[0] != "Z":
+            found.append(int(name))
+    return found
 
 
 def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
@@ -120,23 +129,14 @@ def stop_session(sid: int, grace_s: float = 5.0, proc: str = "/proc") -> list[in
     import signal
     import time
 
-    def members() -> list[int]:
-        if not os.path.isdir(proc):
-            return []
-        found = []
-        for name in os.listdir(proc):
-            stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
-            if stat is not None and stat[2] == sid and stat[0] != "Z":
-                found.append(int(name))
-        return found
-    found = members()
+    found = live_members(2, sid, proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in members():
+        for pid in live_members(2, sid, proc):
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         deadline = time.monotonic() + grace_s
-        while members() and time.monotonic() < deadline:
+        while live_members(2, sid, proc) and time.monotonic() < deadline:
             time.sleep(0.05)
     return found

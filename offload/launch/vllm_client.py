@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from contract import ENGINE_HEADER, Ending, decide
 from locks import release_server_lock, take_server_lock
 from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
-from records import ANSWER_FIELDS, label
+from records import ANSWER_FIELDS
 from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
                       argument_type, flag_or_env, late_problem, parse_or_explain,
                       publish_usage, run_session, run_settings, seconds, textfile_of,
