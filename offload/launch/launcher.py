@@ -1,7 +1,7 @@
 """start.sh's launcher: start a vLLM server, guard its readiness, warm it up, report.
 
-  main() -> Settings(argv, env).check() (flags over START_* variables, all checked
-            before anything is launched) -> start():
+  main() -> start_settings.Settings(argv, env).check() (flags over START_* variables,
+            all checked before anything is launched) -> start():
     refuse_a_running_server() -> Server.start() (own session and process group, output
     to server.log; with --supervise also to ours, the log rotated) -> wait_ready()
     -> warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard bound),
@@ -29,9 +29,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import foreign_holders, group_alive, process_alive, stop_session
-    from server_command import (address_problem, command_url, flag_value, logged_chunk,
-                                redacted_command, tokens_value)
+    from processes import (foreign_holders, group_alive, port_owners, process_alive,
+                           stop_session)
+    from server_command import commanded_model, logged_chunk, redacted_command
+    from transport import clean_text, open_own
+    from start_settings import HELP, Settings, Usage, check_file_place, os_problem, os_reason
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
 except ImportError:                       # main() names the missing module (exit 2)
     group_alive = process_alive = None
@@ -45,80 +47,6 @@ KILL_AFTER_S = 5
 PROBE_TIMEOUT_S = 2.0
 SLEEP_WATCH_S = 3.0                   # --supervise reads the sleep gauge this often
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
-WHOLE = r"[1-9][0-9]{0,%d}"
-NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
-
-HELP = """\
-usage: start.sh [options] -- <server command and its arguments>
-
-Start the server in the background (own process group, output to LOG_DIR/server.log),
-wait for GET /health = 200 within the start guard, run the warm-up
-(offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
-The server keeps running. start.sh refuses to start when something already answers at
-the base URL: it reports only on a server it launched and still sees running (the
-launched process itself: a server that forks and exits has ended).
-
-options (environment variable in brackets):
-  --base-url URL      where the server answers, passed to the warm-up and the gate as
-                      is (as WARMUP_BASE_URL, out of their command lines); user:pass@
-                      in it is never shown, and sent (as Basic auth) only by the
-                      /health and ready checks [START_BASE_URL, default: from the
-                      server command's --port and --host, else http://127.0.0.1:8000;
-                      one that differs from them is a usage error]
-  --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
-  --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
-  --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
-                      the contract's plan; removed when a start launches. It names the
-                      server it vouches for (its process start, model): `qualify.py
-                      ready --ready-file PATH` says whether it is still true (a
-                      readiness probe); its folder must exist [START_READY_FILE]
-  --textfile PATH     the warm-up and the gate also publish their result there for
-                      monitoring (node_exporter's textfile collector, *.prom), as
-                      WARMUP_TEXTFILE; every start rewrites it, a server that never
-                      became healthy too (success 0) [START_TEXTFILE, else
-                      WARMUP_TEXTFILE]
-  --no-warmup         start and guard only [START_WARMUP=0]
-  --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
-  --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
-                      [START_GATE_HARD_S, 180]
-  --keep N            keep the records of the last N warm-ups (and gates) in the log
-                      folder, removing older ones, each named in start.log; 0 keeps
-                      every one [START_KEEP, 10]
-  --supervise         a container's entry point: stay the server's parent, its output
-                      also on start.sh's own ("server| " before each line) and
-                      server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
-                      server.log.1); pass TERM and INT on to the server process (it
-                      drains, then stops its engines). When
-                      the server ends, stop what is left of its group (KILL after
-                      START_STOP_GRACE_S) and exit: with its status when TERM or INT
-                      asked it to stop, else non-zero (a crash, or an exit 0 nobody
-                      asked for) [START_SUPERVISE=1]. Without it, server.log grows
-                      with the server's output: rotate it with copytruncate
-                      (logrotate), as start.sh keeps appending
-  -h, --help          this text
-  START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
-  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
-  the warm-up and the gate unchanged (a WARN names one that made a custom plan), except
-  two that start.sh sets: WARMUP_BASE_URL (to the base URL) and WARMUP_CHUNK_TOKENS (from
-  the command's --max-num-batched-tokens, else server.log's start line; start.log says so).
-
-Read the records before releasing HOLD, after OK as after WARN.
-
-exit status:
-  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
-  N    with --supervise, once the server ended: its status when TERM or INT asked it
-       to stop; unasked, its status, 1 for an exit 0 nobody asked for
-  1    server not started or not trustworthy: something already answered at the base
-       URL, a live server.pid, the server exited (also during the warm-up), or it
-       missed the start guard (its process group is stopped)
-  2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
-       nothing was launched
-  130  interrupted by INT (the server was stopped)
-  143  interrupted by TERM (the server was stopped)"""
-
-
-class Usage(Exception):
-    """A usage error: nothing has been launched (exit 2)."""
 
 
 class Exit(Exception):
@@ -131,189 +59,6 @@ class Exit(Exception):
 
 class Interrupted(Exit):
     """TERM or INT while starting (its name): the server it launched is stopped."""
-
-
-# ---------------------------------------------------------------------------
-# Settings: environment first, then flags; every one checked before launch.
-# ---------------------------------------------------------------------------
-
-class Settings:
-    """start.sh's settings, checked; the server command after --."""
-
-    DEFAULTS = {                          # setting: (its variable, its default)
-        "base_url": ("START_BASE_URL", "http://127.0.0.1:8000"),
-        "guard_s": ("START_GUARD_S", "600"), "log_dir": ("START_LOG_DIR", "./logs"),
-        "ready_file": ("START_READY_FILE", ""), "textfile": ("START_TEXTFILE", ""),
-        "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),
-        "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
-        "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
-        "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
-        "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
-    }
-
-    def __init__(self, argv: list[str], env: dict):
-        self.env = env
-        self.source = {}                  # where each value came from: a variable, a flag
-        for name, (variable, default) in self.DEFAULTS.items():
-            setattr(self, name, env.get(variable, default))
-            self.source[name] = variable
-        if not self.textfile and env.get("WARMUP_TEXTFILE"):   # the helpers' own variable
-            self.textfile, self.source["textfile"] = env["WARMUP_TEXTFILE"], "WARMUP_TEXTFILE"
-        self.command: list[str] = []
-        self.help = False
-        self._parse(argv)
-
-    VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
-              "--ready-file": "ready_file", "--textfile": "textfile",
-              "--gate-hard-s": "gate_hard_s", "--keep": "keep"}
-    SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
-                "--gate": ("gate", "1")}
-
-    def _parse(self, argv: list[str]) -> None:
-        args = list(argv)
-        while args:
-            arg = args.pop(0)
-            if arg in ("-h", "--help"):
-                self.help = True
-                return
-            if arg == "--":
-                self.command = args
-                return
-            if arg in self.SWITCHES:
-                name, value = self.SWITCHES[arg]
-                setattr(self, name, value)
-            elif arg in self.VALUED:
-                if not args:
-                    raise Usage(f"{arg} needs a value")
-                setattr(self, self.VALUED[arg], args.pop(0))
-                self.source[self.VALUED[arg]] = arg
-            else:
-                raise Usage(f"unknown option '{arg}' (the server command goes after --)")
-
-    def check(self) -> None:
-        """Every value checked, the folders tried; Usage naming the first bad one."""
-        if not self.command:
-            raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
-        check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
-        if not NUMBER.fullmatch(self.poll_s) or not 0.01 <= float(self.poll_s) <= 60:
-            raise Usage(f"START_POLL_S must be a number of seconds from 0.01 to 60, got "
-                        f"'{self.poll_s}'")
-        check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
-                    prefix="must be ")
-        check_whole(self.stop_grace_s, 4, "START_STOP_GRACE_S",
-                    "whole seconds from 0 to 99999", prefix="must be ", zero=True)
-        check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
-        check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
-                    prefix="must be ")
-        for name in ("warmup", "gate", "supervise"):
-            if getattr(self, name) not in ("0", "1"):
-                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
-        if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
-            raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
-                        f"got '{self.gate_hard_s}'")
-        if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:
-            self.base_url = command_url(self.command)     # the port, said once
-            self.source["base_url"] = "the server command's --port and --host"
-        if not re.match(r"https?://", self.base_url):
-            raise Usage(f"{self.source['base_url']} must start with http:// or https://")
-        self._check_log_dir()
-        if self.ready_file:
-            self._check_ready_file()
-        if self.textfile:
-            check_file_place(self.source["textfile"], self.textfile)
-        from transport import UsageError
-        from transport import parse_base_url
-        try:
-            self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
-        except UsageError as exc:
-            raise Usage(str(exc)) from None
-        why = address_problem(self.target, self.command)
-        if why:
-            raise Usage(why)
-
-    def _check_log_dir(self) -> None:
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-        except OSError as exc:
-            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
-                        f"({os_reason(exc)}); choose a writable folder") from None
-        for name in ("start.log", "server.log", "server.pid", "server.url"):
-            path = os.path.join(self.log_dir, name)
-            if os.path.exists(path) and not os.path.isfile(path):
-                raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
-                            f"regular file (a FIFO or device); remove it or choose another "
-                            f"folder")
-        try:
-            with open(os.path.join(self.log_dir, "start.log"), "a"):
-                pass
-        except OSError as exc:
-            raise Usage(f"cannot write start.log in {self.source['log_dir']} "
-                        f"'{self.log_dir}' ({os_reason(exc)}); choose a writable "
-                        f"folder") from None
-        server_log = os.path.join(self.log_dir, "server.log")
-        if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
-            raise Usage(f"cannot write server.log in {self.source['log_dir']} "
-                        f"'{self.log_dir}'; choose a writable folder")
-
-    def _check_ready_file(self) -> None:
-        path, option = self.ready_file, self.source["ready_file"]
-        folder = os.path.dirname(path) or "."
-        if not os.path.isdir(folder):
-            raise Usage(f"{option} '{path}': folder '{folder}' does not exist; create it "
-                        f"first")
-        if os.path.isdir(path):
-            raise Usage(f"{option} '{path}' is a folder")
-        check_file_place(option, path)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise Usage(f"{option} '{path}': cannot write in folder '{folder}'")
-
-    def command_chunk(self) -> str:
-        """The prefill chunk the server command gives (its last --max-num-batched-tokens,
-        read as vLLM reads it), in digits; '' when it gives none that can be read."""
-        return tokens_value(flag_value("--max-num-batched-tokens", self.command))
-
-    def server_env(self) -> dict:
-        """What the warm-up and the gate get: WARMUP_* unchanged but WARMUP_READY_FILE (the
-        launcher writes the ready file, after the gate too), the base URL (out of any
-        command line: ps shows those), the textfile, the chunk from the command."""
-        env = dict(self.env, WARMUP_BASE_URL=self.base_url)
-        env.pop("WARMUP_READY_FILE", None)
-        if self.textfile:
-            env["WARMUP_TEXTFILE"] = self.textfile
-        chunk = self.command_chunk()
-        if chunk:
-            env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
-        return env
-
-
-def os_reason(exc: OSError) -> str:
-    """Why a file could not be written, in words an operator acts on."""
-    import errno
-    said = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
-    return said.get(exc.errno, exc.strerror or str(exc))
-
-
-def os_problem(exc: OSError) -> str:
-    """An OSError as one line naming its file: 'cannot write PATH: no space left ...'."""
-    return f"cannot write {exc.filename}: {os_reason(exc)}" if exc.filename else \
-        f"{type(exc).__name__}: {os_reason(exc)}"
-
-
-def check_whole(value: str, digits: int, source: str, what: str,
-                prefix: str = "must be a whole number of ", zero: bool = False) -> None:
-    """Usage unless value is a whole decimal number without a leading zero (0 too, with
-    zero)."""
-    if not re.fullmatch(("0|" if zero else "") + WHOLE % digits, value):
-        raise Usage(f"{source} {prefix}{what}, got '{value}'")
-
-
-def check_file_place(option: str, path: str) -> None:
-    """Usage when a file start.sh writes or removes has no folder, or something other
-    than a regular file (a device, FIFO or link) is there."""
-    if not os.path.isdir(os.path.dirname(path) or "."):
-        raise Usage(f"{option} '{path}': its folder does not exist; create it first")
-    if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
-        raise Usage(f"{option} '{path}' is not a regular file (a device, FIFO or link)")
 
 
 # ---------------------------------------------------------------------------
@@ -333,7 +78,7 @@ class Log:
         # A full disk or a terminal that went away (| head -1) must not end the launcher:
         # the server it launched must still be followed or stopped.
         try:
-            with open(self.path, "a", encoding="utf-8") as handle:
+            with open_own(self.path, "a") as handle:
                 handle.write(line + "\n")
         except OSError as exc:
             if not self.lost:             # said once, on the terminal: the log cannot
@@ -382,7 +127,7 @@ class Server(ServerProcess):
                                ("server.url", f"{self.settings.target.display}\n")):
                 path = os.path.join(self.settings.log_dir, name)
                 try:
-                    with open(path, "w") as handle:
+                    with open_own(path, "w") as handle:
                         handle.write(text)
                 except OSError as exc:    # a full disk says so only when it is written
                     raise OSError(exc.errno, exc.strerror, path) from None
@@ -492,26 +237,65 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
 def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> None:
     """Exit(1) when what answered /health is not the launched server: the port is held
     by a process outside its group (vLLM binds only after loading, so another process can
-    take the port meanwhile). Where /proc cannot tell, said in start.log."""
-    others = foreign_holders(settings.target.port, server.pid)
-    if others is None:
-        log(f"cannot tell from /proc which process holds port {settings.target.port}: "
-            f"trusting that the launched server answers")
-        return
+    take the port meanwhile), or /proc cannot tell who holds it (what cannot be seen is
+    not trusted), or the server serves another model than its command names."""
+    port = settings.target.port
+    others = foreign_holders(port, server.pid)
+    if others is None or others == [] and not port_owners(port):
+        refuse_the_server(server, log, (
+            f"{settings.target.display}/health answered 200, but /proc cannot tell which "
+            f"process holds port {port} (start.sh in a PID namespace of its own, or another "
+            f"user than the server's?): start.sh does not warm or vouch for what it cannot "
+            f"see; run it where it sees its server (a pod with shareProcessNamespace, or "
+            f"start.sh as the server itself) and as the same user"))
     if others:
-        log.error(f"{settings.target.display}/health answered 200, but port "
-                  f"{settings.target.port} is held by pid {others[0][0]} (process group "
-                  f"{others[0][1]}), not by the server start.sh launched (process group "
-                  f"{server.pid}): no warm-up, no ready file; stopping the launched server")
-        server.stop_group()
-        server.show_error()
-        raise Exit(1)
+        refuse_the_server(server, log, (
+            f"{settings.target.display}/health answered 200, but port {port} is held by "
+            f"pid {others[0][0]} (process group {others[0][1]}), not by the server start.sh "
+            f"launched (process group {server.pid})"))
+    named = commanded_model(settings.command)
+    served, why = served_model_ids(settings) if named else ([], None)
+    if why:                           # the warm-up reads /v1/models too, and fails on it
+        log(f"GET {settings.target.display}/v1/models {why}: the served model is checked "
+            f"by the warm-up")
+    elif named and named not in served:
+        refuse_the_server(server, log, (
+            f"the server command names the model {clean_text(named, 120)}, but "
+            f"{settings.target.display}/v1/models serves " + (", ".join(
+                clean_text(m, 80) for m in served[:5]) or "none") +
+            " (another server behind the port, or a proxy in front of one?)"))
+
+
+def refuse_the_server(server: Server, log: Log, problem: str) -> None:
+    """ERROR naming the problem: no warm-up, no ready file, the launched server stopped."""
+    log.error(f"{problem}: no warm-up, no ready file; stopping the launched server")
+    server.stop_group()
+    server.show_error()
+    raise Exit(1)
+
+
+def served_model_ids(settings: Settings) -> tuple[list[str], str | None]:
+    """The model ids GET /v1/models lists (with the API key the warm-up sends), or ([],
+    why none could be read)."""
+    from transport import Clock, TransportError, decode_json, fetch
+    key = settings.env.get("VLLM_API_KEY") or None
+    try:
+        response = fetch(settings.target, Clock.start(5.0, 5.0), "GET", "/v1/models",
+                         bearer=key)
+    except TransportError as exc:
+        return [], f"did not answer ({exc.problem})"
+    doc, why = decode_json(response.body) if response.status == 200 else (None, None)
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return [], f"answered HTTP {response.status}" + (f" ({why})" if why else "")
+    return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)], None
 
 
 class Steps:
     """The foreground step (warm-up, gate) as a child a signal can stop."""
 
     child: subprocess.Popen | None = None
+    warmup_ran = False
 
     @classmethod
     def run(cls, command: list[str], env: dict) -> int:
@@ -563,16 +347,28 @@ def records_named(path: str) -> str:
         "no records file (the step ended before writing one)"
 
 
-def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "") -> None:
-    """A step that left no summary (a usage error, the hard bound's KILL: its verdict from
-    its exit status) or never began (the server never became healthy) in the textfile:
-    success 0, the outcome as the verdict label. Every start publishes."""
-    if settings.textfile:
-        from textfile import outcome_of_status, publish, result_samples
+def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
+                    log=None) -> None:
+    """How a step or start.sh itself ended, in the textfile (success 0): a step that left
+    no summary (its verdict from its exit status), a start begun (starting), refused or
+    not trusted (not_started), interrupted (killed), skipped (not_warmed) or a usage
+    error. A textfile that cannot be written is removed, and that said."""
+    if not settings.textfile:
+        return
+    from textfile import outcome_of_status, publish, result_samples
+    try:
+        check_file_place(settings.source["textfile"], settings.textfile)
+    except Usage as exc:              # never written through a link or into a FIFO
+        why = str(exc)
+    else:
         prefix = f"offload_{mode}"
-        verdict = verdict or outcome_of_status(status)
-        publish(settings.textfile, prefix, result_samples(
-            prefix, {"verdict": verdict, "exit_code": status}, time.time()))
+        why = publish(settings.textfile, prefix, result_samples(
+            prefix, {"verdict": verdict or outcome_of_status(status), "exit_code": status},
+            time.time()))
+    if why and log is not None:
+        log(f"WARN: {why}", sys.stderr)
+    elif why:
+        print(f"start.sh: {why}", file=sys.stderr)
 
 
 def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
@@ -580,6 +376,7 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
+    Steps.warmup_ran = True               # the wrapper publishes how it ended
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
     run = judged(records, status)
     if not (run["judged"] or {}).get("summary"):
@@ -803,57 +600,49 @@ def usage_error(problem: str) -> int:
 
 
 def start(settings: Settings, log: Log) -> int:
-    """Launch, guard, warm up: the exit status."""
+    """Launch, guard, warm up: the exit status. The textfile says 'starting' first (no
+    older success stays standing), and how the start ended when no warm-up says it."""
+    publish_outcome(settings, "warmup", 0, "starting", log)
+    if settings.gate == "1":
+        publish_outcome(settings, "gate", 0, "starting", log)
     server = Server(settings, log)
     env = settings.server_env()
-    refuse_a_running_server(settings, log)
-    chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
-               "the server command's --max-num-batched-tokens")
-    if settings.ready_file:            # a start it launches vouches anew (a refused one not)
-        try:
-            os.remove(settings.ready_file)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
-                               f"({exc.strerror})")
-    interrupt_while_starting()
+    ended = None
     try:
-        server.start()
-        try:
-            env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
-        except Exit:
-            if settings.warmup == "1":
-                publish_outcome(settings, "warmup", 1, "not_started")
-            raise
-        chunk = logged_chunk(server.logged_since(server.log_offset))
-        if chunk and not settings.command_chunk():
-            chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
-            env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
-        if settings.warmup == "0":
-            log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
-        else:
-            when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # warmup-WHEN, gate-WHEN
+        refuse_a_running_server(settings, log)
+        chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
+                   "the server command's --max-num-batched-tokens")
+        if settings.ready_file:        # a start it launches vouches anew (a refused one not)
             try:
-                warm_up_and_report(settings, server, log, env, when)
-            finally:
-                removed = prune_records(settings.log_dir, int(settings.keep),
-                                        (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
-                if removed:
-                    log(f"removed {len(removed)} records file(s) older than the last "
-                        f"{settings.keep} runs (--keep): {', '.join(removed)}")
+                os.remove(settings.ready_file)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                ended = 2, "usage"
+                return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
+                                   f"({exc.strerror})")
+        interrupt_while_starting()
+        launch_and_warm(settings, server, log, env)
     except Interrupted as signalled:
+        ended = signalled.code, "killed"
         log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
                   f"launched")
         Steps.stop()
         server.stop_group()
         return signalled.code
     except (OSError, ValueError) as exc:    # a step that cannot run (no bash, no timeout)
+        ended = 1, "not_started"
         said = os_problem(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
         log.error(f"start.sh cannot go on: {said}; stopping the server it launched")
         Steps.stop()
         server.stop_group()
         return 1
+    except Exit as exc:
+        ended = exc.code, "not_started"
+        raise
+    finally:
+        if ended is not None:
+            publish_outcome(settings, "warmup", ended[0], ended[1], log)
     if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
     if settings.supervise == "1":
@@ -864,17 +653,42 @@ def start(settings: Settings, log: Log) -> int:
     return 0
 
 
+def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:
+    """Launch the server, wait for /health within the guard, warm it up (and gate it)."""
+    server.start()
+    env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
+    chunk = logged_chunk(server.logged_since(server.log_offset))
+    if chunk and not settings.command_chunk():
+        chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
+        env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
+    if settings.warmup == "0":
+        log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
+        publish_outcome(settings, "warmup", 0, "not_warmed", log)
+        return
+    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # warmup-WHEN, gate-WHEN
+    try:
+        warm_up_and_report(settings, server, log, env, when)
+    finally:
+        removed = prune_records(settings.log_dir, int(settings.keep),
+                                (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+        if removed:
+            log(f"removed {len(removed)} records file(s) older than the last "
+                f"{settings.keep} runs (--keep): {', '.join(removed)}")
+
+
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("processes", "server_command", "supervisor", "readback", "ready",
+        for module in ("processes", "server_command", "start_settings", "supervisor",
+                       "readback", "ready",
                        "textfile", "vllm_client"):
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "
               f"rolled back as one folder; restore the whole folder", file=sys.stderr)
         return 2
+    settings = None
     try:
         settings = Settings(argv, dict(os.environ if env is None else env))
         if settings.help:
@@ -882,6 +696,8 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
             return 0
         settings.check()
     except Usage as exc:
+        if settings is not None:          # no older success stays standing
+            publish_outcome(settings, "warmup", 2, "usage")
         return usage_error(str(exc))
     log = Log(settings.log_dir)
     try:

@@ -88,12 +88,12 @@ def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
 
 
 def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
-    """(pid, process group) of each process holding a socket that listens on the port;
-    None when that cannot be told (/proc/net unreadable, or a listener whose holder this
-    user may not see)."""
+    """(pid, process group) of each process holding a socket that listens on the port
+    ([]: nothing listens); None when that cannot be told (/proc/net unreadable, or a
+    listener whose holder this process may not see: another PID namespace or user)."""
     inodes = listening_inodes(port, proc)
     if not inodes:
-        return None
+        return None if inodes is None else []
     wanted = {f"socket:[{inode}]" for inode in inodes}
     owners, seen = [], set()
     for name in os.listdir(proc):

@@ -325,12 +325,19 @@ def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = 
     if doc.get("stopping_at"):
         return EXIT_FAIL, (f"not ready: the server is stopping (asked at "
                            f"{shown(doc.get('stopping_at'))})")
-    if doc.get("rewarm_run_id"):
-        return EXIT_FAIL, (f"not ready: a re-warm (run {shown(doc.get('rewarm_run_id'))}) "
-                           f"began and has not ended; its records say how it went")
     foreign = foreign_listener(doc, target.port)
     if foreign:
         return EXIT_FAIL, f"not ready: {foreign}"
+    code, line = read_server(doc, target, timeout_s, path)
+    if doc.get("rewarm_run_id"):      # the server was read all the same: a sleep is marked
+        return EXIT_FAIL, (f"not ready: a re-warm (run {shown(doc.get('rewarm_run_id'))}) "
+                           f"began and has not ended; its records say how it went")
+    return code, line
+
+
+def read_server(doc: dict, target, timeout_s: float, path: str | None) -> tuple[int, str]:
+    """(exit code, one line): one /health and one /metrics against the ready file; a
+    server seen asleep is marked in the file."""
     clock = Clock.start(timeout_s, timeout_s)
     code, line = check_health(target, clock)
     if code == EXIT_NO_ANSWER:
@@ -347,7 +354,7 @@ def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = 
         return EXIT_FAIL, f"not ready: {why}"
     engines = tuple(e for e in engines if isinstance(e, int)) if engines else None
     asleep = asleep_problem(exposition, engines)
-    if asleep:
+    if asleep:                        # marked: after the wake, not ready until warmed
         marked = mark_slept(path, doc) if path and slept(exposition, engines) else ""
         return EXIT_FAIL, f"not ready: {asleep}{marked}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "
@@ -356,37 +363,92 @@ def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = 
 
 
 def foreign_listener(doc: dict, port: int) -> str | None:
-    """Why the process holding the port is not the one the ready file vouches for (its
-    server_pgid, where start.sh wrote one); None when it is, or when /proc cannot tell."""
+    """Why the process holding the port is not, or cannot be told to be, the one the ready
+    file vouches for (its server_pgid, where start.sh wrote one); None when it is."""
     pgid = doc.get("server_pgid")
     if not isinstance(pgid, int) or isinstance(pgid, bool):
         return None
     owners = port_owners(port)
-    if not owners or any(group == pgid for _, group in owners):
-        return None               # the vouched group holds it, or /proc cannot tell
+    if owners == []:              # nobody listens: /health says the server is not answering
+        return None
+    if owners is None:            # what cannot be seen is not trusted
+        return (f"/proc cannot tell which process holds port {port}: run the probe where "
+                f"it sees the server's processes (the same PID namespace and user)")
+    if any(group == pgid for _, group in owners):
+        return None
     return (f"another process answers port {port} (pid {owners[0][0]}, process group "
             f"{owners[0][1]}), not the server process group {pgid} the ready file vouches "
             f"for")
 
 
-def mark_ready_file(path: str, run_id, **fields) -> str | None:
-    """The ready file rewritten atomically with `fields` changed (None removes one), if it
-    is still run `run_id`'s (a newer warm-up's is not ours to mark); None when done, else
-    why not."""
-    now, why = read_ready_file(path)
-    if now is None or now.get("run_id") != run_id:
-        return why or "it vouches for another run now"
-    changed = {k: v for k, v in dict(now, **fields).items() if v is not None or k not in fields}
-    return write_ready(path, changed)
+MARKS = ("slept_at", "stopping_at")      # what makes a ready file not ready, kept by every writer
+
+
+def ready_lock(path: str, wait_s: float = 2.0) -> int | None:
+    """An exclusive lock on the ready file's folder (flock), taken within wait_s so that
+    every read-modify-write of the file sees the one before it; its descriptor (close it
+    to let go), or None when it could not be had."""
+    import fcntl
+    try:
+        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+
+
+def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | None:
+    """The ready file rewritten with `fields` changed (None removes one), if it is still
+    run `run_id`'s (a newer warm-up's is not ours to mark), under the folder's lock; None
+    when done, else why not. A not-ready mark that cannot be written (a full disk, the
+    lock not had) removes the file instead: unlinking needs no space."""
+    held = ready_lock(path, wait_s)
+    try:
+        now, why = read_ready_file(path)
+        if now is None or now.get("run_id") != run_id:
+            return why or "it vouches for another run now"
+        changed = {k: v for k, v in dict(now, **fields).items()
+                   if v is not None or k not in fields}
+        why = write_ready(path, changed) if held is not None else \
+            "the ready file's folder could not be locked"
+    finally:
+        if held is not None:
+            os.close(held)
+    if why and any(v is not None for v in fields.values()):
+        removed, failed = drop_ready_file(path)
+        why += "; removed it instead: not ready" if removed else \
+            f"; nor could it be removed ({failed})"
+    return why
+
+
+def replace_ready_file(path: str, doc: dict, found: dict) -> str | None:
+    """Write `doc` as the ready file under the folder's lock, keeping the marks (a sleep,
+    a stop) another writer made since the file was `found`; None when written."""
+    held = ready_lock(path)
+    try:
+        now = read_ready_file(path)[0] or {}
+        kept = {m: now[m] for m in MARKS if now.get(m) and now.get(m) != found.get(m)}
+        return write_ready(path, dict(doc, **kept))
+    finally:
+        if held is not None:
+            os.close(held)
 
 
 def mark_stopping(path: str) -> str:
     """The ready file marked: the server is stopping (start.sh --supervise got TERM or
-    INT); what was done, in words."""
+    INT; run in a signal handler, so the lock is waited on briefly); what was done."""
     doc, why = read_ready_file(path)
     if doc is None:
         return f"nothing to mark ({why})"
-    why = mark_ready_file(path, doc.get("run_id"), stopping_at=iso_time(time.time()))
+    why = mark_ready_file(path, doc.get("run_id"), 0.5, stopping_at=iso_time(time.time()))
     return f"could not be marked stopping ({why})" if why else "marked stopping: not ready"
 
 

@@ -77,6 +77,7 @@ class RunSettings:
     json: bool = False
     debug: bool = False
     textfile: str | None = None           # publish the result there (Prometheus text)
+    append: bool = False                  # records after an earlier run's in the same file
 
 
 class Program:
@@ -190,7 +191,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
             emit_usage_json(f"cannot publish to --textfile: {why}")
         return EXIT_USAGE
     try:
-        sink = open_records(path)
+        sink = open_records(path, settings.append)
     except OSError as exc:
         problem = (f"cannot write records to {path}: {exc.strerror or exc}; choose a "
                    f"writable regular file with --records PATH or WARMUP_RECORDS_DIR")
@@ -333,12 +334,14 @@ def default_records_path(run_id: str, kind: str = "warmup") -> str:
     return os.path.join(directory, f"{kind}-{run_id}.jsonl")
 
 
-def open_records(path: str):
+def open_records(path: str, append: bool = False):
     """Open the records file for appending; OSError when it cannot be written.
 
     Only a regular file: a FIFO without a reader would block the open, a device may
-    swallow or refuse what is written. A file cut mid-line by a kill gets a newline
-    first, so the next record starts on a line of its own.
+    swallow or refuse what is written. One run to a file unless `append`: a later run
+    KILLed before its run record would leave an earlier pass deciding the file. A file
+    cut mid-line by a kill gets a newline first, so the next record starts on a line of
+    its own.
     """
     directory = os.path.dirname(path)
     if directory:
@@ -349,6 +352,9 @@ def open_records(path: str):
         import stat
         if not stat.S_ISREG(info.st_mode):
             raise OSError(0, "not a regular file")
+        if info.st_size > 0 and not append:
+            raise OSError(0, "it already holds records (one run to a file: give a new path, "
+                             "or --append)")
         os.set_blocking(fd, True)
         needs_newline = info.st_size > 0 and _last_byte(path) != b"\n"
         stream = os.fdopen(fd, "a", encoding="utf-8")
@@ -562,8 +568,13 @@ def add_run_options(parser: argparse.ArgumentParser, deadline_s: float | None = 
     """The options every run has: where its records go, its bounds, --json, --debug
     (deadline_s None: the program works its default out, WARMUP_DEADLINE_S first)."""
     parser.add_argument("--records", metavar="PATH",
-                        help="JSON Lines records file, appended to (default: a new "
-                             "<kind>-<run id>.jsonl in $WARMUP_RECORDS_DIR or ./warmup-records)")
+                        help="JSON Lines records file of this run alone: one that holds "
+                             "records already is a usage error unless --append (default: a "
+                             "new <kind>-<run id>.jsonl in $WARMUP_RECORDS_DIR or "
+                             "./warmup-records)")
+    parser.add_argument("--append", action="store_true",
+                        help="add this run's records after those already in --records "
+                             "(qualify.py report judges the file by its last run)")
     shown = "$WARMUP_DEADLINE_S, else 90, or 5 s under a lower WARMUP_HARD_S" \
         if deadline_s is None else "%(default)g"
     parser.add_argument("--deadline-s", metavar="S", type=seconds(), default=deadline_s,
@@ -628,7 +639,8 @@ def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
     return RunSettings(prog=prog, run_id=run_id,
                        records_path=args.records or default_records_path(run_id, kind),
                        deadline_s=args.deadline_s or 90.0, socket_cap_s=args.socket_cap_s,
-                       json=args.json, debug=args.debug, textfile=args.textfile)
+                       json=args.json, debug=args.debug, textfile=args.textfile,
+                       append=args.append)
 
 
 def new_run_id() -> str:

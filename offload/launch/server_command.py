@@ -47,6 +47,16 @@ def flag_value(flag: str, command: list[str]) -> str:
     return value
 
 
+def commanded_model(command: list[str]) -> str:
+    """The model the server command says it serves: its --served-model-name (the first),
+    else its --model, else the argument after `serve` (vllm serve MODEL); '' when none."""
+    named = flag_value("--served-model-name", command) or flag_value("--model", command)
+    if named:
+        return named
+    return next((command[i + 1] for i in range(len(command) - 1)
+                 if command[i] == "serve" and not command[i + 1].startswith("-")), "")
+
+
 # vLLM 0.32's human_readable_int: decimal k..t, binary K..T (a decimal only with k..t).
 TOKEN_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
                   "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}

@@ -25,7 +25,7 @@ import threading
 import time
 
 from processes import group_alive, signalable
-from transport import open_regular, sanitize_text
+from transport import open_own, open_regular, sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
@@ -108,7 +108,7 @@ class OutputPump:
 
     def _open(self):
         try:
-            return open(self.log_path, "ab")
+            return open_own(self.log_path)
         except OSError:
             return None                   # no log file: the pipe is still read and forwarded
 
@@ -119,7 +119,7 @@ class OutputPump:
             if self.max_bytes and out.tell() + len(line) > self.max_bytes and out.tell():
                 out.close()
                 os.replace(self.log_path, self.log_path + ".1")
-                out = open(self.log_path, "ab")
+                out = open_own(self.log_path)
             out.write(line)
             out.flush()
             return out
@@ -150,7 +150,7 @@ class ServerProcess:
         then stays 0, the status 127 or 126 as setsid(1) says it). With `forward` (a
         stream) the output goes through an OutputPump and `writer`, else straight to
         server.log."""
-        with open(self.log_path, "ab") as out:
+        with open_own(self.log_path) as out:
             try:
                 self.popen = subprocess.Popen(
                     command, stdin=subprocess.DEVNULL,

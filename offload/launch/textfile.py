@@ -13,13 +13,17 @@ success's time when this run did not pass.
 from __future__ import annotations
 
 import math
+import os
 
 from transport import json_number, open_regular, parse_prometheus, write_atomically
 
 # The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
-# could not give one: a usage error, a server that never became healthy (start.sh's), and
-# a run begun and not yet ended (or KILLed by the hard bound: nothing else could say so).
-VERDICTS = ("pass", "custom", "fail", "refused", "killed", "usage", "not_started", "running")
+# could not give one: a usage error, a server that never became healthy or could not be
+# trusted (start.sh's), a start asked to skip the warm-up, and the two "not proven yet"
+# states: start.sh starting a server, a run begun and not yet ended.
+VERDICTS = ("pass", "custom", "fail", "refused", "killed", "usage", "not_started",
+            "not_warmed", "starting", "running")
+BEGUN = ("starting", "running")         # not ended: when it began is what is published
 MAX_TEXTFILE_BYTES = 1 << 20
 
 
@@ -42,9 +46,9 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
     verdict 'pass' (contract.decide()'s: a custom plan is 'custom'). Pure."""
     verdict = outcome(summary.get("verdict"), summary.get("exit_code"))
     passed = verdict == "pass"
-    if verdict == "running":
+    if verdict in BEGUN:
         return [(f"{prefix}_last_run_started_timestamp_seconds", {}, ended_at,
-                 "When the last run began (Unix time)."),
+                 "When the last run (or start.sh's start) began (Unix time)."),
                 (f"{prefix}_last_run_success", {}, 0.0, "1 when the last run passed, else 0.")
                 ] + verdict_samples(prefix, verdict)
     samples = [
@@ -68,8 +72,9 @@ def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:
 def verdict_samples(prefix: str, verdict) -> list[tuple]:
     return [(f"{prefix}_last_run_verdict", {"verdict": v}, 1.0 if verdict == v else 0.0,
              "The last run's verdict or outcome, one sample each, 1 for the one it had "
-             "(usage: it could not begin; not_started: the server never became healthy; "
-             "running: begun, not ended, or KILLed by the hard bound).") for v in VERDICTS]
+             "(usage: it could not begin; not_started: the server never became healthy "
+             "or could not be trusted; not_warmed: start.sh --no-warmup; starting: start.sh "
+             "launched a server, no warm-up yet; running: begun, not ended).") for v in VERDICTS]
 
 
 def render(samples: list[tuple]) -> str:
@@ -133,6 +138,24 @@ def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
 
 
 def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
-    """Write the textfile; None when written, else why not (one line)."""
+    """Write the textfile; None when written, else why not (one line). A file that cannot
+    be rewritten is removed (unlinking needs no space): no older success stays standing."""
     why = write_atomically(path, render(merged(prefix, fresh, previous_samples(path))))
-    return None if why is None else f"cannot write the textfile {path}: {why}"
+    if why is None:
+        return None
+    try:
+        if os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+            return f"cannot write the textfile {path}: {why}; removed it (no older result stays)"
+    except OSError as exc:
+        return f"cannot write the textfile {path}: {why}; nor remove it ({exc.strerror or exc})"
+    return f"cannot write the textfile {path}: {why}"
+
+
+def ended_since(path: str, prefix: str, since: float) -> bool:
+    """The textfile holds an ending (not a run begun) published at or after `since`."""
+    samples = {(name, tuple(labels.items())): value
+               for name, labels, value, _ in previous_samples(path)}
+    ended = samples.get((f"{prefix}_last_run_timestamp_seconds", ()))
+    return ended is not None and ended >= since and not any(
+        samples.get((f"{prefix}_last_run_verdict", (("verdict", v),))) == 1.0 for v in BEGUN)

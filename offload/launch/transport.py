@@ -825,6 +825,15 @@ def open_regular(path: str):
         raise
 
 
+def open_own(path: str, mode: str = "ab"):
+    """A file this program writes (a log, a pid file), opened to append ("ab", "a") or
+    rewrite ("w"), never through a link (ELOOP): what is planted there is not written."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (
+        os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    return os.fdopen(os.open(path, flags, 0o644), mode, **(
+        {} if "b" in mode else {"encoding": "utf-8"}))
+
+
 def read_json_file(path: str, limit: int = MAX_BODY_BYTES) -> tuple[object, str | None]:
     """A small JSON file (status files, the ready file), read within `limit` bytes; (None,
     why) when bad. Only a regular file: a FIFO or a device could block the read."""

@@ -46,10 +46,12 @@ try:
     from evidence import Evidence, EvidenceOptions, time_to_warm
     from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from ready import drop_ready_file, mark_ready_file, read_ready_file, ready_of, write_ready
+    from ready import (drop_ready_file, mark_ready_file, read_ready_file, ready_of,
+                       replace_ready_file)
     from records import as_dict
     from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
                           emit, flag_or_env, given_value, seconds, whole)
+    from textfile import ended_since, outcome_of_status
     from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, count_value,
                            parse_url, series_name, writable)
     from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -263,21 +265,24 @@ def recorded_plan(warm: WarmUp) -> dict:
 
 
 def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
-    """The ready file from this run's own verdict: written anew for a contract pass (as
-    start.sh writes it; a mark that the server slept goes with the old one), left as it
-    was by a refusal (nothing was sent: what it says is still true), removed after any
-    other end (the server this run tried to warm is not known warm)."""
-    if summary["verdict"] == "refused":       # as it was: our mark (only ours) undone
+    """The ready file from this run's own verdict: written anew for a contract pass (a
+    mark that the server slept or stops made while this run ran is kept; one from before
+    goes), left as it was by a refusal that sent nothing (our own mark undone), removed
+    after any other end (the server this run tried to warm is not known warm)."""
+    sent = len(warm.tally.requests)
+    if summary["verdict"] == "refused" and not sent:
         now = read_ready_file(warm.ready_file)[0] or {}
-        if warm.vouched and now.get("rewarm_run_id") == run.settings.run_id:
-            write_ready(warm.ready_file, warm.vouched)
+        if now.get("rewarm_run_id") == run.settings.run_id:
+            mark_ready_file(warm.ready_file, now.get("run_id"), rewarm_run_id=None)
         run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
                 f"it sent anything")
         return
     same = warm.vouched.get("base_url") == warm.connection.target.display
     doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path,
                         server_pgid=warm.vouched.get("server_pgid") if same else None)
-    why = why or write_ready(warm.ready_file, doc)
+    if why and summary["verdict"] == "refused":
+        why = f"this run was refused after it sent {sent} requests"
+    why = why or replace_ready_file(warm.ready_file, doc, warm.vouched)
     if why is None:
         run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "
                 f"{warm.ready_file}` says while it stays true")
@@ -760,14 +765,14 @@ def deadline_for(flag: float | None) -> float:
     return deadline
 
 
-def publish_refusal(argv: list[str], status: int = 2) -> None:
-    """What warmup_serve.sh knows and the helper could not say, published to the textfile
-    the command line or WARMUP_TEXTFILE names: a usage error found before the helper could
-    start (a bad WARMUP_HARD_S), or (status 137) the helper KILLed."""
+def publish_ending(argv: list[str], status: int, began: float) -> None:
+    """What warmup_serve.sh knows and the helper did not publish, in the textfile the
+    command line or WARMUP_TEXTFILE names: a usage error found before the helper could
+    start, or an ending by a signal or the bound (the helper KILLed, or TERMed before it
+    could write), unless the textfile holds an ending published since `began`."""
     textfile = runframe.textfile_of(argv)
-    if textfile:
-        runframe.publish_usage("warmup", textfile, *(("killed", status) if status != 2
-                                                    else ()))
+    if textfile and not ended_since(textfile, "offload_warmup", began):
+        runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,

@@ -1,68 +1,89 @@
 #!/usr/bin/env bash
 # Run the warm-up helper under a hard wall-clock bound (offload/launch/CONTRACT.md, section 6).
 #
-# The helper keeps its own deadline (90 s by default), but a trickling read or a
-# stuck thread could outlive it; coreutils timeout makes the bound absolute: TERM
-# at WARMUP_HARD_S (95 s by default), KILL 5 s later. The helper answers TERM by
-# writing a 'killed' summary. Exit status: the helper's, or timeout's 124 / 137.
+# The helper keeps its own deadline (90 s by default), but a trickling read, a stuck
+# thread or a hung interpreter could outlive it; coreutils timeout makes the bound
+# absolute: everything this script runs, its interpreter check too, ends by
+# WARMUP_HARD_S (95 s by default), KILL 5 s later. The helper answers TERM by writing a
+# 'killed' summary; an ending the helper could not publish, this script publishes
+# (within PUBLISH_S). Exit status: the helper's, or timeout's 124 / 137.
 #
 # Usage: warmup_serve.sh [warmup.py options...]   (see: warmup_serve.sh --help)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 readonly HERE
-readonly KILL_AFTER_S=5
+readonly KILL_AFTER_S=5 PUBLISH_S=2
 child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 forwarded="" # the signal forwarded to timeout, if any
+bound_us=0   # when the hard bound falls (epoch microseconds)
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
 # it imports (the folder is one unit). prog makes --help and usage errors name the
-# program the operator ran.
+# program the operator ran. PUBLISH: an ending the helper did not publish (warmup.py).
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
-readonly PUBLISH_REFUSAL='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_refusal(sys.argv[2:], int(sys.argv[1]))'
+readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
+warmup.publish_ending(sys.argv[3:], int(sys.argv[1]), float(sys.argv[2]))'
 
-die() {
-  echo "warmup_serve.sh: $*" >&2
+# Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
+# PUBLISH_S (the helper's interpreter may be what hung); then return. Arguments: the
+# status, then the helper's arguments.
+publish_ending() {
+  local status="$1"
+  shift
+  command -v python3 >/dev/null || return 0
+  timeout --kill-after=1s "${PUBLISH_S}" python3 -I -S -c "${PUBLISH}" "${HERE}" \
+    "${status}" "${began}" "$@" 2>/dev/null || true
+}
+
+# A usage error found before the helper starts, published (no stale success stays), then
+# exit 2. Arguments: the message, then the helper's arguments.
+refuse() {
+  local message="$1"
+  shift
+  publish_ending 2 "$@"
+  echo "warmup_serve.sh: ${message}" >&2
   exit 2
 }
 
-# A usage error found before the helper starts is still published to the textfile
-# (--textfile or WARMUP_TEXTFILE), by whichever python3 there is, so that no stale
-# success stays there; then exit 2.
-# Arguments: the message, then the helper's arguments.
-refuse() {
-  local message="$1" python
-  shift
-  for python in "${WARMUP_PYTHON:-python3}" python3; do
-    if runs_python "${python}"; then
-      "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" 2 "$@" 2>/dev/null || true
-      break
-    fi
-  done
-  die "${message}"
+# Seconds (digits, maybe a fraction) as whole microseconds.
+micros() {
+  local whole="${1%%.*}" fraction=""
+  [[ "$1" == *.* ]] && fraction="${1#*.}"
+  fraction="${fraction}000000"
+  echo "$((10#${whole:-0} * 1000000 + 10#${fraction:0:6}))"
 }
 
-# True when the command runs Python 3.10 or later (an interpreter that runs nothing,
-# such as /bin/true, would make a run that never happened exit 0).
-# Arguments: $1, the interpreter.
+# What is left of the hard bound, as timeout takes it (seconds); 0 when nothing is.
+left_s() {
+  local left=$((bound_us - $(micros "${EPOCHREALTIME}")))
+  ((left > 0)) || left=0
+  printf '%d.%06d' "$((left / 1000000))" "$((left % 1000000))"
+}
+
+# True when the command runs Python 3.10 or later within what is left of the bound (an
+# interpreter that runs nothing, such as /bin/true, would make a run that never happened
+# exit 0); 124/137 when it did not answer in time. Arguments: $1, the interpreter.
 runs_python() {
-  command -v "$1" >/dev/null &&
-    [[ "$("$1" -I -S -c 'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)" \
-      == "True" ]]
+  local said status=0
+  command -v "$1" >/dev/null || return 1
+  said="$(timeout --kill-after=1s "$(left_s)" "$1" -I -S -c \
+    'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)" || status=$?
+  ((status == 124 || status == 137)) && return "${status}"
+  [[ "${said}" == "True" ]]
 }
 
 # Say how the helper ended when it did not end by itself: the bound's TERM (124) or KILL
 # (137 once the bound and its grace have passed), or a signal from elsewhere (the OOM
 # killer, an operator's kill -9) that timeout passes on as 128+N.
-# Arguments: $1, the status; $2, the hard bound as given; $3, the bound (epoch seconds).
+# Arguments: $1, the status; $2, the hard bound as given.
 say_ending() {
-  local now="${EPOCHSECONDS:-$(date +%s)}"
   if [[ "$1" == 124 ]]; then
     echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at $2 s, exit 124)" >&2
-  elif [[ "$1" == 137 ]] && ((now >= $3 + KILL_AFTER_S)); then
+  elif [[ "$1" == 137 ]] &&
+    (($(micros "${EPOCHREALTIME}") >= bound_us + KILL_AFTER_S * 1000000)); then
     echo "warmup_serve.sh: warm-up killed by the hard bound" \
       "(KILL at $2+${KILL_AFTER_S} s, exit 137)" >&2
   elif (($1 > 128 && $1 < 160)); then
@@ -72,11 +93,8 @@ say_ending() {
 }
 
 # Forward a signal to the helper's timeout (which passes it on to the helper), or
-# remember it until timeout runs. Ctrl-C stays an INT (the helper exits 130), a hangup
-# a HUP (129): the helper writes its 'killed' summary either way.
-# Globals: child (pid of timeout, or empty), pending (the signal, when no child yet),
-# forwarded (set: the signal sent to timeout).
-# Arguments: $1, the signal's name.
+# remember it until timeout runs. Ctrl-C stays an INT (exit 130), a hangup a HUP (129).
+# Globals: child, pending, forwarded. Arguments: $1, the signal's name.
 forward_signal() {
   if [[ -n "${child}" ]]; then
     forwarded="$1"
@@ -87,64 +105,49 @@ forward_signal() {
 }
 
 main() {
-  local hard="${WARMUP_HARD_S:-95}"
-  # A positive number of seconds: timeout treats 0 as "no bound at all".
-  # At most a day (86400 s): the sum below stays an exact epoch time.
-  # A leading zero is decimal (10#), never octal: 08 is 8 seconds.
-  if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || [[ "${hard}" =~ ^0*([.]0*)?$ ]] ||
+  local hard="${WARMUP_HARD_S:-95}" python="${WARMUP_PYTHON:-python3}" status=0
+  began="${EPOCHREALTIME}"
+  # At least 1 s (timeout treats 0 as no bound; less runs nothing), at most a day; a
+  # leading zero is decimal (10#), never octal: 08 is 8 seconds.
+  if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || ((10#${hard%%.*} < 1)) ||
     ((10#${hard%%.*} > 86400)); then
-    refuse "WARMUP_HARD_S must be a positive number of seconds, at most 86400, got '${hard}'" \
-      "$@"
+    refuse "WARMUP_HARD_S must be a positive number of seconds, at least 1 and at most 86400, got '${hard}'" "$@"
   fi
   command -v timeout >/dev/null || refuse "coreutils 'timeout' is required" "$@"
-  local python="${WARMUP_PYTHON:-python3}"
-  runs_python "${python}" ||
-    refuse "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
-
-  # timeout runs in its own process group, so a TERM to this script does not reach
-  # it: the trap forwards it (and timeout to the helper, which writes its 'killed'
-  # summary). The trap is set BEFORE timeout starts: a TERM in between would end
-  # this script and leave timeout running to the hard bound. A signal that comes
-  # before the child exists is remembered and forwarded as soon as it does.
-  local status=0 now
+  bound_us=$(($(micros "${began}") + $(micros "${hard}")))
+  # The trap is set BEFORE anything starts: a TERM before the helper exists is
+  # remembered and forwarded as soon as it does (timeout runs in its own process group,
+  # so only the trap reaches it).
   trap 'forward_signal TERM' TERM
   trap 'forward_signal INT' INT
   trap 'forward_signal HUP' HUP
-  # When the bound falls (epoch seconds, rounded down): a TERM from then on is the
-  # bound's, and the helper records the 124 this script returns rather than 143.
-  now="${EPOCHSECONDS:-$(date +%s)}"
-  export WARMUP_HARD_BOUND_AT="$((now + 10#${hard%%.*}))"
-  # The helper refuses a deadline at or past the bound (a usage error, exit 2).
-  export WARMUP_HARD_S="${hard}"
-  # The helper runs as an imported module, not as a script: a script is compiled
-  # on every start, an imported module's bytecode is cached (in __pycache__ beside
-  # it when that is writable; it still runs when it is not). -I keeps the caller's
-  # environment (PYTHON*) and the current directory out, so a stray json.py where
-  # the operator stands cannot shadow the standard library; -S skips site-packages,
-  # which the helper (standard library only) does not need. `python3 warmup.py`
-  # works as well.
-  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" -I -S -c "${RUN_HELPER}" \
+  runs_python "${python}" || status=$?
+  if ((status == 124 || status == 137)); then
+    echo "warmup_serve.sh: '${python}' did not answer within the hard bound (${hard} s):" \
+      "a hung interpreter (a stuck mount, a broken site-packages?); nothing was sent" >&2
+    publish_ending 124 "$@"
+    return 124
+  fi
+  ((status == 0)) || refuse "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
+  # The helper records the bound's TERM as 124 (rather than 143) from this time on.
+  export WARMUP_HARD_BOUND_AT="$((bound_us / 1000000))" WARMUP_HARD_S="${hard}"
+  # -I keeps PYTHON* variables and the current folder out, -S site-packages; imported,
+  # the helper's bytecode is cached beside it when that is writable.
+  timeout --kill-after="${KILL_AFTER_S}s" "$(left_s)" "${python}" -I -S -c "${RUN_HELPER}" \
     "${HERE}" "$@" &
   child=$!
-  if [[ -n "${pending}" ]]; then
-    forward_signal "${pending}"
-  fi
+  [[ -z "${pending}" ]] || forward_signal "${pending}"
   wait "${child}" || status=$?
   while kill -0 "${child}" 2>/dev/null; do   # the wait was interrupted by a signal
     status=0
     wait "${child}" || status=$?
   done
   trap - TERM INT HUP
-  # timeout runs the helper in its own process group (its pid). A signal that reached
-  # timeout while it was still starting the helper can leave the helper behind it:
-  # pass the signal to whatever of that group is left.
-  if [[ -n "${forwarded}" ]]; then
-    kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
-  fi
-  say_ending "${status}" "${hard}" "${WARMUP_HARD_BOUND_AT}"
-  if [[ "${status}" == 137 ]]; then   # KILLed: the helper could write no summary
-    "${python}" -I -S -c "${PUBLISH_REFUSAL}" "${HERE}" 137 "$@" 2>/dev/null || true
-  fi
+  # A signal that reached timeout while it was still starting the helper can leave the
+  # helper behind it (in timeout's process group): pass the signal on to what is left.
+  [[ -z "${forwarded}" ]] || kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
+  say_ending "${status}" "${hard}"
+  ((status == 0)) || publish_ending "${status}" "$@"
   return "${status}"
 }
 

@@ -119,9 +119,11 @@ class HelperCase(unittest.TestCase):
         return server
 
     def run_helper(self, server_or_url, *args: str, env: dict | None = None) -> Result:
-        """A warm-up against the server, in this process, records in the test's file."""
+        """A warm-up against the server, in this process, records in the test's file (after
+        those of the test's earlier runs: --append)."""
         url = server_or_url if isinstance(server_or_url, str) else server_or_url.url
-        return self.run_argv(["--base-url", url, "--records", self.records_path, *args], env)
+        return self.run_argv(["--base-url", url, "--records", self.records_path, "--append",
+                              *args], env)
 
     def run_argv(self, argv: list[str], env: dict | None = None, main=None) -> Result:
         """warmup.main(argv) (or another main) in this process, stdout and stderr captured."""
@@ -147,7 +149,7 @@ class HelperCase(unittest.TestCase):
     def start_helper_process(self, server: FakeServer, *args: str) -> subprocess.Popen:
         """The helper as a real process against `server`; killed and reaped at cleanup."""
         proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
-                                 "--records", self.records_path, *args],
+                                 "--records", self.records_path, "--append", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(proc.communicate)      # cleanups run last-first: kill, then reap
         self.addCleanup(proc.kill)

@@ -193,7 +193,8 @@ class TestMessages(HelperCase):
             handle.write('{"record": "request", "wave": "B2"')          # a kill cut it here
         server = self.start_fake()
         with contextlib.redirect_stdout(io.StringIO()):
-            code = warmup.main(["--base-url", server.url, "--records", self.records_path])
+            code = warmup.main(["--base-url", server.url, "--records", self.records_path,
+                                "--append"])
         self.assertEqual(code, 0)
         lines = read(self.records_path).splitlines()
         self.assertEqual(lines[0], '{"record": "request", "wave": "B2"')

@@ -293,7 +293,7 @@ class TestGateRuns(HelperCase):
         failed = {(r["shape"], r["probe"]) for r in result.kind("gate") if not r["ok"]}
         self.assertEqual(failed, {("alone", "passage_en"), ("batched", "passage_en")})
         self.assertEqual(self.run_argv(["gate", "--base-url", server.url, "--records",
-                                        self.records_path, "--max-typos", "1"],
+                                        self.records_path, "--append", "--max-typos", "1"],
                                        main=qualify.main).code, 0)
         self.assert_nothing_copied_out(result)
 

@@ -753,7 +753,7 @@ RECORDS = [
          fixture=fifo_fixture, exit=2, fragments=("cannot write records",), summary=False,
          completions=0, time_s=2.0),
     Case("records appended to a file cut mid-line by a kill", fixture=cut_records_fixture,
-         exit=0, completions=10, damaged=1, checks=(run_record_readable,)),
+         args=("--append",), exit=0, completions=10, damaged=1, checks=(run_record_readable,)),
     Case("--records a directory", args=("--records", "{tmp}"), records=False, exit=2,
          fragments=("cannot write records",), summary=False, completions=0, time_s=2.0),
 ]

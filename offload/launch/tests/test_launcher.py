@@ -25,8 +25,9 @@ from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, St
                      copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
 import launcher  # noqa: E402
-from launcher import (Log, Server, Settings, flag_value, logged_chunk,  # noqa: E402
-                      redacted_command, tokens_value)
+import server_command  # noqa: E402
+from launcher import Log, Server, Settings  # noqa: E402
+from server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
 from processes import group_alive, proc_stat  # noqa: E402
 
 SUPERVISING = "supervising server process group"
@@ -941,8 +942,8 @@ class TestOneAddress(StartCase):
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
         self.assertIn(f"WARMUP_BASE_URL http://127.0.0.1:{self.port}", result.stdout)
         self.assertIn("OK: warm-up passed", result.stdout)
-        self.assertEqual(launcher.command_url(["vllm", "serve", "m"]), "http://127.0.0.1:8000")
-        self.assertEqual(launcher.command_url(["x", "--port=8041", "--host", "::1"]),
+        self.assertEqual(server_command.command_url(["vllm", "serve", "m"]), "http://127.0.0.1:8000")
+        self.assertEqual(server_command.command_url(["x", "--port=8041", "--host", "::1"]),
                          "http://[::1]:8041")
 
 

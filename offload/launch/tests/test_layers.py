@@ -15,6 +15,7 @@ from support import LAUNCH, copy_product, product_files
 # (qualify.py loads a command's module by name when that command runs).
 LAYERS = {
     "transport": 0, "processes": 0, "server_command": 0, "supervisor": 0.1,
+    "start_settings": 0.1,
     "records": 0.2,
     "textfile": 0.5,
     "runframe": 1, "locks": 1.5,

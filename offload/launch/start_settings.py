@@ -1,0 +1,284 @@
+"""start.sh's settings: flags over START_* variables, every one checked before anything is
+launched (Settings.check() raises Usage naming the first bad one), and start.sh --help.
+
+The launcher's (launcher.py); standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+from server_command import address_problem, command_url, flag_value, tokens_value
+
+WHOLE = r"[1-9][0-9]{0,%d}"
+NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
+
+HELP = """\
+usage: start.sh [options] -- <server command and its arguments>
+
+Start the server in the background (own process group, output to LOG_DIR/server.log),
+wait for GET /health = 200 within the start guard, run the warm-up
+(offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
+The server keeps running. start.sh refuses to start when something already answers at
+the base URL: it reports only on a server it launched and still sees running (the
+launched process itself: a server that forks and exits has ended).
+
+options (environment variable in brackets):
+  --base-url URL      where the server answers, passed to the warm-up and the gate as
+                      is (as WARMUP_BASE_URL, out of their command lines); user:pass@
+                      in it is never shown, and sent (as Basic auth) only by the
+                      /health and ready checks [START_BASE_URL, default: from the
+                      server command's --port and --host, else http://127.0.0.1:8000;
+                      one that differs from them is a usage error]
+  --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
+  --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
+  --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
+                      the contract's plan; removed when a start launches. It names the
+                      server it vouches for (its process start, model): `qualify.py
+                      ready --ready-file PATH` says whether it is still true (a
+                      readiness probe); its folder must exist [START_READY_FILE]
+  --textfile PATH     the warm-up and the gate also publish their result there for
+                      monitoring (node_exporter's textfile collector, *.prom), as
+                      WARMUP_TEXTFILE; every start rewrites it, a server that never
+                      became healthy too (success 0) [START_TEXTFILE, else
+                      WARMUP_TEXTFILE]
+  --no-warmup         start and guard only [START_WARMUP=0]
+  --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
+  --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
+                      [START_GATE_HARD_S, 180]
+  --keep N            keep the records of the last N warm-ups (and gates) in the log
+                      folder, removing older ones, each named in start.log; 0 keeps
+                      every one [START_KEEP, 10]
+  --supervise         a container's entry point: stay the server's parent, its output
+                      also on start.sh's own ("server| " before each line) and
+                      server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
+                      server.log.1); pass TERM and INT on to the server process (it
+                      drains, then stops its engines). When
+                      the server ends, stop what is left of its group (KILL after
+                      START_STOP_GRACE_S) and exit: with its status when TERM or INT
+                      asked it to stop, else non-zero (a crash, or an exit 0 nobody
+                      asked for) [START_SUPERVISE=1]. Without it, server.log grows
+                      with the server's output: rotate it with copytruncate
+                      (logrotate), as start.sh keeps appending
+  -h, --help          this text
+  START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
+  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
+  the warm-up and the gate unchanged (a WARN names one that made a custom plan), except
+  two that start.sh sets: WARMUP_BASE_URL (to the base URL) and WARMUP_CHUNK_TOKENS (from
+  the command's --max-num-batched-tokens, else server.log's start line; start.log says so).
+
+Read the records before releasing HOLD, after OK as after WARN.
+
+exit status:
+  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
+  N    with --supervise, once the server ended: its status when TERM or INT asked it
+       to stop; unasked, its status, 1 for an exit 0 nobody asked for
+  1    server not started or not trustworthy: something already answered at the base
+       URL, a live server.pid, the server exited (also during the warm-up), or it
+       missed the start guard (its process group is stopped)
+  2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
+       nothing was launched
+  130  interrupted by INT (the server was stopped)
+  143  interrupted by TERM (the server was stopped)"""
+
+
+
+class Usage(Exception):
+    """A usage error: nothing has been launched (exit 2)."""
+
+
+
+class Settings:
+    """start.sh's settings, checked; the server command after --."""
+
+    DEFAULTS = {                          # setting: (its variable, its default)
+        "base_url": ("START_BASE_URL", "http://127.0.0.1:8000"),
+        "guard_s": ("START_GUARD_S", "600"), "log_dir": ("START_LOG_DIR", "./logs"),
+        "ready_file": ("START_READY_FILE", ""), "textfile": ("START_TEXTFILE", ""),
+        "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),
+        "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
+        "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
+        "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
+        "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
+    }
+
+    def __init__(self, argv: list[str], env: dict):
+        self.env = env
+        self.source = {}                  # where each value came from: a variable, a flag
+        for name, (variable, default) in self.DEFAULTS.items():
+            setattr(self, name, env.get(variable, default))
+            self.source[name] = variable
+        if not self.textfile and env.get("WARMUP_TEXTFILE"):   # the helpers' own variable
+            self.textfile, self.source["textfile"] = env["WARMUP_TEXTFILE"], "WARMUP_TEXTFILE"
+        self.command: list[str] = []
+        self.help = False
+        self.problem = ""                 # a bad command line, raised by check()
+        try:
+            self._parse(argv)
+        except Usage as exc:              # where a usage error is published still counts
+            self.problem = str(exc)
+            self.textfile = textfile_given(argv, self.textfile)
+
+    VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
+              "--ready-file": "ready_file", "--textfile": "textfile",
+              "--gate-hard-s": "gate_hard_s", "--keep": "keep"}
+    SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
+                "--gate": ("gate", "1")}
+
+    def _parse(self, argv: list[str]) -> None:
+        args = list(argv)
+        while args:
+            arg = args.pop(0)
+            if arg in ("-h", "--help"):
+                self.help = True
+                return
+            if arg == "--":
+                self.command = args
+                return
+            if arg in self.SWITCHES:
+                name, value = self.SWITCHES[arg]
+                setattr(self, name, value)
+            elif arg in self.VALUED:
+                if not args:
+                    raise Usage(f"{arg} needs a value")
+                setattr(self, self.VALUED[arg], args.pop(0))
+                self.source[self.VALUED[arg]] = arg
+            else:
+                raise Usage(f"unknown option '{arg}' (the server command goes after --)")
+
+    def check(self) -> None:
+        """Every value checked, the folders tried; Usage naming the first bad one."""
+        if self.problem:
+            raise Usage(self.problem)
+        if not self.command:
+            raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
+        check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
+        if not NUMBER.fullmatch(self.poll_s) or not 0.01 <= float(self.poll_s) <= 60:
+            raise Usage(f"START_POLL_S must be a number of seconds from 0.01 to 60, got "
+                        f"'{self.poll_s}'")
+        check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
+                    prefix="must be ")
+        check_whole(self.stop_grace_s, 4, "START_STOP_GRACE_S",
+                    "whole seconds from 0 to 99999", prefix="must be ", zero=True)
+        check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
+        check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
+                    prefix="must be ")
+        for name in ("warmup", "gate", "supervise"):
+            if getattr(self, name) not in ("0", "1"):
+                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
+        if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
+            raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
+                        f"got '{self.gate_hard_s}'")
+        if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:
+            self.base_url = command_url(self.command)     # the port, said once
+            self.source["base_url"] = "the server command's --port and --host"
+        if not re.match(r"https?://", self.base_url):
+            raise Usage(f"{self.source['base_url']} must start with http:// or https://")
+        self._check_log_dir()
+        if self.ready_file:
+            check_ready_place(self.source["ready_file"], self.ready_file)
+        if self.textfile:
+            check_file_place(self.source["textfile"], self.textfile)
+        from transport import UsageError
+        from transport import parse_base_url
+        try:
+            self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
+        except UsageError as exc:
+            raise Usage(str(exc)) from None
+        why = address_problem(self.target, self.command)
+        if why:
+            raise Usage(why)
+
+    def _check_log_dir(self) -> None:
+        try:
+            os.makedirs(self.log_dir, exist_ok=True)
+        except OSError as exc:
+            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
+                        f"({os_reason(exc)}); choose a writable folder") from None
+        for name in ("start.log", "server.log", "server.pid", "server.url"):
+            path = os.path.join(self.log_dir, name)
+            if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+                raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
+                            f"regular file (a link, FIFO or device: start.sh never writes "
+                            f"through one); remove it or choose another folder")
+        try:
+            with open(os.path.join(self.log_dir, "start.log"), "a"):
+                pass
+        except OSError as exc:
+            raise Usage(f"cannot write start.log in {self.source['log_dir']} "
+                        f"'{self.log_dir}' ({os_reason(exc)}); choose a writable "
+                        f"folder") from None
+        server_log = os.path.join(self.log_dir, "server.log")
+        if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
+            raise Usage(f"cannot write server.log in {self.source['log_dir']} "
+                        f"'{self.log_dir}'; choose a writable folder")
+
+    def command_chunk(self) -> str:
+        """The prefill chunk the server command gives (its last --max-num-batched-tokens,
+        read as vLLM reads it), in digits; '' when it gives none that can be read."""
+        return tokens_value(flag_value("--max-num-batched-tokens", self.command))
+
+    def server_env(self) -> dict:
+        """What the warm-up and the gate get: WARMUP_* unchanged but WARMUP_READY_FILE (the
+        launcher writes the ready file, after the gate too), the base URL (out of any
+        command line: ps shows those), the textfile, the chunk from the command."""
+        env = dict(self.env, WARMUP_BASE_URL=self.base_url)
+        env.pop("WARMUP_READY_FILE", None)
+        if self.textfile:
+            env["WARMUP_TEXTFILE"] = self.textfile
+        chunk = self.command_chunk()
+        if chunk:
+            env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
+        return env
+
+
+def check_ready_place(option: str, path: str) -> None:
+    """Usage unless the ready file's folder exists and can be written, and nothing but a
+    regular file is at the path."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise Usage(f"{option} '{path}': folder '{folder}' does not exist; create it "
+                    f"first")
+    if os.path.isdir(path):
+        raise Usage(f"{option} '{path}' is a folder")
+    check_file_place(option, path)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise Usage(f"{option} '{path}': cannot write in folder '{folder}'")
+
+
+def textfile_given(argv: list[str], default: str) -> str:
+    """--textfile's value in a command line that could not be parsed, else default."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return next((head[i + 1] for i in range(len(head) - 1) if head[i] == "--textfile"),
+                default)
+
+
+def os_reason(exc: OSError) -> str:
+    """Why a file could not be written, in words an operator acts on."""
+    said = {errno.ENOSPC: "no space left on the device", errno.EROFS: "read-only file system"}
+    return said.get(exc.errno, exc.strerror or str(exc))
+
+
+def os_problem(exc: OSError) -> str:
+    """An OSError as one line naming its file: 'cannot write PATH: no space left ...'."""
+    return f"cannot write {exc.filename}: {os_reason(exc)}" if exc.filename else \
+        f"{type(exc).__name__}: {os_reason(exc)}"
+
+
+def check_whole(value: str, digits: int, source: str, what: str,
+                prefix: str = "must be a whole number of ", zero: bool = False) -> None:
+    """Usage unless value is a whole decimal number without a leading zero (0 too, with
+    zero)."""
+    if not re.fullmatch(("0|" if zero else "") + WHOLE % digits, value):
+        raise Usage(f"{source} {prefix}{what}, got '{value}'")
+
+
+def check_file_place(option: str, path: str) -> None:
+    """Usage when a file start.sh writes or removes has no folder, or something other
+    than a regular file (a device, FIFO or link) is there."""
+    if not os.path.isdir(os.path.dirname(path) or "."):
+        raise Usage(f"{option} '{path}': its folder does not exist; create it first")
+    if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+        raise Usage(f"{option} '{path}' is not a regular file (a device, FIFO or link)")
