@@ -295,16 +295,17 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
         if deltas or down:
             problems += cross_check(deltas, [r for r in requests if r.get("wave") == name],
                                     name, down)[0]
-    if as_dict(plan_recorded).get("foreign_work") == "fail":     # the operator's choice
+    if as_dict(plan_recorded).get("foreign_work") != "evidence":  # unless the operator's
         for record in (r for r in records if r.get("record") == "metrics"):
             counted, source = as_dict(record.get("counted")), show(record.get("source"))
             if counted and counted.get("foreign") != 0:
                 problems.append(
                     f"foreign work on {source}: {show(counted.get('counter'))} counted "
                     f"{finite_number(counted.get('foreign')):g} more than the warm-up sent "
-                    f"(--foreign-work fail)" if finite_number(counted.get("foreign"))
+                    f"(--foreign-work evidence keeps it as evidence)"
+                    if finite_number(counted.get("foreign"))
                     else f"{show(counted.get('counter'))} on {source} could not be compared "
-                         f"with what the warm-up sent (--foreign-work fail)")
+                         f"with what the warm-up sent ({show(counted.get('why'))})")
     main = next((as_dict(r) for r in records if r.get("record") == "metrics"), {})
     deltas = as_dict(main.get("deltas")) if main.get("state") == "complete" else {}
     if deltas:

@@ -94,7 +94,7 @@ class EvidenceOptions:
     status_time_field: str = "timestamp"  # the field a status file's writer stamps
     counted: tuple = ()                   # (Target, counter name, unit "requests"/"tokens"):
                                           # an operator's counter of the work it saw
-    foreign_work: str = "evidence"        # what foreign work on one does: evidence or fail
+    foreign_work: str = "fail"            # what foreign work on one does: fail, or evidence
     healthy_at: float | None = None       # when /health first answered 200 (the launcher's)
 
 
@@ -147,21 +147,22 @@ class Evidence:
         found = {}
         for target, name, unit in self.options.counted:
             values = [(wave, seen.get(target.display)) for wave, seen in self.marks]
-            waves, foreign_in = {}, []
+            waves, foreign_in, whys = {}, [], set()
             for (wave, before), (_, after) in zip(values, values[1:]):
                 sent = sent_by(unit, [r for r in requests if r.get("wave") == wave])
-                delta = None if before is None or after is None else after - before
+                delta, why = series_delta(before, after)
+                whys.add(why)
                 waves[wave] = {"delta": maybe_number(delta), "sent": sent}
                 if delta is not None and delta > sent:
                     foreign_in.append(wave)
-            first, last = (values[0][1], values[-1][1]) if values else (None, None)
-            delta = None if first is None or last is None else last - first
-            down = any(w["delta"] is not None and w["delta"] < 0 for w in waves.values())
+            delta, why = series_delta(values[0][1], values[-1][1]) if values else (None, None)
+            why = next((w for w in (WENT_DOWN, NOT_FINITE) if w in whys | {why}), why)
             sent = sent_by(unit, requests)
             found[target.display] = {
                 "counter": name, "unit": unit, "delta": maybe_number(delta), "sent": sent,
-                "foreign": None if delta is None or down else json_number(max(delta - sent, 0)),
-                "went_down": down, "waves": waves, "overlaps": foreign_in}
+                "foreign": None if delta is None or why else json_number(max(delta - sent, 0)),
+                "went_down": why == WENT_DOWN, "why": why, "waves": waves,
+                "overlaps": foreign_in}
         return found
 
     def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
@@ -268,11 +269,29 @@ def maybe_number(value: float | None):
     return None if value is None else json_number(value)
 
 
-def counted_value(target: Target, clock, name: str) -> float | None:
-    """An operator counter's value now: the sum of its series (None: unreadable, absent)."""
+WENT_DOWN = "went down during the warm-up (a restart or a reset)"
+NOT_FINITE = "read NaN or an infinity"
+UNREAD = "could not be read at every wave"
+
+
+def counted_value(target: Target, clock, name: str) -> dict | None:
+    """An operator counter's series now, by their labels (None: unreadable, absent)."""
     found, _ = read_counters(target, clock, "")
-    values = [v for k, v in (found or {}).items() if series_name(k) == name]
-    return sum(values) if values and all(v is not None for v in values) else None
+    values = {k: v for k, v in (found or {}).items() if series_name(k) == name}
+    return values if values and all(v is not None for v in values.values()) else None
+
+
+def series_delta(before: dict | None, after: dict | None) -> tuple[float | None, str | None]:
+    """What a counter counted between two reads, series by series (a series new since the
+    first read counts from 0): (delta, None), or (None, why it cannot be compared: a
+    series went down or vanished, a value is not finite, a read failed). Pure."""
+    if before is None or after is None:
+        return None, UNREAD
+    if not all(math.isfinite(v) for v in [*before.values(), *after.values()]):
+        return None, NOT_FINITE
+    if any(after.get(key, -math.inf) < value for key, value in before.items()):
+        return None, WENT_DOWN
+    return sum(value - before.get(key, 0.0) for key, value in after.items()), None
 
 
 def sent_by(unit: str, requests: list[dict]) -> int:
@@ -287,10 +306,9 @@ def sent_by(unit: str, requests: list[dict]) -> int:
 def foreign_said(source: str, counted: dict) -> list[str]:
     """The warning a counter that counted more than the warm-up sent gives (or why it
     could not be compared)."""
-    if counted["delta"] is None or counted["went_down"]:
-        why = "went down during the warm-up (a restart or a reset)" if counted["went_down"] \
-            else "could not be read at every wave"
-        return [f"{source}: {counted['counter']} {why}: foreign work there not checked"]
+    if counted["delta"] is None or counted.get("why"):
+        return [f"{source}: {counted['counter']} {counted.get('why') or UNREAD}: not "
+                f"compared, foreign work there not checked"]
     if counted["delta"] < counted["sent"]:
         return [f"{source}: {counted['counter']} counted {counted['delta']:g} "
                 f"{counted['unit']}, fewer than the {counted['sent']} the warm-up sent: "

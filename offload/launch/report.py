@@ -130,10 +130,22 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
 
 
 def decisive(runs: list[dict]) -> dict:
-    """The run a file's exit status is: its last warm-up (a probe or gate run after a failed
-    warm-up does not make the file pass), else its last run."""
-    warmups = [r for r in runs if as_dict(r["run"]).get("mode") == "warmup"]
-    return (warmups or runs)[-1]
+    """The file's exit status, from its last attempt: its last run, with what came after
+    it. Records of a run whose run record is missing (a run KILLed before writing it, or
+    its line lost) make it incomplete; a last run that is not a warm-up (a probe, a gate)
+    exits 1: the file holds no warm-up pass to go by."""
+    last = runs[-1]
+    if last["run"] is None:
+        return dict(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
+                    ends="the file's last records belong to no run record (a run KILLed "
+                         "before writing it, or its line lost): its last attempt is not "
+                         "known to have passed")
+    mode = as_dict(last["run"]).get("mode")
+    if mode != "warmup" and last["exit_code"] == EXIT_PASS:
+        return dict(last, exit_code=EXIT_FAIL,
+                    ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
+                         f"no warm-up pass to release HOLD by")
+    return last
 
 
 def run_header(run: dict) -> str:
@@ -314,8 +326,7 @@ def format_report(report: dict) -> str:
             lines += ["", f"== run {number} of {len(runs)} =="]
         lines += format_run(run)
     if len(runs) > 1:
-        lines.append(f"(the file holds {len(runs)} runs; the exit status is the last "
-                     f"warm-up's, else the last run's)")
+        lines.append(f"(the file holds {len(runs)} runs; the exit status is the last run's)")
     return "\n".join(lines).lstrip("\n")
 
 
@@ -387,8 +398,8 @@ def final_line(report: dict, held: bool, code: int) -> str:
     """The file's verdict with the exit status report returns, as a last line of its own
     where the last run's verdict line does not already say it ("": it does)."""
     last = _last_run(report)
-    if report["verdict"] == "none":          # format_report's one line says it already
-        return ""
+    if report["verdict"] == "none":
+        return f"\nverdict: none (exit {code})"
     if not held:
         return f"\nverdict: {show(report['verdict'])}, but --expect-k does not hold (exit {code})"
     if last.get("verdict") != report["verdict"] or last.get("exit_code") != code or \
@@ -406,10 +417,15 @@ def expect_k_type(text: str) -> dict:
     for item in text.split(","):
         name, _, k = item.strip().partition(":" if batch else "=")
         sizes = re.fullmatch(r"([1-9][0-9]?)(?:-([1-9][0-9]?))?", name) if batch else None
-        if not k.isdigit() or not 1 <= int(k) <= 64 or (sizes is None if batch else not name):
+        if not re.fullmatch(r"[0-9]{1,2}", k) or not 1 <= int(k) <= 64 or \
+                (sizes is None if batch else not re.fullmatch(r"B[1-9][0-9]?", name)):
             raise argparse.ArgumentTypeError(
                 f"wants k by batch size such as 1-2:5,3-4:4, or WAVE=K pairs such as "
-                f"B1=5,B3=4 (K from 1 to 64); got {text!r}")
+                f"B1=5,B3=4 (K from 1 to 64, in ASCII digits); got {clean_text(text, 80)!r}")
+        if batch and sizes[2] and int(sizes[2]) < int(sizes[1]):
+            raise argparse.ArgumentTypeError(
+                f"the range {name} is written high to low: write it low to high "
+                f"({sizes[2]}-{sizes[1]}); got {clean_text(text, 80)!r}")
         keys = range(int(sizes[1]), int(sizes[2] or sizes[1]) + 1) if batch else [name]
         for key in keys:
             if key in expected:

@@ -617,7 +617,9 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "0: none of it (default: %(default)s)")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                         help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
-                             "deltas over the warm-up are recorded; repeatable")
+                             "deltas over the warm-up are recorded only, never compared with "
+                             "what the warm-up sent: name a counter there with "
+                             "--metrics-counter to have it compared; repeatable")
     parser.add_argument("--metrics-counter", action="append", default=[],
                         metavar="URL=NAME[:tokens]", type=argument_type(counted_type),
                         help="an operator's counter of the work an endpoint saw (a proxy's "
@@ -626,10 +628,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "warm-up sent is foreign work, named with the waves it overlaps; "
                              "repeatable")
     parser.add_argument("--foreign-work", choices=("evidence", "fail"), default=None,
-                        help="what foreign work on a --metrics-counter does: evidence (a "
-                             "warning in the records and the report) or fail (the run fails); "
-                             "recorded in the plan (default: $WARMUP_FOREIGN_WORK, else "
-                             "evidence)")
+                        help="what foreign work on a --metrics-counter does: fail (the run "
+                             "fails, as does a counter that cannot be compared: a series that "
+                             "went down, NaN, a read that failed) or evidence (a warning in "
+                             "the records and the report; the run may pass); recorded in the "
+                             "plan (default: $WARMUP_FOREIGN_WORK, else fail)")
     parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
                         help="a JSON status file another process rewrites on a timer; its "
                              "numeric deltas over the warm-up are recorded (invalid when pid "
@@ -701,7 +704,7 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         metrics_targets=tuple(urls + [t for t, _, _ in counted
                                       if t.display not in {u.display for u in urls}]),
         counted=counted, foreign_work=flag_or_env(args.foreign_work, "WARMUP_FOREIGN_WORK",
-                                                  foreign_work_type, "evidence"),
+                                                  foreign_work_type, "fail"),
         status_files=tuple(args.status_file or flag_or_env(
             None, "WARMUP_STATUS_FILE", str.split, ())), status_wait_s=args.status_wait_s,
         status_time_field=args.status_time_field,

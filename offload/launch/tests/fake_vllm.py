@@ -569,7 +569,9 @@ class Handler(BaseHTTPRequestHandler):
             if name not in declared:          # as prometheus_client writes a counter
                 declared.add(name)
                 lines.append(f"# TYPE {name} counter")
-            lines.append(f"{name}{{{inner}}} {float(value)}")
+            shown = {"nan": "NaN", "inf": "+Inf", "-inf": "-Inf"}.get(str(float(value)),
+                                                                    str(float(value)))
+            lines.append(f"{name}{{{inner}}} {shown}")     # as prometheus_client writes it
             # Every counter also has a *_created sample: a Unix time, never a count.
             lines.append(f"{name[:-len('_total')]}_created{{{inner}}} {st.process_start}")
         lines += self.iteration_histogram(st, cfg)

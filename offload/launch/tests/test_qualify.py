@@ -137,8 +137,9 @@ class TestQualificationRuns(HelperCase):
     def test_foreign_work_on_an_operators_counter_is_named_with_its_wave(self):
         server, proxy = self.proxied()
         counter = f"{proxy.url}/metrics=proxy:requests_total"
-        result = self.run_helper(server, "--metrics-counter", counter)
-        self.assertEqual(result.code, 0, result.stdout)         # evidence, the default
+        result = self.run_helper(server, "--metrics-counter", counter,
+                                 "--foreign-work", "evidence")
+        self.assertEqual(result.code, 0, result.stdout)         # evidence, asked for
         (counted,) = [m["counted"] for m in result.kind("metrics") if "counted" in m]
         self.assertEqual((counted["delta"], counted["sent"], counted["foreign"],
                           counted["overlaps"]), (11.0, 10, 1.0, ["B3"]))
@@ -153,14 +154,14 @@ class TestQualificationRuns(HelperCase):
         self.assertIn("proxy:requests_total: counted 11 requests, the warm-up sent 10: "
                       "FOREIGN WORK: 1 more (during B3)", shown.stdout)
         os.remove(self.records_path)
-        server, proxy = self.proxied()
+        server, proxy = self.proxied()           # the default: foreign work is no pass
         strict = self.run_helper(server, "--metrics-counter",
-                                 f"{proxy.url}/metrics=proxy:requests_total",
-                                 "--foreign-work", "fail")
+                                 f"{proxy.url}/metrics=proxy:requests_total")
         self.assertEqual(strict.code, 1, strict.stdout)
+        self.assertEqual(strict.kind("run")[0]["plan"]["foreign_work"], "fail")
         self.assertIn(f"foreign work on {proxy.url}/metrics: proxy:requests_total counted 1 "
-                      f"more than "
-                      f"the warm-up sent (--foreign-work fail)", strict.summary["problems"])
+                      f"more than the warm-up sent (--foreign-work evidence keeps it as "
+                      f"evidence)", strict.summary["problems"])
         self.assertEqual(self.run_argv(["report", self.records_path], main=qualify.main).code, 1)
         # The same through the environment, as start.sh passes WARMUP_* on.
         os.remove(self.records_path)
@@ -170,16 +171,46 @@ class TestQualificationRuns(HelperCase):
             "WARMUP_FOREIGN_WORK": "fail"})
         self.assertEqual(strict.code, 1, strict.stdout)
         self.assertIn("WARMUP_FOREIGN_WORK=fail", strict.stdout.splitlines()[0])
-        # A counter that went down (a proxy restarted) cannot be compared: no pass when strict.
+        # A counter that went down (a proxy restarted) cannot be compared: no pass.
         os.remove(self.records_path)
         server, proxy = self.proxied(reset=True)
         reset = self.run_helper(server, "--metrics-counter",
-                                f"{proxy.url}/metrics=proxy:requests_total",
-                                "--foreign-work", "fail")
+                                f"{proxy.url}/metrics=proxy:requests_total")
         self.assertEqual(reset.code, 1, reset.stdout)
         self.assertIn("proxy:requests_total on " + proxy.url + "/metrics could not be compared",
                       " ".join(reset.summary["problems"]))
         self.assertIn("went down during the warm-up", " ".join(reset.summary["warnings"]))
+
+    def test_a_counter_is_compared_series_by_series_and_never_through_nan(self):
+        # One series resets (a worker restarted) while another counts the foreign request:
+        # their sum would cancel out; series by series, the reset is seen and nothing passes.
+        # A counter that reads NaN or +Inf is "not compared", said, never a TypeError.
+        for case in ("reset one series", "nan", "inf"):
+            with self.subTest(case=case):
+                if os.path.exists(self.records_path):
+                    os.remove(self.records_path)
+                server, proxy = self.proxied()
+                if case == "reset one series":
+                    proxy.state.count("proxy:requests_total", 5, worker="b")
+                    logged = server.state.log
+
+                    def log(entry, logged=logged, proxy=proxy):
+                        logged(entry)
+                        if "-B2-0" in str(entry.get("body", {}).get("request_id")
+                                          if isinstance(entry.get("body"), dict) else ""):
+                            proxy.state.count("proxy:requests_total", -5, worker="b")
+                    server.state.log = log
+                else:
+                    proxy.state.count("proxy:requests_total", float(case), worker="c")
+                result = self.run_helper(server, "--metrics-counter",
+                                         f"{proxy.url}/metrics=proxy:requests_total")
+                self.assertEqual(result.code, 1, result.stdout)
+                self.assertNotIn("internal error", result.stdout + result.stderr)
+                (counted,) = [m["counted"] for m in result.kind("metrics") if "counted" in m]
+                self.assertIsNone(counted["foreign"])
+                self.assertIn("went down" if case == "reset one series" else "NaN",
+                              counted["why"])
+                self.assertIn("could not be compared", " ".join(result.summary["problems"]))
 
     def test_status_file_delta(self):
         path = os.path.join(self.tmp, "status.json")
