@@ -28,7 +28,7 @@ from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, par
 from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS, EXIT_REFUSED,
                       EXIT_TERMINATED, MAX_SECONDS)
 from transport import finite_number
-from vllm_metrics import engine_label, series_sum
+from vllm_metrics import engine_index, engine_label, series_sum
 
 B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
 ENGINE_HEADER = "X-data-parallel-rank"
@@ -258,8 +258,7 @@ def engines_seen(records: list[dict]) -> set[int]:
             for key in ("deltas", "counters"):
                 names += [engine_label(str(k)) for k in as_dict(record.get(key))]
             names += list(as_dict(record.get("served")))
-    return {int(n) for n in names if isinstance(n, (str, int)) and not isinstance(n, bool)
-            and str(n).isdigit() and len(str(n)) <= 4}
+    return {engine_index(n) for n in names} - {None}
 
 
 def unwarmed_engines(engines: list, skipped, records: list[dict]) -> list[str]:

@@ -249,7 +249,7 @@ class Evidence:
                 moved = os.stat(path).st_mtime > asked
                 doc = read_json_file(path)[0] if moved or stamp is not None else None
                 if isinstance(doc, dict) and stamped(doc, field):
-                    if doc[field] != stamp:
+                    if doc[field] != stamp and not later_than(stamp, doc[field]):
                         return doc, None, f"its {field} field"
                 elif isinstance(doc, dict) and moved:
                     return doc, None, f"modification time (no {field} field)"
@@ -320,6 +320,15 @@ def foreign_said(source: str, counted: dict) -> list[str]:
     return [f"foreign work on {source}: {counted['counter']} counted {counted['delta']:g} "
             f"{counted['unit']}, the warm-up sent {counted['sent']}: {counted['foreign']:g} "
             f"more{during}"]
+
+
+def later_than(first, second) -> bool:
+    """A timestamp that went backwards: `first` (numbers, or ISO strings of one shape)
+    after `second`. A rewrite that turns time back is not fresh."""
+    if isinstance(first, str) and isinstance(second, str) and len(first) == len(second):
+        return first > second
+    return isinstance(first, (int, float)) and isinstance(second, (int, float)) and \
+        not isinstance(first, bool) and first > second
 
 
 def stamped(doc: dict, field: str) -> bool:

@@ -142,7 +142,7 @@ def decisive(runs: list[dict]) -> dict:
                          "known to have passed")
     mode = as_dict(last["run"]).get("mode")
     if mode != "warmup" and last["exit_code"] == EXIT_PASS:
-        return dict(last, exit_code=EXIT_FAIL,
+        return dict(last, exit_code=EXIT_FAIL, verdict="no warm-up",
                     ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
                          f"no warm-up pass to release HOLD by")
     return last
@@ -402,8 +402,9 @@ def final_line(report: dict, held: bool, code: int) -> str:
         return f"\nverdict: none (exit {code})"
     if not held:
         return f"\nverdict: {show(report['verdict'])}, but --expect-k does not hold (exit {code})"
-    if last.get("verdict") != report["verdict"] or last.get("exit_code") != code or \
-            len(report["runs"]) > 1:
+    shown = report["runs"][-1] if report["runs"] else {}     # what its own line says
+    if shown.get("verdict") != report["verdict"] or shown.get("exit_code") != code or \
+            last.get("ends") != shown.get("ends") or len(report["runs"]) > 1:
         return f"\nverdict: {show(report['verdict'])} (exit {code}; {show(report['ends'], 300)})"
     return ""
 

@@ -32,14 +32,22 @@ GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 _NAMES_A_GAUGE = re.compile(r"vllm:num_requests_(?:running|waiting)(?![a-zA-Z0-9_:])")
 _NAMES_SLEEP = re.compile(r"vllm:engine_sleep_state(?![a-zA-Z0-9_:])")
 
+_ENGINE_INDEX = re.compile(r"[0-9]{1,4}")      # ASCII only: str.isdigit() takes "²", "١"
+
+
+def engine_index(label) -> int | None:
+    """The one engine-label rule: an engine index is 1-4 ASCII digits (a label, or an int
+    a record kept); None for anything else."""
+    if isinstance(label, int) and not isinstance(label, bool):
+        label = str(label)
+    return int(label) if isinstance(label, str) and _ENGINE_INDEX.fullmatch(label) else None
+
+
 def engines_in(samples: list) -> tuple[int, ...]:
     """Sorted engine indexes named by the `engine` label of vllm:* series."""
-    found = set()
-    for name, labels, _ in samples:
-        engine = labels.get("engine")
-        if name.startswith("vllm:") and engine is not None and re.fullmatch(r"[0-9]{1,4}", engine):
-            found.add(int(engine))
-    return tuple(sorted(found))
+    found = {engine_index(labels.get("engine")) for name, labels, _ in samples
+             if name.startswith("vllm:")}
+    return tuple(sorted(found - {None}))
 
 
 def process_start(samples: list) -> float | None:
@@ -430,11 +438,9 @@ class GaugeSampler:
                 continue
             engine = None
             if self.engines is not None:
-                label = labels.get("engine")
-                if not isinstance(label, str) or not re.fullmatch(r"[0-9]{1,4}", label) \
-                        or int(label) not in self.engines:
+                engine = engine_index(labels.get("engine"))
+                if engine is None or engine not in self.engines:
                     continue
-                engine = int(label)
             seen = self.seen.setdefault(engine, {"running_max": 0.0, "waiting_max": 0.0,
                                                  "gauge_samples": 0})
             key = "running_max" if name.endswith("running") else "waiting_max"

@@ -27,7 +27,8 @@ FUZZ_MUTATIONS = 5000
 BUSY = {"gauge_values": {("vllm:num_requests_running", "0"): 2.0}}
 HOSTILE = [None, True, False, 0, 1, -1, 3, 143, 2 ** 70, 1e308, -0.5, "", "pass", "0", "1",
            "B1", "long", [], [0], [1], [[0]], [None], {}, {"0": 1}, {"engine": "1"},
-           "x" * 300, "\x1b[2J", float("nan")]
+           "x" * 300, "\x1b[2J", float("nan"), "²", "١", "1e3", -0.0, {"engine": "²"},
+           {"0": "١"}]
 
 
 class TruthCase(HelperCase):
@@ -97,7 +98,8 @@ class TestRecordedClaimsAreNotTheVerdict(TruthCase):
         self.assertEqual(probed.code, 0, probed.stdout)
         got, text = self.report(failed + probed.records)
         self.assertEqual(got, 1, text)
-        self.assertTrue(text.rstrip().splitlines()[-1].startswith("verdict: fail (exit 1"), text)
+        self.assertTrue(text.rstrip().splitlines()[-1].startswith(
+            "verdict: no warm-up (exit 1; its last run is a probe, not a warm-up"), text)
 
     def test_a_deadline_past_any_the_helper_allows_is_no_pass(self):
         records = self.records_of()

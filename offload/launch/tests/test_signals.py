@@ -1,0 +1,302 @@
+"""Signals that cannot outlive the truth: each signal goes to "not proven" before a step
+that can change what is true, success is written last, and what cannot be seen is not
+trusted. Real processes (the wrapper, start.sh, qualify.py), real files, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+from unittest import mock
+
+from support import QUALIFY, WRAPPER, HelperCase, StartCase, free_port, read_records
+from test_outcomes import stale_success, verdict_of
+import ready  # noqa: E402  (support puts offload/launch on sys.path)
+import readback  # noqa: E402
+
+NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
+                                          "needs unshare and root for a new PID namespace")
+
+
+def shim(folder: str, name: str, body: str) -> str:
+    """An executable bash script standing in for the wrapper's interpreter."""
+    path = os.path.join(folder, name)
+    with open(path, "w") as handle:
+        handle.write("#!/bin/bash\n" + body + "\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+class TestTheHardBoundComesFirst(HelperCase):
+    def setUp(self):
+        super().setUp()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(self.textfile)
+
+    def wrapper(self, env: dict, *args: str):
+        return self.run_process(["bash", WRAPPER, "--records", self.records_path, *args],
+                                env=dict({"WARMUP_TEXTFILE": self.textfile}, **env),
+                                timeout=60)
+
+    def test_a_hanging_interpreter_ends_at_the_bound_and_is_published(self):
+        hung = shim(self.tmp, "hung-python", "exec sleep 600")
+        result = self.wrapper({"WARMUP_PYTHON": hung, "WARMUP_HARD_S": "2"},
+                              "--base-url", "http://127.0.0.1:9")
+        self.assertEqual(result.code, 124, result.stderr)
+        self.assertLess(result.elapsed, 2 + 5 + 3 + 10, "the bound, its grace, the publish")
+        self.assertIn("did not answer within the hard bound (2 s)", result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "killed")
+
+    def test_a_tiny_bound_is_refused_and_published(self):
+        result = self.wrapper({"WARMUP_HARD_S": "0.01"}, "--dry-run")
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertIn("at least 1", result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "usage")
+
+    def test_a_helper_terminated_before_it_could_write_is_published_killed(self):
+        # The helper's interpreter is TERMed before it runs a line (the first ~20 ms of a
+        # warm-up): nothing of the helper's own could say so; the wrapper does.
+        early = shim(self.tmp, "early-term", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
+                                             'kill -s TERM $$')
+        server = self.start_fake(latency_s=0.01)
+        result = self.wrapper({"WARMUP_PYTHON": early}, "--base-url", server.url)
+        self.assertEqual(result.code, 143, result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "killed")
+        self.assertEqual(server.state.completions(), [])
+
+
+class TestStartClearsFirst(StartCase):
+    def setUp(self):
+        super().setUp()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(self.textfile)
+
+    def test_every_refused_or_skipped_start_leaves_no_older_success(self):
+        passed = self.start("--textfile", self.textfile, server=self.fake())
+        self.assertEqual(passed.code, 0, passed.stdout + passed.stderr)
+        self.assertEqual(verdict_of(self.textfile), "pass")
+        again = self.start("--textfile", self.textfile, server=self.fake())   # a live pid
+        self.assertEqual(again.code, 1)
+        self.assertIn("still alive", again.stderr)
+        self.assertEqual(verdict_of(self.textfile), "not_started")
+        self.stop_server()
+        os.remove(os.path.join(self.logs, "server.pid"))
+        stale_success(self.textfile)
+        other = subprocess.Popen(self.fake(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        self.addCleanup(other.wait)
+        self.addCleanup(other.kill)
+        deadline = time.monotonic() + 20
+        while subprocess.run([sys.executable, QUALIFY, "health", "--base-url", self.url],
+                             capture_output=True).returncode and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answered = self.start("--textfile", self.textfile, server=self.fake())
+        self.assertEqual(answered.code, 1)
+        self.assertIn("something already answers", answered.stderr)
+        self.assertEqual(verdict_of(self.textfile), "not_started")
+        stale_success(self.textfile)
+        bad = self.start("--textfile", self.textfile, "--keep", "x", server=self.fake())
+        self.assertEqual(bad.code, 2)
+        self.assertEqual(verdict_of(self.textfile), "usage")
+
+    def test_no_warmup_and_the_start_guard_are_not_a_pass(self):
+        proc = subprocess.Popen(
+            ["bash", os.path.join(os.path.dirname(QUALIFY), "..", "..", "start.sh"),
+             "--base-url", self.url, "--log-dir", self.logs, "--textfile", self.textfile,
+             "--no-warmup", "--", *self.fake("--health-delay-s", "2")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, START_POLL_S="0.2"))
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 20
+        while verdict_of(self.textfile) == "pass" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertEqual(verdict_of(self.textfile), "starting", "cleared before the guard")
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 0, out + err)
+        self.assertEqual(verdict_of(self.textfile), "not_warmed")
+
+    def test_a_command_that_names_another_model_is_not_warmed(self):
+        # What the command launches serves another model than the command names (a proxy
+        # in front of an old server would): ERROR before any warm-up.
+        other = shim(self.tmp, "serve-old", f'exec {sys.executable} {self.fake()[1]} '
+                                            f'--port {self.port} --latency-s 0.01 --model old')
+        result = self.start("--ready-file", self.ready, "--textfile", self.textfile,
+                            server=["bash", other, "--model", "new"])
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("names the model new, but", result.stderr)
+        self.assertIn("serves old", result.stderr)
+        self.assertNotIn("warm-up:", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertEqual(verdict_of(self.textfile), "not_started")
+
+    def test_links_in_the_log_folder_are_never_written_through(self):
+        os.makedirs(self.logs)
+        target = os.path.join(self.tmp, "precious")
+        with open(target, "w") as handle:
+            handle.write("keep me\n")
+        for name in ("server.pid", "server.url", "start.log", "server.log"):
+            with self.subTest(name=name):
+                link = os.path.join(self.logs, name)
+                os.symlink(target, link)
+                result = self.start(server=self.fake())
+                os.remove(link)
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn(f"{name} is not a regular file (a link", result.stderr)
+                with open(target) as handle:
+                    self.assertEqual(handle.read(), "keep me\n")
+
+    @NEEDS_PID_NAMESPACE
+    def test_start_sh_that_cannot_see_the_port_s_holder_does_not_vouch(self):
+        # start.sh in a PID namespace of its own (as a pod's container without
+        # shareProcessNamespace); its server never binds, and a process it cannot see
+        # takes the port: /proc names no holder, so no warm-up and no ready file.
+        proc = subprocess.Popen(
+            ["unshare", "-pf", "--mount-proc", "bash",
+             os.path.join(os.path.dirname(QUALIFY), "..", "..", "start.sh"), "--base-url",
+             self.url, "--log-dir", self.logs, "--ready-file", self.ready, "--textfile",
+             self.textfile, "--", "sleep", "120"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, START_POLL_S="0.2", START_STOP_GRACE_S="2"))
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(self.logs, "server.pid")) and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        other = subprocess.Popen(self.fake(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        self.addCleanup(other.wait)
+        self.addCleanup(other.kill)
+        out, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 1, out + err)
+        self.assertIn("/proc cannot tell which process holds port", err)
+        self.assertNotIn("warm-up:", out)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertEqual(verdict_of(self.textfile), "not_started")
+
+
+class TestReadyMarks(HelperCase):
+    def setUp(self):
+        super().setUp()
+        self.ready = os.path.join(self.tmp, "ready")
+
+    def warmed(self, **fake):
+        server = self.start_fake(latency_s=0.01, dev_mode=True, **fake)
+        self.assertEqual(self.run_helper(server).code, 0)
+        self.assertIsNone(readback.ready_from_records(self.ready, self.records_path))
+        return server
+
+    def probe(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready,
+                               *args], capture_output=True, text=True, timeout=30)
+
+    def test_a_stopping_mark_that_cannot_be_written_removes_the_file(self):
+        self.warmed()
+        with mock.patch.object(ready, "write_ready", return_value="No space left on device"):
+            said = ready.mark_stopping(self.ready)
+        self.assertIn("could not be marked stopping (No space left on device; removed it "
+                      "instead: not ready)", said)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertEqual(self.probe().returncode, 1)
+
+    def test_a_sleep_seen_during_a_re_warm_outlives_it(self):
+        server = self.warmed()
+        with open(self.ready) as handle:
+            run_id = json.load(handle)["run_id"]
+        self.assertIsNone(ready.mark_ready_file(self.ready, run_id, rewarm_run_id="r-1"))
+        subprocess.run(["curl", "-s", "-X", "POST", server.url + "/sleep?level=1"],
+                       capture_output=True, timeout=10)
+        seen = self.probe("--base-url", server.url)
+        self.assertEqual(seen.returncode, 1)
+        self.assertIn("a re-warm (run r-1) began", seen.stderr)
+        with open(self.ready) as handle:
+            self.assertTrue(json.load(handle).get("slept_at"), "read during the re-warm")
+        # The re-warm ends refused, having sent nothing: it undoes its own mark only.
+        self.assertIsNone(ready.mark_ready_file(self.ready, run_id, rewarm_run_id=None))
+        subprocess.run(["curl", "-s", "-X", "POST", server.url + "/wake_up"],
+                       capture_output=True, timeout=10)
+        woken = self.probe("--base-url", server.url)
+        self.assertEqual(woken.returncode, 1)
+        self.assertIn("the server slept since its warm-up", woken.stderr)
+
+    def test_a_re_warm_refused_after_it_sent_requests_removes_the_file(self):
+        self.warmed()
+        server = self.start_fake(engines=2, late_gauge_s=30)
+        os.remove(self.records_path)
+        result = self.run_helper(server, "--ready-file", self.ready, "--settle-s", "0.3")
+        self.assertEqual(result.code, 3, result.stdout)
+        self.assertIn("refused after it sent 2 requests", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+
+
+class TestReportJudgesTheLastAttempt(HelperCase):
+    def report(self, path: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, QUALIFY, "report", path], capture_output=True,
+                              text=True, timeout=30)
+
+    def test_records_after_the_last_run_or_no_warm_up_exit_1(self):
+        server = self.start_fake(latency_s=0.01)
+        self.assertEqual(self.run_helper(server).code, 0)
+        self.assertEqual(self.report(self.records_path).returncode, 0)
+        with open(self.records_path, "a") as handle:        # a later run's line, its run lost
+            handle.write(json.dumps({"record": "gauges", "run_id": "later", "wave": "B1",
+                                     "ok": True}) + "\n")
+        cut = self.report(self.records_path)
+        self.assertEqual(cut.returncode, 1, cut.stdout)
+        self.assertIn("belong to no run record", cut.stdout.splitlines()[-1])
+        probe = os.path.join(self.tmp, "probe.jsonl")
+        ran = subprocess.run([sys.executable, QUALIFY, "probe", "--base-url", server.url,
+                              "--records", probe, "--rounds", "2"], capture_output=True,
+                             text=True, timeout=60)
+        self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
+        shown = self.report(probe)
+        self.assertEqual(shown.returncode, 1, shown.stdout)
+        self.assertIn("not a warm-up", shown.stdout.splitlines()[-1])
+        empty = os.path.join(self.tmp, "none.jsonl")
+        with open(empty, "w") as handle:
+            handle.write("{}\n")
+        self.assertRegex(self.report(empty).stdout.splitlines()[-1], r"verdict: none \(exit 1\)")
+
+    def test_a_second_run_into_one_file_is_a_usage_error_without_append(self):
+        server = self.start_fake(latency_s=0.01)
+        self.assertEqual(self.run_helper(server).code, 0)
+        again = self.run_argv(["--base-url", server.url, "--records", self.records_path])
+        self.assertEqual(again.code, 2, again.stderr)
+        self.assertIn("already holds records (one run to a file", again.stderr)
+        self.assertEqual(len(read_records(self.records_path)[0]),
+                         len([r for r in read_records(self.records_path)[0]]))
+
+    def test_a_non_ascii_digit_engine_label_is_no_traceback(self):
+        path = os.path.join(self.tmp, "hostile.jsonl")
+        server = self.start_fake(latency_s=0.01)
+        self.assertEqual(self.run_helper(server).code, 0)
+        records = read_records(self.records_path)[0]
+        for record in records:
+            if record["record"] == "gauges":
+                record["samples"] = [{"name": "vllm:num_requests_running",
+                                      "labels": {"engine": "²"}, "value": 0.0}]
+        with open(path, "w") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+        shown = self.report(path)
+        self.assertNotIn("Traceback", shown.stderr)
+        self.assertIn(shown.returncode, (0, 1), shown.stderr)
+        self.assertIn("exit", shown.stdout.splitlines()[-1] + " exit")
+
+    def test_expect_k_ranges_are_written_low_to_high(self):
+        for bad, said in (("2-1:5,4-3:4", "written high to low"), ("B1=²", "ASCII digits")):
+            with self.subTest(bad=bad):
+                shown = subprocess.run([sys.executable, QUALIFY, "report", "x.jsonl",
+                                        "--expect-k", bad], capture_output=True, text=True,
+                                       timeout=30)
+                self.assertEqual(shown.returncode, 2)
+                self.assertIn(said, shown.stderr)
+                self.assertEqual(shown.stderr.count("error:"), 1, shown.stderr)
+                self.assertIn(said, shown.stderr.strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()
