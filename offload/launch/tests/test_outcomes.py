@@ -93,7 +93,7 @@ class TestEventTable(unittest.TestCase):
                         f'"e{number}", job="node"}}', "0")]
             tests.append({"interval": "1m", "input_series": [
                 {"series": s, "values": f"{v}x30"} for s, v in series],
-                "alert_rule_test": [{"eval_time": "20m", "alertname": a, "exp_alerts": []}
+                "alert_rule_test": [{"eval_time": "25m", "alertname": a, "exp_alerts": []}
                                     for a in alerts]})
         spec = os.path.join(self.tmp(), "events_test.yml")
         with open(spec, "w", encoding="utf-8") as handle:     # JSON is YAML
