@@ -240,14 +240,15 @@ def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> Non
     take the port meanwhile), or /proc cannot tell who holds it (what cannot be seen is
     not trusted), or the server serves another model than its command names."""
     port = settings.target.port
-    others = foreign_holders(port, server.pid)
-    if others is None or others == [] and not port_owners(port):
+    owners = port_owners(port)            # None, or [] although /health answered: unseen
+    if not owners:
         refuse_the_server(server, log, (
             f"{settings.target.display}/health answered 200, but /proc cannot tell which "
             f"process holds port {port} (start.sh in a PID namespace of its own, or another "
             f"user than the server's?): start.sh does not warm or vouch for what it cannot "
             f"see; run it where it sees its server (a pod with shareProcessNamespace, or "
             f"start.sh as the server itself) and as the same user"))
+    others = [owner for owner in owners if owner[1] != server.pid]
     if others:
         refuse_the_server(server, log, (
             f"{settings.target.display}/health answered 200, but port {port} is held by "
@@ -295,7 +296,6 @@ class Steps:
     """The foreground step (warm-up, gate) as a child a signal can stop."""
 
     child: subprocess.Popen | None = None
-    warmup_ran = False
 
     @classmethod
     def run(cls, command: list[str], env: dict) -> int:
@@ -355,16 +355,13 @@ def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "
     error. A textfile that cannot be written is removed, and that said."""
     if not settings.textfile:
         return
-    from textfile import outcome_of_status, publish, result_samples
+    from textfile import outcome_of_status, publish_outcome as publish
     try:
         check_file_place(settings.source["textfile"], settings.textfile)
     except Usage as exc:              # never written through a link or into a FIFO
         why = str(exc)
     else:
-        prefix = f"offload_{mode}"
-        why = publish(settings.textfile, prefix, result_samples(
-            prefix, {"verdict": verdict or outcome_of_status(status), "exit_code": status},
-            time.time()))
+        why = publish(settings.textfile, mode, verdict or outcome_of_status(status), status)
     if why and log is not None:
         log(f"WARN: {why}", sys.stderr)
     elif why:
@@ -376,7 +373,6 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
-    Steps.warmup_ran = True               # the wrapper publishes how it ended
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
     run = judged(records, status)
     if not (run["judged"] or {}).get("summary"):

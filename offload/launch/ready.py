@@ -384,25 +384,40 @@ def foreign_listener(doc: dict, port: int) -> str | None:
 MARKS = ("slept_at", "stopping_at")      # what makes a ready file not ready, kept by every writer
 
 
-def ready_lock(path: str, wait_s: float = 2.0) -> int | None:
-    """An exclusive lock on the ready file's folder (flock), taken within wait_s so that
-    every read-modify-write of the file sees the one before it; its descriptor (close it
-    to let go), or None when it could not be had."""
-    import fcntl
-    try:
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
-    deadline = time.monotonic() + wait_s
-    while True:
+class ReadyLock:
+    """An exclusive lock on the ready file's folder (flock), tried for wait_s, held for a
+    `with` block so that every read-modify-write of the file sees the one before it;
+    `held` says whether it was had."""
+
+    def __init__(self, path: str, wait_s: float = 2.0):
+        self.path, self.wait_s, self.fd = path, wait_s, None
+
+    def __enter__(self) -> "ReadyLock":
+        import fcntl
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
+            fd = os.open(os.path.dirname(os.path.abspath(self.path)),
+                         os.O_RDONLY | os.O_DIRECTORY)
         except OSError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.02)
+            return self
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = fd
+                return self
+            except OSError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    return self
+                time.sleep(0.02)
+
+    @property
+    def held(self) -> bool:
+        return self.fd is not None
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
 
 
 def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | None:
@@ -410,18 +425,14 @@ def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | N
     run `run_id`'s (a newer warm-up's is not ours to mark), under the folder's lock; None
     when done, else why not. A not-ready mark that cannot be written (a full disk, the
     lock not had) removes the file instead: unlinking needs no space."""
-    held = ready_lock(path, wait_s)
-    try:
+    with ReadyLock(path, wait_s) as lock:
         now, why = read_ready_file(path)
         if now is None or now.get("run_id") != run_id:
             return why or "it vouches for another run now"
         changed = {k: v for k, v in dict(now, **fields).items()
                    if v is not None or k not in fields}
-        why = write_ready(path, changed) if held is not None else \
+        why = write_ready(path, changed) if lock.held else \
             "the ready file's folder could not be locked"
-    finally:
-        if held is not None:
-            os.close(held)
     if why and any(v is not None for v in fields.values()):
         removed, failed = drop_ready_file(path)
         why += "; removed it instead: not ready" if removed else \
@@ -432,14 +443,10 @@ def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | N
 def replace_ready_file(path: str, doc: dict, found: dict) -> str | None:
     """Write `doc` as the ready file under the folder's lock, keeping the marks (a sleep,
     a stop) another writer made since the file was `found`; None when written."""
-    held = ready_lock(path)
-    try:
+    with ReadyLock(path):
         now = read_ready_file(path)[0] or {}
         kept = {m: now[m] for m in MARKS if now.get(m) and now.get(m) != found.get(m)}
         return write_ready(path, dict(doc, **kept))
-    finally:
-        if held is not None:
-            os.close(held)
 
 
 def mark_stopping(path: str) -> str:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from records import FORMAT, field_problems, parts_text
-from textfile import outcome, publish, result_samples
+from textfile import outcome, publish, publish_outcome, result_samples
 from transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
                        sanitize_text, start_quiet, writable)
 
@@ -542,8 +542,7 @@ def publish_usage(mode: str, textfile: str, verdict: str = "usage",
                   exit_code: int = EXIT_USAGE) -> None:
     """An outcome no summary says in the textfile (success 0): a usage error (a run that
     could not begin), or a KILL the run could not write down; no stale success stays."""
-    why = publish(textfile, f"offload_{mode}", result_samples(
-        f"offload_{mode}", {"verdict": verdict, "exit_code": exit_code}, time.time()))
+    why = publish_outcome(textfile, mode, verdict, exit_code)
     if why:
         emit(f"{why} (the outcome '{verdict}' was not published)", sys.stderr)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 from transport import json_number, open_regular, parse_prometheus, write_atomically
 
@@ -150,6 +151,14 @@ def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
     except OSError as exc:
         return f"cannot write the textfile {path}: {why}; nor remove it ({exc.strerror or exc})"
     return f"cannot write the textfile {path}: {why}"
+
+
+def publish_outcome(path: str, mode: str, verdict: str, exit_code: int) -> str | None:
+    """An ending no summary says (a usage error, a KILL, start.sh's own), or a begun state,
+    published for program `mode` (offload_<mode>_*): success 0; None when written."""
+    prefix = f"offload_{mode}"
+    return publish(path, prefix, result_samples(
+        prefix, {"verdict": verdict, "exit_code": exit_code}, time.time()))
 
 
 def ended_since(path: str, prefix: str, since: float) -> bool:
