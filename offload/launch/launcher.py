@@ -32,7 +32,8 @@ try:
     from processes import (foreign_holders, group_alive, port_owners, process_alive,
                            stop_session)
     from server_command import commanded_model, logged_chunk, redacted_command
-    from transport import clean_text, open_own
+    from ready import drop_ready_file
+    from transport import clean_text, open_own, open_regular
     from start_settings import HELP, Settings, Usage, check_file_place, os_problem, os_reason
     from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
 except ImportError:                       # main() names the missing module (exit 2)
@@ -402,7 +403,20 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     return gate
 
 
-RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z\.jsonl")
+RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z(_[0-9]{1,3})?\.jsonl")
+
+
+def run_stamp(folder: str) -> str:
+    """WHEN for this run's warmup-WHEN.jsonl and gate-WHEN.jsonl: the UTC second, with a
+    _N after it (sorted after the plain name) when an earlier run of that second has its
+    files there (a file holds one run)."""
+    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 1000):
+        if not any(os.path.lexists(os.path.join(folder, f"{kind}-{when}.jsonl"))
+                   for kind in ("warmup", "gate")):
+            break
+        when = f"{when.split('_')[0]}_{n}"
+    return when
 
 
 def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
@@ -459,9 +473,9 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
 
 
 def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
-                       when: str) -> None:
+                       when: str) -> bool:
     """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
-    still run after them. A WARN names only files that exist."""
+    still run after them. A WARN names only files that exist. True for OK."""
     run = run_warmup(settings, server, log, env, when)
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["cache_check"] == "not_made":
@@ -471,7 +485,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     if run["status"] == 0 and run["verdict"] == "custom":
         log(f"WARN: warm-up passed a custom plan, not the contract's: {run['differences']}; "
             f"no ready file; {records_named(run['records'])} — {inspect}")
-        return
+        return False
     warm = run["status"] == 0 and run["verdict"] == "pass"
     gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
     if not server.alive():
@@ -479,7 +493,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     if not warm:
         log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}{custom}); "
             f"{records_named(run['records'])} — {inspect}")
-        return
+        return False
     records = f"records: {run['records']}"
     if gate:
         records += f" and {gate['records']}" if os.path.isfile(gate["records"]) else \
@@ -487,7 +501,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
         if gate["status"] != 0 or gate["verdict"] != "pass":
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
                 f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
-            return
+            return False
     if settings.ready_file:
         write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid)
     what = f": {run['counts']}" if run["counts"] else ""
@@ -495,6 +509,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     passed = f"gate passed ({gate['figures']})" if gate else ""
     log(f"OK: warm-up passed{what}{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
+    return True
 
 
 # ---------------------------------------------------------------------------
@@ -649,6 +664,76 @@ def start(settings: Settings, log: Log) -> int:
     return 0
 
 
+class AttachedServer(Server):
+    """The server an earlier start.sh launched in LOG_DIR (--rewarm): alive while its
+    launched pid is; a re-warm never stops it."""
+
+    def __init__(self, settings: Settings, log: Log, pid: int):
+        super().__init__(settings, log)
+        self.pid, self.launched_at = pid, time.monotonic()
+        self.log_offset = size_of(self.server_log)      # its errors from now on
+
+    def alive(self) -> bool:
+        return process_alive(self.pid)
+
+    def stop_group(self, grace_s: int | None = None) -> None:
+        self.log(f"server process group {self.pid} left running (a re-warm stops nothing)")
+
+
+def rewarm(settings: Settings, log: Log) -> int:
+    """start.sh --rewarm: the server LOG_DIR's server.pid names, at the address its
+    server.url says, warmed again as a start warms it (its port held by its group, the
+    chunk from server.chunk); the ready file removed first, written only from a pass; 0
+    only for a pass."""
+    from transport import UsageError, parse_base_url
+    read = {name: read_small(os.path.join(settings.log_dir, name))
+            for name in ("server.pid", "server.url", "server.chunk")}
+    pid = int(read["server.pid"]) if read["server.pid"].isascii() and \
+        read["server.pid"].isdigit() and 1 < int(read["server.pid"]) < 1 << 22 else 0
+    try:
+        settings.target = parse_base_url(read["server.url"], "server.url")
+    except UsageError:
+        pid = 0
+    if not pid or not process_alive(pid):
+        log.error(f"no server to warm again in {settings.log_dir}: server.pid and server.url "
+                  f"must name the live server an earlier start.sh launched there")
+        return 1
+    settings.base_url = settings.target.display
+    log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
+    publish_outcome(settings, "warmup", 0, "starting", log)
+    if settings.ready_file:                  # not ready until this re-warm passes
+        drop_ready_file(settings.ready_file)
+    server = AttachedServer(settings, log, pid)
+    env = settings.server_env()
+    if read["server.chunk"].isascii() and read["server.chunk"].isdigit():
+        env["WARMUP_CHUNK_TOKENS"] = read["server.chunk"]
+    interrupt_while_starting()
+    when = run_stamp(settings.log_dir)
+    try:
+        refuse_a_foreign_answer(settings, server, log)
+        return 0 if warm_up_and_report(settings, server, log, env, when) else 1
+    except Interrupted as signalled:
+        log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
+        Steps.stop()
+        publish_outcome(settings, "warmup", signalled.code, "killed", log)
+        return signalled.code
+    except Exit as exc:
+        publish_outcome(settings, "warmup", exc.code, "not_started", log)
+        return exc.code
+    finally:
+        prune_records(settings.log_dir, int(settings.keep),
+                      (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+
+
+def read_small(path: str) -> str:
+    """The first line of a small file start.sh wrote (a regular file only), or ''."""
+    try:
+        with open_regular(path) as handle:
+            return handle.read(4096).decode("ascii", "replace").split("\n")[0].strip()
+    except OSError:
+        return ""
+
+
 def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:
     """Launch the server, wait for /health within the guard, warm it up (and gate it)."""
     server.start()
@@ -657,11 +742,14 @@ def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> 
     if chunk and not settings.command_chunk():
         chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
         env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
+    if chunk or settings.command_chunk():       # for a re-warm (--rewarm) of this server
+        with open_own(os.path.join(settings.log_dir, "server.chunk"), "w") as handle:
+            handle.write(env["WARMUP_CHUNK_TOKENS"] + "\n")
     if settings.warmup == "0":
         log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         publish_outcome(settings, "warmup", 0, "not_warmed", log)
         return
-    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())  # warmup-WHEN, gate-WHEN
+    when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:
         warm_up_and_report(settings, server, log, env, when)
     finally:
@@ -697,7 +785,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         return usage_error(str(exc))
     log = Log(settings.log_dir)
     try:
-        return start(settings, log)
+        return rewarm(settings, log) if settings.rewarm else start(settings, log)
     except Exit as exc:
         return exc.code
     finally:

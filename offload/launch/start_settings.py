@@ -45,6 +45,12 @@ options (environment variable in brackets):
                       became healthy too (success 0) [START_TEXTFILE, else
                       WARMUP_TEXTFILE]
   --no-warmup         start and guard only [START_WARMUP=0]
+  --rewarm            no start: warm again the server an earlier start.sh launched in
+                      LOG_DIR (server.pid must be alive and hold the port server.url
+                      names; the chunk comes from server.chunk), the ready file removed
+                      first and written only if it passes, the textfile as a start's;
+                      exit 0 only when it passed (a pod whose warm-up failed, or that
+                      slept: kubectl exec POD -- /opt/offload/start.sh --rewarm)
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
@@ -72,18 +78,19 @@ options (environment variable in brackets):
 Read the records before releasing HOLD, after OK as after WARN.
 
 exit status:
-  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped
+  0    server up: warm-up (and gate) passed, failed with a WARN, or skipped; with
+       --rewarm: it passed
   N    with --supervise, once the server ended: its status when TERM or INT asked it
        to stop; unasked, its status, 1 for an exit 0 nobody asked for
   1    server not started or not trustworthy: something already answered at the base
        URL, a live server.pid, the server exited (also during the warm-up), or it
-       missed the start guard (its process group is stopped)
+       missed the start guard (its process group is stopped), /proc cannot tell who
+       holds its port, or it serves another model; with --rewarm: no live server in
+       LOG_DIR, or the re-warm did not pass (the server keeps running)
   2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
        nothing was launched
-  130  interrupted by INT (the server was stopped)
-  143  interrupted by TERM (the server was stopped)"""
-
-
+  130  interrupted by INT (the server was stopped; with --rewarm, only the warm-up)
+  143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up)"""
 
 class Usage(Exception):
     """A usage error: nothing has been launched (exit 2)."""
@@ -114,6 +121,7 @@ class Settings:
             self.textfile, self.source["textfile"] = env["WARMUP_TEXTFILE"], "WARMUP_TEXTFILE"
         self.command: list[str] = []
         self.help = False
+        self.rewarm = False               # --rewarm: warm the server LOG_DIR names again
         self.problem = ""                 # a bad command line, raised by check()
         try:
             self._parse(argv)
@@ -137,7 +145,9 @@ class Settings:
             if arg == "--":
                 self.command = args
                 return
-            if arg in self.SWITCHES:
+            if arg == "--rewarm":
+                self.rewarm = True
+            elif arg in self.SWITCHES:
                 name, value = self.SWITCHES[arg]
                 setattr(self, name, value)
             elif arg in self.VALUED:
@@ -152,7 +162,9 @@ class Settings:
         """Every value checked, the folders tried; Usage naming the first bad one."""
         if self.problem:
             raise Usage(self.problem)
-        if not self.command:
+        if self.rewarm:
+            check_rewarm(self)
+        elif not self.command:
             raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
         check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
         if not NUMBER.fullmatch(self.poll_s) or not 0.01 <= float(self.poll_s) <= 60:
@@ -197,7 +209,7 @@ class Settings:
         except OSError as exc:
             raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
                         f"({os_reason(exc)}); choose a writable folder") from None
-        for name in ("start.log", "server.log", "server.pid", "server.url"):
+        for name in ("start.log", "server.log", "server.pid", "server.url", "server.chunk"):
             path = os.path.join(self.log_dir, name)
             if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
                 raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
@@ -246,6 +258,16 @@ def check_ready_place(option: str, path: str) -> None:
     check_file_place(option, path)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise Usage(f"{option} '{path}': cannot write in folder '{folder}'")
+
+
+def check_rewarm(settings: Settings) -> None:
+    """Usage when --rewarm comes with what only a start takes."""
+    for given, what in ((settings.command, "a server command"),
+                        (settings.supervise == "1", "--supervise"),
+                        (settings.warmup == "0", "--no-warmup")):
+        if given:
+            raise Usage(f"--rewarm takes no {what}: it warms the server LOG_DIR/server.pid "
+                        f"names again, as it runs")
 
 
 def textfile_given(argv: list[str], default: str) -> str:

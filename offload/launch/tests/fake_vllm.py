@@ -80,6 +80,7 @@ class FakeConfig:
     reject_priority: bool = False         # like versions that refuse priority under fcfs
     fault: str = ""
     fault_match: str = ""                 # the fault hits request ids containing this ("" = all)
+    fault_times: int = 0                  # the fault hits only this many requests (0: every one)
     fault_status: int = 500
     fault_message: str = "Internal server error"
     metrics_mode: str = "normal"
@@ -260,6 +261,7 @@ class FakeState:
         self.cache: dict[int, set] = {e: set() for e in engines}    # each engine its own KV cache
         self.running = [0 for _ in engines]
         self.served = [0 for _ in engines]      # requests each engine has run (gauge samples)
+        self.faults_left = config.fault_times or -1   # -1: the fault never runs out
         self.lingering: list[tuple[int, float]] = []   # (engine, until): counted out late
         self.next_engine = 0
         self.metrics_failed = False
@@ -319,6 +321,14 @@ class FakeState:
     def completions(self) -> list[dict]:
         with self.lock:
             return [r for r in self.requests if r["path"].endswith("/v1/completions")]
+
+    def take_fault(self) -> bool:
+        """Whether the fault hits this request: always, or while --fault-times lasts."""
+        with self.lock:
+            if self.faults_left == 0:
+                return False
+            self.faults_left -= self.faults_left > 0
+            return True
 
     def count(self, name: str, value: float, engine: int = 0, **labels) -> None:
         key = (name, tuple(sorted(dict(labels, engine=str(engine)).items())))
@@ -644,7 +654,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_error_json(400, f"min_tokens must be less than or equal to "
                                              f"max_tokens={max_tokens}, got {min_tokens}.")
         rid = str(body.get("request_id", ""))
-        fault = cfg.fault if cfg.fault_match in rid else ""
+        fault = cfg.fault if cfg.fault_match in rid and self.state.take_fault() else ""
         if fault == "status":
             return self.send_error_json(cfg.fault_status, cfg.fault_message,
                                         "InternalServerError" if cfg.fault_status >= 500
@@ -866,7 +876,8 @@ class Handler(BaseHTTPRequestHandler):
             prompt = "\n".join(str(m.get("content", "")) for m in messages)
         else:
             prompt = str(body.get("prompt", ""))
-        fault = cfg.fault if cfg.fault_match in str(body.get("request_id", "")) else ""
+        fault = cfg.fault if cfg.fault_match in str(body.get("request_id", "")) and \
+            self.state.take_fault() else ""
         if fault == "chat_template" and chat:
             return self.send_error_json(400, CHAT_TEMPLATE_ERROR)
         if fault == "status":
@@ -1019,6 +1030,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="engine time of one completion")
     parser.add_argument("--fault", choices=FAULTS, default="")
     parser.add_argument("--fault-match", default="", help="request ids the fault hits")
+    parser.add_argument("--fault-times", type=int, default=0,
+                        help="the fault hits only the first N requests it matches (a "
+                             "transient fault; 0: every one)")
     parser.add_argument("--copy", choices=COPY_MODES, default="faithful",
                         help="how the quality gate's copy probes are answered (chat and raw "
                              "completions): faithful (exact), typos, garbage")
@@ -1116,7 +1130,8 @@ def main(argv: list[str] | None = None) -> int:
                         cold_paths=tuple(p for p in args.cold_paths.split(",") if p),
                         api_key=args.api_key, latency_s=args.latency_s, fault=args.fault,
                         copy=args.copy,
-                        fault_match=args.fault_match, metrics_mode=args.metrics_mode,
+                        fault_match=args.fault_match, fault_times=args.fault_times,
+                        metrics_mode=args.metrics_mode,
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,
                         health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,

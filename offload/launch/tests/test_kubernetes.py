@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -73,7 +74,7 @@ class TestManifest(unittest.TestCase):
         for probe in (startup, liveness):
             args = probe["exec"]["command"]
             self.assertEqual(args[args.index("--url-file") + 1],
-                             command[command.index("--log-dir") + 1] + "/server.url",
+                             env["START_LOG_DIR"] + "/server.url",
                              "the probes read the address start.sh writes")
             self.assertGreater(probe["timeoutSeconds"], float(args[args.index("--timeout-s") + 1]))
         shutdown = float(command[command.index("--shutdown-timeout") + 1])
@@ -83,8 +84,8 @@ class TestManifest(unittest.TestCase):
         self.assertGreater(doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
                            pre_stop + grace, "the kubelet KILLs only after start.sh did")
         mounts = {m["mountPath"] for m in vllm["volumeMounts"]}
-        for option in ("--log-dir", "--ready-file", "--textfile"):
-            path = command[command.index(option) + 1]
+        for option in ("START_LOG_DIR", "START_READY_FILE", "START_TEXTFILE"):
+            path = env[option]
             self.assertTrue(any(path == m or path.startswith(m + "/") for m in mounts),
                             f"{option} {path} is on a volume")
 
@@ -130,7 +131,7 @@ class Pod:
         env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
         for item in self.spec.get("env", []):
             if "value" in item:
-                env[item["name"]] = item["value"]
+                env[item["name"]] = self.path(item["value"])
         env["WARMUP_LOCK_DIR"] = self.case.tmp      # the test's, as every test's
         return env
 
@@ -263,7 +264,9 @@ class TestKubeletPass(KubeletCase):
 
 class TestKubeletFailedWarmup(KubeletCase):
     def test_a_failed_warm_up_runs_never_ready_and_keeps_its_evidence(self):
-        pod = Pod(self, "--latency-s", "0.01", "--fault", "one_token").run()
+        # A transient fault: the first answer is one token; the re-warm passes.
+        pod = Pod(self, "--latency-s", "0.01", "--fault", "one_token",
+                  "--fault-times", "1").run()
         logs = pod.logs()
         self.assertTrue(pod.wait_for(lambda: "WARN: warm-up failed" in read(
             os.path.join(logs, "start.log")), 60))
@@ -277,6 +280,18 @@ class TestKubeletFailedWarmup(KubeletCase):
         self.assertEqual(found[-1]["verdict"], "fail")
         textfile = read(os.path.join(pod.path("/textfile"), "offload.prom"))
         self.assertIn('offload_warmup_last_run_verdict{verdict="fail"} 1.0', textfile)
+        # The re-warm the manifest's comment gives, run in the container as kubectl exec
+        # would (its environment, its namespaces): the pod becomes Ready, the textfile says so.
+        said = re.search(r"kubectl exec POD -c vllm -- (.+)", read(MANIFEST))
+        rewarm = [pod.path(a) for a in said.group(1).split()]
+        done = subprocess.run(pod.in_container() + rewarm, env=pod.env(), capture_output=True,
+                              text=True, timeout=150)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertIn("OK: warm-up passed", done.stdout)
+        self.assertTrue(pod.wait_for(lambda: pod.ready, 30), "Ready after the re-warm")
+        self.assertEqual(pod.restarts, 0, pod.exits)
+        textfile = read(os.path.join(pod.path("/textfile"), "offload.prom"))
+        self.assertIn('offload_warmup_last_run_verdict{verdict="pass"} 1.0', textfile)
 
 
 class TestKubeletCrash(KubeletCase):

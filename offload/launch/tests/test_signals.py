@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 import unittest
 from unittest import mock
 
-from support import QUALIFY, WRAPPER, HelperCase, StartCase, free_port, read_records
+from support import (QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
+                     read_records)
 from test_outcomes import stale_success, verdict_of
 import ready  # noqa: E402  (support puts offload/launch on sys.path)
 import readback  # noqa: E402
@@ -149,6 +149,26 @@ class TestStartClearsFirst(StartCase):
                 self.assertIn(f"{name} is not a regular file (a link", result.stderr)
                 with open(target) as handle:
                     self.assertEqual(handle.read(), "keep me\n")
+
+    def test_rewarm_warms_the_started_server_again_and_publishes(self):
+        self.assertEqual(self.refused("--rewarm", "--log-dir", self.logs, "--", "x").code, 2)
+        none = self.refused("--rewarm", "--log-dir", self.logs, "--textfile", self.textfile)
+        self.assertEqual(none.code, 1, none.stderr)
+        self.assertIn("no server to warm again", none.stderr)
+        failed = self.start("--ready-file", self.ready, "--textfile", self.textfile,
+                            server=self.fake("--fault", "one_token", "--fault-times", "1"))
+        self.assertIn("WARN: warm-up failed", failed.stdout)
+        self.assertEqual(verdict_of(self.textfile), "fail")
+        again = self.run_process(["bash", START_SH, "--rewarm", "--log-dir", self.logs,
+                                  "--ready-file", self.ready, "--textfile", self.textfile],
+                                 timeout=120)
+        self.assertEqual(again.code, 0, again.stdout + again.stderr)
+        self.assertIn("OK: warm-up passed", again.stdout)
+        self.assertEqual(verdict_of(self.textfile), "pass")
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle)["server_pgid"], self.server_pid())
+        self.assertEqual(subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file",
+                                         self.ready], capture_output=True).returncode, 0)
 
     @NEEDS_PID_NAMESPACE
     def test_start_sh_that_cannot_see_the_port_s_holder_does_not_vouch(self):
