@@ -17,6 +17,7 @@ import transport  # noqa: E402  (support puts offload/launch on sys.path)
 
 RULES = os.path.join(REPO, "offload", "monitoring", "alerts.yml")
 RULE_TESTS = os.path.join(REPO, "offload", "monitoring", "alerts_test.yml")
+WEEK_TESTS = os.path.join(REPO, "offload", "monitoring", "alerts_week_test.yml")
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
@@ -36,7 +37,8 @@ def needs(*tools) -> None:
 class TestRuleUnitTests(unittest.TestCase):
     def test_promtool_checks_and_tests_the_rules(self):
         needs(PROMTOOL)
-        for command in (["check", "rules", RULES], ["test", "rules", RULE_TESTS]):
+        for command in (["check", "rules", RULES], ["test", "rules", RULE_TESTS],
+                        ["test", "rules", WEEK_TESTS]):
             with self.subTest(command=command[:2]):
                 done = subprocess.run([PROMTOOL, *command], capture_output=True, text=True,
                                       timeout=60)

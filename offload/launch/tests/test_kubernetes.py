@@ -4,8 +4,11 @@ runs it, against the fake server.
 Pod plays the kubelet for the manifest's vllm container: the container's command (the
 fake in place of `vllm serve MODEL`, every other argument as written) in a PID namespace
 of its own with the manifest's environment only, its volumes as folders, and each probe's
-exec command as a fresh process in that namespace, with the manifest's period, timeout and
-thresholds; a failed startup or liveness probe, or the container's end, restarts it.
+exec command as a fresh process in that namespace, with the manifest's thresholds and its
+periods and timeouts times KUBELET_TIME_SCALE (0.25 by default, a quarter of the waiting;
+KUBELET_TIME_SCALE=1 is the full run at the manifest's own numbers, which
+TestManifest holds together at any scale); a failed startup or liveness probe, or the
+container's end, restarts it.
 PyYAML and kubernetes-validate are test-only packages .ci/run installs; without them
 (a bare `python3 -m unittest`) these tests skip, in CI they fail.
 """
@@ -29,6 +32,34 @@ from support import FAKE, REPO, HelperCase, free_port, read_records
 
 MANIFEST = os.path.join(REPO, "offload", "deploy", "kubernetes", "vllm-offload.yaml")
 NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
+PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
+
+
+def time_scale() -> float:
+    """KUBELET_TIME_SCALE: the probes' periods and timeouts as a share of the manifest's."""
+    try:
+        scale = float(os.environ.get("KUBELET_TIME_SCALE") or 0.25)
+    except ValueError:
+        scale = 0.0
+    if not 0 < scale <= 1:
+        raise AssertionError("KUBELET_TIME_SCALE must be a number in (0, 1]")
+    return scale
+
+
+def scaled(spec: dict, scale: float) -> dict:
+    """The container's spec with each probe's period (at least 1 s), its timeoutSeconds
+    (at least 3 s) and its command's --timeout-s (at least 2 s, below the timeout) scaled:
+    the same state machine, less waiting."""
+    spec = json.loads(json.dumps(spec))
+    for name in PROBES:
+        probe = spec[name]
+        probe["periodSeconds"] = max(probe["periodSeconds"] * scale, 1.0)
+        probe["timeoutSeconds"] = max(probe["timeoutSeconds"] * scale, 3.0)
+        args = probe["exec"]["command"]
+        if "--timeout-s" in args:
+            at = args.index("--timeout-s") + 1
+            args[at] = f"{max(float(args[at]) * scale, 2.0):g}"
+    return spec
 
 
 def needs(found: bool, what: str) -> None:
@@ -95,7 +126,7 @@ class Pod:
 
     def __init__(self, case: HelperCase, *server_args: str):
         self.case, self.doc = case, manifest()
-        self.spec = container(self.doc)
+        self.spec = scaled(container(self.doc), time_scale())
         self.port = free_port()
         self.mounts = {}
         for mount in self.spec["volumeMounts"]:
@@ -178,7 +209,7 @@ class Pod:
     def run(self) -> "Pod":
         """Start the container and the probe loops (threads), as the kubelet does."""
         self.start_container()
-        for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+        for name in PROBES:
             threading.Thread(target=self.loop, args=(name,), daemon=True).start()
         threading.Thread(target=self.watch, daemon=True).start()
         return self

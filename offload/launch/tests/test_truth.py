@@ -23,7 +23,8 @@ from support import WARMUP, HelperCase, contract, qualify, transport
 import readback  # noqa: E402  (support puts offload/launch on sys.path)
 import report  # noqa: E402
 
-FUZZ_MUTATIONS = 5000
+# 1,000 by default (the values that matter are in HOSTILE); CI asks for 5,000.
+FUZZ_MUTATIONS = int(os.environ.get("OFFLOAD_FUZZ_MUTATIONS") or 1000)
 BUSY = {"gauge_values": {("vllm:num_requests_running", "0"): 2.0}}
 HOSTILE = [None, True, False, 0, 1, -1, 3, 143, 2 ** 70, 1e308, -0.5, "", "pass", "0", "1",
            "B1", "long", [], [0], [1], [[0]], [None], {}, {"0": 1}, {"engine": "1"},
