@@ -43,8 +43,8 @@ sys.path.insert(0, LAUNCH)
 
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
-import transport  # noqa: E402
-import kinds  # noqa: E402
+import core.transport as transport  # noqa: E402
+import core.kinds as kinds  # noqa: E402
 
 # The real interpreter: `python3` may be a pyenv shim (a bash script) whose own start-up
 # would be measured otherwise. The wrapper is told to use it too (WARMUP_PYTHON).
@@ -316,7 +316,7 @@ def bench_ready(runs: int, tmp: str) -> dict:
     ready` against a warmed fake in a process of its own, as a server is (one /health, one
     /metrics), against `python3 -c pass` (site loaded, as both run), bytecode cached;
     median wall times and the peak RSS."""
-    import readback
+    import tools.readback as readback
     import socket
     with socket.socket() as probe_port:
         probe_port.bind(("127.0.0.1", 0))

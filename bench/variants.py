@@ -25,8 +25,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "offload", "launch"))
 
-import kinds  # noqa: E402
-import transport  # noqa: E402
+import core.kinds as kinds  # noqa: E402
+import core.transport as transport  # noqa: E402
 
 TOKENS = 32
 VARIANTS = {                           # name -> what it adds to the greedy request

@@ -29,13 +29,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)                  # the folder's modules, imported where used
 try:
-    from processes import (foreign_holders, group_alive, port_owners, process_alive,
-                           stop_session)
-    from server_command import commanded_model, logged_chunk, redacted_command
-    from ready import drop_ready_file
-    from transport import clean_text, open_own, open_regular
-    from start_settings import HELP, Settings, Usage, check_file_place, os_problem, os_reason
-    from supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
+    from start.processes import group_alive, process_alive, stop_session
+    from tools.procfs import foreign_holders, port_owners
+    from start.server_command import commanded_model, logged_chunk, redacted_command
+    from core.readyfile import drop_ready_file
+    from core.transport import clean_text, open_own, open_regular
+    from start.settings import HELP, Settings, Usage, check_file_place, os_problem, os_reason
+    from start.supervisor import LineWriter, ServerProcess, first_error, shell_status, size_of
 except ImportError:                       # main() names the missing module (exit 2)
     group_alive = process_alive = None
     ServerProcess = object
@@ -97,7 +97,7 @@ class Log:
         try:
             print(text, file=stream, flush=True)
         except (OSError, ValueError):
-            from runframe import silence
+            from core.runframe import silence
             silence(stream)
 
     def error(self, text: str) -> None:
@@ -178,8 +178,8 @@ class Server(ServerProcess):
 
 def health(settings: Settings, timeout_s: float) -> int:
     """One GET /health: 0 for 200, 1 another answer, ready.EXIT_NO_ANSWER none."""
-    from ready import check_health
-    from transport import Clock
+    from tools.ready import check_health
+    from core.transport import Clock
     timeout_s = max(timeout_s, 0.1)
     return check_health(settings.target, Clock.start(timeout_s, timeout_s))[0]
 
@@ -197,7 +197,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
                       f"if that pid is not the server.")
             raise Exit(1)
         log(f"stale {pid_file} (pid {old or 'none'} is gone): replacing it")
-    from ready import EXIT_NO_ANSWER
+    from tools.ready import EXIT_NO_ANSWER
     if health(settings, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
         log.error(f"something already answers at {settings.target.display}/health before "
                   f"launch: start.sh reports only on a server it starts. Stop that server, "
@@ -279,7 +279,7 @@ def refuse_the_server(server: Server, log: Log, problem: str) -> None:
 def served_model_ids(settings: Settings) -> tuple[list[str], str | None]:
     """The model ids GET /v1/models lists (with the API key the warm-up sends), or ([],
     why none could be read)."""
-    from transport import Clock, TransportError, decode_json, fetch
+    from core.transport import Clock, TransportError, decode_json, fetch
     key = settings.env.get("VLLM_API_KEY") or None
     try:
         response = fetch(settings.target, Clock.start(5.0, 5.0), "GET", "/v1/models",
@@ -326,9 +326,9 @@ def judged(records: str, status: int) -> dict:
     it left no summary): the verdict, the plan's differences (with the settings that made
     them), the cache check, what passed ('contract 10/10, paths stream 5/5') and the
     settings that added to the plan, with where they came from."""
-    from readback import last_verdict
-    from records import as_dict, parts_text, show
-    from textfile import outcome, outcome_of_status
+    from tools.readback import last_verdict
+    from core.records import as_dict, parts_text, show
+    from core.textfile import outcome, outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
     if found is None or found["summary"] is None:
         return {"verdict": outcome_of_status(status), "differences": "-",
@@ -356,7 +356,7 @@ def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "
     error. A textfile that cannot be written is removed, and that said."""
     if not settings.textfile:
         return
-    from textfile import outcome_of_status, publish_outcome as publish
+    from core.textfile import outcome_of_status, publish_outcome as publish
     try:
         check_file_place(settings.source["textfile"], settings.textfile)
     except Usage as exc:              # never written through a link or into a FIFO
@@ -447,7 +447,7 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
 
 def gate_figures(found: dict | None) -> str:
     """A gate's identifiers and worst CER as the OK and WARN lines show them."""
-    from records import as_dict, show
+    from core.records import as_dict, show
     summary = as_dict(found and found["summary"])
     exact = as_dict(summary.get("identifiers_exact"))
     alone, batched = show(exact.get("alone"), 20), show(exact.get("batched"), 20)
@@ -462,7 +462,7 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
                      server_pgid: int):
     """The ready file from the verdicts of the warm-up's (and the gate's) records, naming
     the process group that must hold the port."""
-    from readback import ready_from_records
+    from tools.readback import ready_from_records
     why = ready_from_records(settings.ready_file, records, gate_records=gate_records,
                              server_pgid=server_pgid)
     if why is None:
@@ -537,7 +537,7 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     restart policy restarts it."""
     asked: list = []                        # (signal name, when), from the handler
     marked: list = []                       # what marking the ready file stopping did
-    from ready import mark_stopping, watch_sleep
+    from tools.ready import mark_stopping, watch_sleep
 
     def pass_on(signum, frame):
         """Not ready first (the ready file marked stopping: no lock is taken here), then the
@@ -685,7 +685,7 @@ def rewarm(settings: Settings, log: Log) -> int:
     server.url says, warmed again as a start warms it (its port held by its group, the
     chunk from server.chunk); the ready file removed first, written only from a pass; 0
     only for a pass."""
-    from transport import UsageError, parse_base_url
+    from core.transport import UsageError, parse_base_url
     read = {name: read_small(os.path.join(settings.log_dir, name))
             for name in ("server.pid", "server.url", "server.chunk")}
     pid = int(read["server.pid"]) if read["server.pid"].isascii() and \
@@ -764,9 +764,9 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     """start.sh's exit status (see HELP)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
-        for module in ("processes", "server_command", "start_settings", "supervisor",
-                       "readback", "ready",
-                       "textfile", "vllm_client"):
+        for module in ("start.processes", "start.server_command", "start.settings",
+                       "start.supervisor", "tools.procfs", "tools.readback", "tools.ready",
+                       "core.readyfile", "core.textfile", "core.vllm_client"):
             importlib.import_module(module)
     except ImportError as exc:                 # one line, no trace, nothing launched
         print(f"start.sh: cannot load {exc.name or exc}: offload/launch/ is copied and "

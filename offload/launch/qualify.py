@@ -3,18 +3,19 @@
 check health and readiness.
 
   qualify.py report FILE      what a records file shows, each run judged from its evidence
-                              (report.py)
+                              (tools/report.py)
   qualify.py probe ...        streamed requests timed to the first token, first round
-                              against later rounds, per engine; every prompt new (probe.py)
+                              against later rounds, per engine; every prompt new (tools/probe.py)
   qualify.py gate ...         exact-copy probes (six identifiers, an English and a Russian
-                              passage), alone and batched, greedy (gate.py)
+                              passage), alone and batched, greedy (tools/gate.py)
   qualify.py health           one bounded GET /health (the check the launcher polls)
   qualify.py ready            is the ready file still true? the server it names answers
                               /health and is the same process serving the same model
 
 main() finds the command in COMMANDS and imports its module only then (health and ready
-live in ready.py: a readiness probe loads qualify, ready, transport and vllm_metrics, and
-nothing else). Programs over the layers beside this file; never imports warmup.py.
+live in tools/ready.py: a readiness probe loads qualify, tools/ready, tools/procfs and
+core's transport, vllm_metrics and readyfile, nothing else). Its commands are tools/ (over
+core/); never imports warmup.py.
 Standard library only. The contract: CONTRACT.md beside this file.
 """
 
@@ -51,9 +52,9 @@ The contract: CONTRACT.md beside this file."""
 # ---------------------------------------------------------------------------
 
 COMMANDS = {                          # name -> (module, its main); imported when it runs
-    "report": ("report", "report_main"), "probe": ("probe", "probe_main"),
-    "gate": ("gate", "gate_main"), "health": ("ready", "health_main"),
-    "ready": ("ready", "ready_main"),
+    "report": ("tools.report", "report_main"), "probe": ("tools.probe", "probe_main"),
+    "gate": ("tools.gate", "gate_main"), "health": ("tools.ready", "health_main"),
+    "ready": ("tools.ready", "ready_main"),
 }
 
 
@@ -71,8 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     module, function = COMMANDS[argv[0]]
     try:
         command = getattr(importlib.import_module(module), function)
-        if as_process and "runframe" in sys.modules:    # a run: signals stay ignored after
-            sys.modules["runframe"].as_program()         # its summary
+        if as_process and "core.runframe" in sys.modules:   # a run: signals stay ignored
+            sys.modules["core.runframe"].as_program()        # after its summary
     except ImportError as exc:           # a module of the folder is missing: one line, no trace
         print(MISSING.format(exc.name or exc), file=sys.stderr)
         return EXIT_USAGE
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 def script_exit(code: int) -> None:
     """Leave with `code`: through the run frame's exit when a run was loaded (a stdout
     nobody reads cannot hold it), else plainly (the readiness probe loads no run frame)."""
-    frame = sys.modules.get("runframe")
+    frame = sys.modules.get("core.runframe")
     if frame is not None:
         frame.script_exit(code)
     sys.exit(code)

@@ -19,11 +19,11 @@ The run, in order (each step is a function or method right below):
                           wave records with what the engine's counters show
       Evidence.read_after counter deltas and status files over the warm-up (evidence.py)
     ServerProgram.judge contract.decide() on the records this run wrote: the one verdict
-    after_summary()     with --ready-file: the ready file from that verdict (ready.py)
+    after_summary()     with --ready-file: the ready file from that verdict (readyfile)
 
-It is a program over the layers beside it: transport.py (bytes on a socket),
-runframe.py (a run with one summary), contract.py (what a warm-up is and how it is
-judged), vllm_client.py (what a vLLM server says) and evidence.py (what moved).
+It is a program over core/ beside it, and loads nothing else: transport (bytes on a
+socket), runframe (a run with one summary), contract (what a warm-up is and how it is
+judged), vllm_client (what a vLLM server says) and evidence (what moved).
 Standard library only, Python 3.10+. The contract is CONTRACT.md beside this file.
 """
 
@@ -39,27 +39,27 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
-    import runframe
-    from contract import (B1_FLOOR, REVIEWED, Plan, b1_prompts, batch_name, cache_check,
-                          cross_check, differences, engine_shares, parse_waves, plan_record,
-                          wave_name)
-    from evidence import Evidence, EvidenceOptions, time_to_warm
-    from kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
-    from prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from ready import (drop_ready_file, mark_ready_file, read_ready_file, ready_of,
-                       replace_ready_file)
-    from records import as_dict
-    from runframe import (Run, RunSettings, add_file_option, add_run_options, argument_type,
-                          emit, flag_or_env, given_value, seconds, whole)
-    from textfile import ended_since, outcome_of_status
-    from transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text, count_value,
-                           parse_url, series_name, writable)
-    from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                             add_server_options, answer_record, connection_from,
-                             format_engines, read_slot, release_skew_ms, routed, server_main,
-                             slot_timing, template_kwargs_type)
-    from vllm_metrics import (changed_only, counter_deltas, engine_deltas, spec_figures,
-                              tokens_per_step, went_down)
+    import core.runframe as runframe
+    from core.contract import (B1_FLOOR, REVIEWED, Plan, b1_prompts, batch_name, cache_check,
+                               cross_check, differences, engine_shares, parse_waves,
+                               plan_record, wave_name)
+    from core.evidence import Evidence, EvidenceOptions, time_to_warm
+    from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
+    from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
+    from core.readyfile import (drop_ready_file, mark_ready_file, read_ready_file, ready_of,
+                                replace_ready_file)
+    from core.records import as_dict
+    from core.runframe import (Run, RunSettings, add_file_option, add_run_options,
+                               argument_type, emit, flag_or_env, given_value, seconds, whole)
+    from core.textfile import ended_since, outcome_of_status
+    from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
+                                count_value, parse_url, series_name, writable)
+    from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                                  add_server_options, answer_record, connection_from,
+                                  format_engines, read_slot, release_skew_ms, routed,
+                                  server_main, slot_timing, template_kwargs_type)
+    from core.vllm_metrics import (changed_only, counter_deltas, engine_deltas, spec_figures,
+                                   tokens_per_step, went_down)
 except ImportError as exc:           # a module of the folder is missing: one line, no trace
     print(f"warmup.py: cannot load {exc.name or exc}: offload/launch/ is copied and rolled "
           f"back as one folder; restore the whole folder", file=sys.stderr)

@@ -29,30 +29,40 @@ FAKE = os.path.join(TESTS, "fake_vllm.py")
 if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
 
-import contract  # noqa: E402
+import core.contract as contract  # noqa: E402
 import qualify  # noqa: E402
-import ready  # noqa: E402
-import transport  # noqa: E402
+import tools.ready as ready  # noqa: E402
+import core.transport as transport  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
-from processes import group_alive  # noqa: E402
+from start.processes import group_alive  # noqa: E402
 
 API_KEY = "sk-KEYMARKER-5d1f0c"
 
 
+PACKAGES = ("core", "tools", "start")       # the folder's packages, beside the entry points
+
+
 def product_files() -> list[str]:
-    """The rollback unit: every file of offload/launch/ but the tests (and caches)."""
-    return sorted(os.path.join(LAUNCH, name) for name in os.listdir(LAUNCH)
-                  if os.path.isfile(os.path.join(LAUNCH, name)))
+    """The rollback unit: every file of offload/launch/ and its packages but the tests (and
+    caches)."""
+    found = []
+    for folder in ("",) + PACKAGES:
+        path = os.path.join(LAUNCH, folder)
+        found += [os.path.join(path, name) for name in os.listdir(path)
+                  if os.path.isfile(os.path.join(path, name))]
+    return sorted(found)
 
 
 def copy_product(folder: str, leave_out: tuple = ()) -> str:
-    """The product's files copied into `folder` (created), as an operator copies them."""
+    """The product's files copied into `folder` (created) with its packages, as an operator
+    copies them; `leave_out` names files by their path in the folder (core/runframe.py)."""
     import shutil
-    os.makedirs(folder, exist_ok=True)
     for source in product_files():
-        if os.path.basename(source) not in leave_out:
-            shutil.copy(source, folder)
+        relative = os.path.relpath(source, LAUNCH)
+        if relative not in leave_out and os.path.basename(relative) not in leave_out:
+            os.makedirs(os.path.join(folder, os.path.dirname(relative)), exist_ok=True)
+            shutil.copy(source, os.path.join(folder, relative))
     return folder
 
 

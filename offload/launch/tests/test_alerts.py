@@ -13,7 +13,7 @@ import time
 import unittest
 
 from support import REPO, HelperCase, free_port
-import transport  # noqa: E402  (support puts offload/launch on sys.path)
+import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
 
 RULES = os.path.join(REPO, "offload", "monitoring", "alerts.yml")
 RULE_TESTS = os.path.join(REPO, "offload", "monitoring", "alerts_test.yml")

@@ -22,10 +22,10 @@ import time
 import unittest
 
 from support import FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
-import evidence  # noqa: E402  (support puts offload/launch on sys.path)
-import kinds  # noqa: E402
-import runframe  # noqa: E402
-import transport  # noqa: E402
+import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import core.kinds as kinds  # noqa: E402
+import core.runframe as runframe  # noqa: E402
+import core.transport as transport  # noqa: E402
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
 
@@ -264,7 +264,7 @@ class TestEveryExitSaysWhatItRead(HelperCase):
                 self.assertIn(flag, given.stderr)
 
     def test_usage_counts_that_are_text_are_named_not_quoted(self):
-        counts, problems = __import__("vllm_client").read_usage(
+        counts, problems = __import__("core.vllm_client").vllm_client.read_usage(
             {"prompt_tokens": "MARKER-IN-A-COUNT" * 3, "completion_tokens": [1]})
         self.assertEqual(problems, [
             "usage prompt_tokens is not a count: a string of 51 characters",

@@ -12,10 +12,10 @@ import time
 import unittest
 
 from support import HelperCase
-import contract  # noqa: E402
-import evidence  # noqa: E402  (support puts offload/launch on sys.path)
-import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
+import core.contract as contract  # noqa: E402
+import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
+import core.vllm_client as vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 
 GAUGE_TEXT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

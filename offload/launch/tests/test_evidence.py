@@ -14,13 +14,13 @@ import unittest
 from unittest import mock
 
 from support import QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
-import evidence  # noqa: E402
-import runframe  # noqa: E402  (support puts offload/launch on sys.path)
-import report  # noqa: E402
-import transport  # noqa: E402
-import locks  # noqa: E402
-import vllm_client  # noqa: E402
-import vllm_metrics  # noqa: E402
+import core.evidence as evidence  # noqa: E402
+import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.report as report  # noqa: E402
+import core.transport as transport  # noqa: E402
+import core.locks as locks  # noqa: E402
+import core.vllm_client as vllm_client  # noqa: E402
+import core.vllm_metrics as vllm_metrics  # noqa: E402
 
 
 def expanded(kept: dict, keys: set) -> dict:

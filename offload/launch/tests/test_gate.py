@@ -12,7 +12,7 @@ import time
 import unittest
 
 from support import TEXT_MARKER, HelperCase, qualify
-import gate  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 IDENTIFIER = gate.Probe("id", "identifier", "Gullpoint-Labs/Ferry-7B_Instruct.v2")
 PASSAGE = gate.Probe("p", "passage", "The quick brown fox jumps over the lazy dog. " * 4)

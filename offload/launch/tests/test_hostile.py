@@ -40,7 +40,7 @@ from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received,
                      sse_answer, stream_events)
 from support import (WRAPPER, HelperCase, contract_requests, read_records, run_record,
                      run_script, summary_record, wave_records)
-import gate  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.dirname(TESTS)

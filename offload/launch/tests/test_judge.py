@@ -10,13 +10,13 @@ import unittest
 
 from support import (LAUNCH, HelperCase, contract_requests, request_record, run_record,
                      summary_record, wave_records)
-import contract  # noqa: E402  (support puts offload/launch on sys.path)
-import kinds  # noqa: E402
+import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
+import core.kinds as kinds  # noqa: E402
 import launcher  # noqa: E402
 import qualify  # noqa: E402
-import ready  # noqa: E402
-import readback  # noqa: E402
-import records  # noqa: E402
+import tools.ready as ready  # noqa: E402
+import tools.readback as readback  # noqa: E402
+import core.records as records  # noqa: E402
 
 GREEDY = kinds.KINDS["greedy"]
 ANSWER = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,

@@ -8,7 +8,7 @@ import argparse
 import unittest
 
 from support import HelperCase, qualify
-import report  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.report as report  # noqa: E402  (support puts offload/launch on sys.path)
 
 K1 = ((1, 2, 5), (3, 4, 4))
 

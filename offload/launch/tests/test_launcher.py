@@ -21,14 +21,15 @@ import time
 import unittest
 
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
-from support import (FAKE, QUALIFY, START, WRAPPER, HelperCase, SilentServer, StartCase,
-                     copy_product, free_port, gate_record, product_files, read_records,
+from support import (FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase,
+                     SilentServer, StartCase, copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
 import launcher  # noqa: E402
-import server_command  # noqa: E402
+import start.server_command as server_command  # noqa: E402
 from launcher import Log, Server, Settings  # noqa: E402
-from server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
-from processes import group_alive, proc_stat  # noqa: E402
+from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
+from start.processes import group_alive
+from tools.procfs import proc_stat
 
 SUPERVISING = "supervising server process group"
 NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
@@ -293,7 +294,7 @@ time.sleep(0.8)
         self.assertLess(result.elapsed, 10)
 
     def test_the_first_error_is_vllm_s_error_line_not_a_warning_that_says_error(self):
-        import supervisor
+        import start.supervisor as supervisor
         log = ["(APIServer pid=1) WARNING 12-03 11:06:18 [system_utils.py:255] Found ulimit of "
                "20000 and failed to automatically increase with error current limit exceeds",
                "(EngineCore pid=2) INFO 12-03 11:06:37 [utils.py:347] Using LBHNC KV cache layout.",
@@ -697,16 +698,21 @@ class TestWrapper(HelperCase):
 
     def test_helper_runs_where_its_bytecode_cannot_be_cached(self):
         folder = self.copy_launch("readonly")
-        with open(os.path.join(folder, "__pycache__"), "w") as handle:
-            handle.write("a file where the cache folder would go\n")   # blocks even root
-        os.chmod(folder, 0o555)
-        self.addCleanup(os.chmod, folder, 0o755)
+        packages = [folder] + [os.path.join(folder, p) for p in PACKAGES]
+        for package in packages:
+            with open(os.path.join(package, "__pycache__"), "w") as handle:
+                handle.write("a file where the cache folder would go\n")   # blocks even root
+            os.chmod(package, 0o555)
+            self.addCleanup(os.chmod, package, 0o755)
         result = self.run_process(["bash", os.path.join(folder, "warmup_serve.sh"), "--dry-run"],
                                   timeout=30)
         self.assertEqual(result.code, 0, result.stderr)
         self.assertIn("plan for", result.stdout)
-        self.assertEqual(sorted(os.listdir(folder)),
-                         sorted(["__pycache__"] + [os.path.basename(f) for f in product_files()]))
+        found = sorted(os.path.relpath(os.path.join(d, f), folder)
+                       for d, _, files in os.walk(folder) for f in files)
+        self.assertEqual(found, sorted([os.path.join(p, "__pycache__") for p in
+                                        ("",) + PACKAGES] +
+                                       [os.path.relpath(f, LAUNCH) for f in product_files()]))
 
 
 class TestSupervise(StartCase):

@@ -4,30 +4,35 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import tempfile
 import unittest
 
-from support import LAUNCH, copy_product, product_files
+from support import LAUNCH, PACKAGES, copy_product, product_files
 
 # Each module's layer: a module imports only from lower layers; no program imports another
-# (qualify.py loads a command's module by name when that command runs).
+# (qualify.py loads a command's module by name when that command runs). The packages: core/
+# is what the warm-up loads and imports only core; tools/ (qualify.py's commands) imports
+# core and tools, never start; start/ (the launcher's internals) imports all three.
 LAYERS = {
-    "transport": 0, "processes": 0, "server_command": 0, "supervisor": 0.1,
-    "start_settings": 0.1,
-    "records": 0.2,
-    "textfile": 0.5,
-    "runframe": 1, "locks": 1.5,
-    "prompts": 2,
-    "kinds": 2.2,
-    "vllm_metrics": 2.5,
-    "ready": 2.6,
-    "contract": 2.7,
-    "readback": 2.8,
-    "vllm_client": 3,
-    "evidence": 4,
-    "warmup": 5, "qualify": 5, "gate": 5, "report": 5, "probe": 5, "launcher": 5,
+    "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
+    "core.transport": 0, "start.server_command": 0, "tools.procfs": 0,
+    "start.processes": 0.1, "start.settings": 0.1, "start.supervisor": 0.2,
+    "core.records": 0.2,
+    "core.textfile": 0.5,
+    "core.runframe": 1, "core.locks": 1.5,
+    "core.prompts": 2,
+    "core.kinds": 2.2,
+    "core.vllm_metrics": 2.5,
+    "core.readyfile": 2.6,
+    "core.contract": 2.7,
+    "tools.readback": 2.8, "tools.ready": 2.9,
+    "core.vllm_client": 3,
+    "core.evidence": 4,
+    "warmup": 5, "qualify": 5, "tools.gate": 5, "tools.report": 5, "tools.probe": 5,
+    "launcher": 5,
 }
 PROGRAMS = {name for name, layer in LAYERS.items() if layer == 5}
 MAX_FUNCTION_LINES = 150
@@ -35,20 +40,27 @@ MAX_LINES = 900
 
 
 def local_imports(path: str) -> set[str]:
-    """The modules of offload/launch/ that a file imports (at any depth of its code)."""
+    """The modules of offload/launch/ that a file imports (at any depth of its code), by
+    their dotted names (core.transport)."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names & set(LAYERS)
 
 
 def modules() -> dict[str, str]:
-    return {os.path.basename(p)[:-3]: p for p in product_files() if p.endswith(".py")}
+    """Every module of the product by its dotted name (a package's face by the package's)."""
+    found = {}
+    for path in product_files():
+        if path.endswith(".py"):
+            dotted = os.path.relpath(path, LAUNCH)[:-3].replace(os.sep, ".")
+            found[dotted.removesuffix(".__init__")] = path
+    return found
 
 
 class TestLayers(unittest.TestCase):
@@ -68,14 +80,44 @@ class TestLayers(unittest.TestCase):
             self.assertFalse(local_imports(path) & (PROGRAMS - {name}),
                              f"{name}.py imports a program")
 
+    def test_the_contract_s_table_names_every_module_where_it_is(self):
+        with open(os.path.join(LAUNCH, "CONTRACT.md"), encoding="utf-8") as handle:
+            text = handle.read().split("## 2. Files and layers", 1)[1].split("\n## ", 1)[0]
+        said = set()
+        for row in (line for line in text.splitlines() if line.startswith("| ")):
+            package = re.match(r"\| `(\w+)/`", row)
+            for name in re.findall(r"`(\w+)\.py`", row.split("|")[2]):
+                said.add(f"{package[1]}.{name}" if package else name)
+        self.assertEqual(said, {name for name in modules() if name not in PACKAGES})
+
+    def test_core_imports_only_core_and_tools_never_start(self):
+        for name, path in modules().items():
+            for imported in local_imports(path):
+                with self.subTest(module=name, imports=imported):
+                    if name.startswith("core"):
+                        self.assertTrue(imported.startswith("core"), imported)
+                    if name.startswith("tools"):
+                        self.assertFalse(imported.startswith("start"), imported)
+
+    def test_the_warm_up_loads_only_core(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            proc = subprocess.run([sys.executable, "-X", "importtime",
+                                   os.path.join(LAUNCH, "warmup.py"), "--dry-run"],
+                                  capture_output=True, text=True, timeout=30, cwd=tmp)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        loaded = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+                  if line.startswith("import time:") and "|" in line}
+        ours = loaded & set(LAYERS)
+        self.assertTrue(ours and all(n.startswith("core") for n in ours), sorted(ours))
+
     def test_the_report_reads_records_not_programs_nor_the_http_client(self):
         graph = {name: local_imports(path) for name, path in modules().items()}
-        reached, todo = set(), ["report"]
+        reached, todo = set(), ["tools.report"]
         while todo:
             for found in graph[todo.pop()] - reached:
                 reached.add(found)
                 todo.append(found)
-        self.assertFalse(reached & (PROGRAMS | {"vllm_client", "evidence"}), reached)
+        self.assertFalse(reached & (PROGRAMS | {"core.vllm_client", "core.evidence"}), reached)
 
     def test_no_class_or_function_is_longer_than_the_bound(self):
         for name, path in modules().items():
@@ -97,8 +139,9 @@ class TestLayers(unittest.TestCase):
         loaded = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
                   if line.startswith("import time:") and "|" in line}
         ours = (loaded & set(LAYERS)) | {"qualify"}      # qualify runs as __main__
-        self.assertLessEqual(ours, {"qualify", "ready", "transport", "vllm_metrics",
-                                    "processes"}, ours)
+        self.assertLessEqual(ours, {"qualify", "tools", "tools.ready", "tools.procfs",
+                                    "core", "core.transport", "core.vllm_metrics",
+                                    "core.readyfile"}, ours)
 
     def test_no_import_cycle(self):
         graph = {name: local_imports(path) for name, path in modules().items()}
@@ -119,7 +162,7 @@ class TestLayers(unittest.TestCase):
 
     def test_a_missing_module_is_one_line_not_a_traceback(self):
         with tempfile.TemporaryDirectory() as tmp:
-            folder = copy_product(os.path.join(tmp, "launch"), leave_out=("runframe.py",))
+            folder = copy_product(os.path.join(tmp, "launch"), leave_out=("core/runframe.py",))
             for command in (["warmup.py", "--dry-run"], ["qualify.py", "report", "x"],
                             ["qualify.py", "gate", "--dry-run"],
                             ["launcher.py", "--", "true"]):
@@ -130,7 +173,7 @@ class TestLayers(unittest.TestCase):
                     self.assertEqual(proc.returncode, 2, proc.stderr)
                     self.assertNotIn("Traceback", proc.stderr)
                     self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
-                    self.assertIn("cannot load runframe", proc.stderr)
+                    self.assertIn("cannot load core.runframe", proc.stderr)
                     self.assertIn("restore the whole folder", proc.stderr)
             wrapper = subprocess.run(["bash", os.path.join(folder, "warmup_serve.sh"),
                                       "--dry-run"], capture_output=True, text=True, timeout=30)

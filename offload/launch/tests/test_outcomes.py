@@ -15,8 +15,8 @@ import time
 import unittest
 
 from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartCase
-import runframe  # noqa: E402  (support puts offload/launch on sys.path)
-import textfile  # noqa: E402
+import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import core.textfile as textfile  # noqa: E402
 
 SUCCESS = "offload_warmup_last_run_success 1.0"
 

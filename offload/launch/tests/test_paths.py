@@ -9,7 +9,7 @@ import sys
 
 from fake_vllm import TEXT_MARKER
 from support import QUALIFY, HelperCase
-import kinds  # noqa: E402  (support puts offload/launch on sys.path)
+import core.kinds as kinds  # noqa: E402  (support puts offload/launch on sys.path)
 
 
 class TestPaths(HelperCase):

@@ -13,10 +13,10 @@ import time
 import unittest
 
 from support import QUALIFY, HelperCase, qualify
-import evidence  # noqa: E402  (support puts offload/launch on sys.path)
-import runframe  # noqa: E402
-import transport  # noqa: E402
-import vllm_client  # noqa: E402
+import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import core.runframe as runframe  # noqa: E402
+import core.transport as transport  # noqa: E402
+import core.vllm_client as vllm_client  # noqa: E402
 
 
 class StatusWriter:

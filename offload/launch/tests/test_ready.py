@@ -14,10 +14,10 @@ import unittest
 
 from support import (FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
                      read_records, run_script)
-import readback  # noqa: E402  (support puts offload/launch on sys.path)
-import ready as readiness  # noqa: E402
-import textfile  # noqa: E402
-import transport  # noqa: E402
+import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.ready as readiness  # noqa: E402
+import core.textfile as textfile  # noqa: E402
+import core.transport as transport  # noqa: E402
 
 try:
     from prometheus_client.parser import text_string_to_metric_families

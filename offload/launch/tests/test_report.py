@@ -14,12 +14,12 @@ import unittest
 
 from support import (QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
                      run_record, run_script, summary_record, wave_records)
-import probe  # noqa: E402  (support puts offload/launch on sys.path)
-import readback  # noqa: E402
-import report  # noqa: E402
-import runframe  # noqa: E402
-import transport  # noqa: E402
-import vllm_client  # noqa: E402
+import tools.probe as probe  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.readback as readback  # noqa: E402
+import tools.report as report  # noqa: E402
+import core.runframe as runframe  # noqa: E402
+import core.transport as transport  # noqa: E402
+import core.vllm_client as vllm_client  # noqa: E402
 
 
 class TestReportJudgesEvidence(HelperCase):

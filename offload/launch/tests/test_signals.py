@@ -16,8 +16,9 @@ from unittest import mock
 from support import (QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
                      read_records)
 from test_outcomes import stale_success, verdict_of
-import ready  # noqa: E402  (support puts offload/launch on sys.path)
-import readback  # noqa: E402
+import core.readyfile as readyfile  # noqa: E402
+import tools.ready as ready  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.readback as readback  # noqa: E402
 
 NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
                                           "needs unshare and root for a new PID namespace")
@@ -216,7 +217,7 @@ class TestReadyMarks(HelperCase):
 
     def test_a_stopping_mark_that_cannot_be_written_removes_the_file(self):
         self.warmed()
-        with mock.patch.object(ready, "write_ready", return_value="No space left on device"):
+        with mock.patch.object(readyfile, "write_ready", return_value="No space left on device"):
             said = ready.mark_stopping(self.ready)
         self.assertIn("could not be marked stopping (No space left on device; removed it "
                       "instead: not ready)", said)

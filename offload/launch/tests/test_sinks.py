@@ -22,8 +22,8 @@ import unittest
 from hostile import (MODEL, HostileServer, completion_with, error_answer, http, json_answer,
                      metrics_answer, metrics_text, model_entry, models_doc)
 from support import API_KEY, WARMUP, HelperCase, read_records, run_script
-import runframe  # noqa: E402  (support puts offload/launch on sys.path)
-import transport  # noqa: E402
+import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import core.transport as transport  # noqa: E402
 
 MARK = "PLANTED-MARK"
 DIRTY = f"\x1b[31m{MARK}\u202e\r\nkey={API_KEY}\x07"

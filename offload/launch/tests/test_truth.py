@@ -20,8 +20,8 @@ import sys
 import unittest
 
 from support import WARMUP, HelperCase, contract, qualify, transport
-import readback  # noqa: E402  (support puts offload/launch on sys.path)
-import report  # noqa: E402
+import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.report as report  # noqa: E402
 
 # 1,000 by default (the values that matter are in HOSTILE); CI asks for 5,000.
 FUZZ_MUTATIONS = int(os.environ.get("OFFLOAD_FUZZ_MUTATIONS") or 1000)
@@ -199,7 +199,7 @@ class TestFuzz(TruthCase):
 
 class TestLockPaths(HelperCase):
     def test_a_fifo_at_the_lock_path_is_a_refusal_naming_it(self):
-        import locks
+        import core.locks as locks
         server = self.start_fake()
         path = locks.lock_path(transport.parse_url(server.url))
         os.mkfifo(path)
@@ -211,7 +211,7 @@ class TestLockPaths(HelperCase):
         self.assertEqual(server.state.requests, [])
 
     def test_a_link_at_the_lock_path_is_a_refusal_naming_it(self):
-        import locks
+        import core.locks as locks
         server = self.start_fake()
         path = locks.lock_path(transport.parse_url(server.url))
         os.symlink(os.path.join(self.tmp, "elsewhere"), path)

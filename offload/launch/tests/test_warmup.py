@@ -15,13 +15,13 @@ import unittest
 from unittest import mock
 
 from support import API_KEY, REPO, WARMUP, WRAPPER, HelperCase, read_records, warmup
-import runframe  # noqa: E402  (support puts offload/launch on sys.path)
-import transport  # noqa: E402  (support puts offload/launch on sys.path)
-import contract  # noqa: E402  (support puts offload/launch on sys.path)
-import kinds  # noqa: E402
-import prompts  # noqa: E402
-import vllm_client  # noqa: E402
-import vllm_metrics  # noqa: E402
+import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
+import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
+import core.kinds as kinds  # noqa: E402
+import core.prompts as prompts  # noqa: E402
+import core.vllm_client as vllm_client  # noqa: E402
+import core.vllm_metrics as vllm_metrics  # noqa: E402
 from fake_vllm import tokenize
 
 GOOD = {"http_status": 200, "body_error": None, "error": None, "error_param": None,
@@ -538,7 +538,7 @@ class TestProcesses(HelperCase):
                          'never runs out (the wrapper\'s version check, four arguments, '
                          'as it is)\n[ $# -eq 4 ] && exec "$PYTHON" "$@"\n'
                          'exec "$PYTHON" "$1" "$2" "$3" "import sys; '
-                         'sys.path.insert(0, sys.argv[1]); import transport; '
+                         'sys.path.insert(0, sys.argv[1]); import core.transport as transport; '
                          'transport.Clock.remaining = lambda self: 1.0; $4" "${@:5}"\n')
         os.chmod(shim, 0o755)
         result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",

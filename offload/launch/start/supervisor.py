@@ -24,8 +24,8 @@ import subprocess
 import threading
 import time
 
-from processes import group_alive, signalable
-from transport import open_own, open_regular, sanitize_text
+from start.processes import group_alive, signalable
+from core.transport import open_own, open_regular, sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces

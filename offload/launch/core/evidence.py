@@ -17,15 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
-                       series_name)
-from contract import cross_check
-from vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
-                          served_by_engine, went_down)
+from core.transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
+                            series_name)
+from core.contract import cross_check
+from core.vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
+                               served_by_engine, went_down)
 
 if TYPE_CHECKING:                     # names in annotations only: no import at run time
-    from runframe import Run
-    from vllm_client import Tally
+    from core.runframe import Run
+    from core.vllm_client import Tally
 
 AFTER_READS_MIN_LEFT_S = 1.0         # the reads after the last wave must not make a run late
 

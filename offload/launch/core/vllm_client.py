@@ -33,22 +33,22 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from contract import ENGINE_HEADER, Ending, decide
-from locks import release_server_lock, take_server_lock
-from prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
-from records import ANSWER_FIELDS
-from runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program, Run,
-                      argument_type, flag_or_env, late_problem, parse_or_explain,
-                      publish_usage, run_session, run_settings, seconds, textfile_of,
-                      usage_error)
-from transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
-                       TransportError, UsageError, __version__, base_url_from, clean_text,
-                       count_value, decode_json, describe, encode_request, exact_str,
-                       exchange_batch, fetch, finite_number, is_header_value, json_number,
-                       scrub)
-from vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
-                          busy_gauges, exposition_of, guard_problems, process_start,
-                          sleep_states, spec_positions)
+from core.contract import ENGINE_HEADER, Ending, decide
+from core.locks import release_server_lock, take_server_lock
+from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
+from core.records import ANSWER_FIELDS
+from core.runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program,
+                           Run, argument_type, flag_or_env, late_problem, parse_or_explain,
+                           publish_usage, run_session, run_settings, seconds, textfile_of,
+                           usage_error)
+from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
+                            TransportError, UsageError, __version__, base_url_from,
+                            clean_text, count_value, decode_json, describe, encode_request,
+                            exact_str, exchange_batch, fetch, finite_number, is_header_value,
+                            json_number, scrub)
+from core.vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
+                               busy_gauges, exposition_of, guard_problems, process_start,
+                               sleep_states, spec_positions)
 
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
 STOP_REASON_LIMIT = 64

@@ -16,7 +16,7 @@ import math
 import os
 import time
 
-from transport import json_number, open_regular, parse_prometheus, write_atomically
+from core.transport import json_number, open_regular, parse_prometheus, write_atomically
 
 # The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
 # could not give one: a usage error, a server that never became healthy or could not be

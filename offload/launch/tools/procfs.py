@@ -1,8 +1,7 @@
-"""What /proc says of a process and its process group: alive, or gone (a zombie is gone).
-
-A zombie holds no port and may wait forever for a reaper (pid 1 in a container often does
-not reap), so `kill -0` alone would see a dead server as running. Without /proc, a process
-that `kill -0` reaches counts as running. The launcher's; standard library only.
+"""What /proc says of a port: which processes (and process groups) hold a socket that
+listens on it, and a process's state and group (proc_stat). Where /proc cannot tell, the
+answer is None: what cannot be seen is not trusted. The readiness probe's and the launcher's;
+standard library only.
 """
 
 from __future__ import annotations
@@ -25,47 +24,6 @@ def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int, int] | None:
     if len(fields) < 4 or not DIGITS.fullmatch(fields[2]) or not DIGITS.fullmatch(fields[3]):
         return None
     return fields[0], int(fields[2]), int(fields[3])
-
-
-def signalable(pid: int) -> bool:
-    """Whether kill(pid, 0) reaches a process (or a group, for a negative pid)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def process_alive(pid: int, proc: str = "/proc") -> bool:
-    """The process exists and is not a zombie (without /proc, kill -0 decides)."""
-    if not signalable(pid):
-        return False
-    stat = proc_stat(str(pid), proc)
-    return stat[0] != "Z" if stat else not os.path.isdir(proc)
-
-
-def group_alive(pgid: int, proc: str = "/proc") -> bool:
-    """Some member of the process group exists and is not a zombie."""
-    if not signalable(-pgid):
-        return False
-    if not os.path.isdir(proc):
-        return True                              # without /proc, trust kill -0
-    return bool(live_members(1, pgid, proc))
-
-
-def live_members(field: int, value: int, proc: str = "/proc") -> list[int]:
-    """The live (not zombie) pids whose /proc stat has `value` at `field` (1: process
-    group, 2: session, as proc_stat gives them); [] without /proc."""
-    if not os.path.isdir(proc):
-        return []
-    found = []
-    for name in os.listdir(proc):
-        stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
-        if stat is not None and stat[field] == value and stat[0] != "Z":
-            found.append(int(name))
-    return found
 
 
 def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
@@ -121,22 +79,3 @@ def foreign_holders(port: int, pgid: int, proc: str = "/proc") -> list[tuple[int
     that group); None when /proc cannot tell."""
     owners = port_owners(port, proc)
     return None if owners is None else [o for o in owners if o[1] != pgid]
-
-
-def stop_session(sid: int, grace_s: float = 5.0, proc: str = "/proc") -> list[int]:
-    """TERM every live process of session `sid` (a step's leftovers), KILL what is left
-    after grace_s; the pids it found."""
-    import signal
-    import time
-
-    found = live_members(2, sid, proc)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in live_members(2, sid, proc):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while live_members(2, sid, proc) and time.monotonic() < deadline:
-            time.sleep(0.05)
-    return found

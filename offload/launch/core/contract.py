@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
-from prompts import MIN_LONG_PROMPT_TOKENS
-from records import FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text, show
-from runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS, EXIT_REFUSED,
-                      EXIT_TERMINATED, MAX_SECONDS)
-from transport import finite_number
-from vllm_metrics import engine_index, engine_label, series_sum
+from core.kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
+from core.prompts import MIN_LONG_PROMPT_TOKENS
+from core.records import (FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text,
+                          show)
+from core.runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS,
+                           EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
+from core.transport import finite_number
+from core.vllm_metrics import engine_index, engine_label, series_sum
 
 B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
 ENGINE_HEADER = "X-data-parallel-rank"

@@ -20,16 +20,17 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass
 
-from readback import exit_status
-from records import as_list, gate_line, gate_summary_line
-from runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options,
-                      emit, number_type, whole)
-from transport import REDACTIONS, UsageError, clean_text, decode_json
-from kinds import COPY_SEED as GATE_SEED
-from kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
-from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot, add_server_options,
-                         answer_record, connection_from, diagnose_http_error, read_slot,
-                         server_main, slot_timing, template_kwargs_type)
+from tools.readback import exit_status
+from core.records import as_list, gate_line, gate_summary_line
+from core.runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
+                           number_type, whole)
+from core.transport import REDACTIONS, UsageError, clean_text, decode_json
+from core.kinds import COPY_SEED as GATE_SEED
+from core.kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
+from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                              add_server_options, answer_record, connection_from,
+                              diagnose_http_error, read_slot, server_main, slot_timing,
+                              template_kwargs_type)
 
 PROG = "qualify.py gate"
 

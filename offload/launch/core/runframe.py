@@ -28,10 +28,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from records import FORMAT, field_problems, parts_text
-from textfile import outcome, publish, publish_outcome, result_samples
-from transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
-                       sanitize_text, start_quiet, writable)
+from core.records import FORMAT, field_problems, parts_text
+from core.textfile import outcome, publish, publish_outcome, result_samples
+from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
+                            sanitize_text, start_quiet, writable)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1

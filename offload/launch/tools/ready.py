@@ -1,33 +1,29 @@
-"""The ready file, and qualify.py health and ready: is the server answering, and is the
-ready file still true?
+"""qualify.py health and ready: is the server answering, and is the ready file still true?
 
-  ready_document()     the ready file from a passing run's verdict and records (pure)
-  write_ready(), drop_ready_file()   the file's two writers' one way to write and remove it
-                       (the warm-up from its own verdict, the launcher from the records')
   health_main()        one bounded GET /health (the check the launcher polls)
   ready_main()         read_ready_file() -> check_ready(): one /health and one /metrics,
                        check_identity() (pure: the ready file against what /metrics says)
+  mark_stopping(), watch_sleep()   the launcher's marks (start.sh --supervise)
 
-What a Kubernetes exec readiness probe runs every few seconds: a layer of its own, over
-transport, vllm_metrics and processes only, so the probe loads five of the folder's modules
-(qualify.py loads a command's module when that command runs). Standard library only.
+What a Kubernetes exec readiness probe runs every few seconds: over core's transport,
+vllm_metrics and readyfile and tools/procfs only (qualify.py loads a command's module when
+that command runs). The ready file itself is core/readyfile.py's. Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 import urllib.parse
 
-from processes import port_owners
-from transport import (Clock, TransportError, UsageError, base_url_from, clean_text, fetch,
-                       finite_number, open_regular, parse_base_url, read_json_file,
-                       sanitize_text, write_atomically)
-from vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
-                          served_by_engine, served_models, sleep_states)
+from core.readyfile import (iso_time, mark_ready_file, read_ready_file, served_counts)
+from core.transport import (Clock, TransportError, UsageError, base_url_from, clean_text,
+                            fetch, finite_number, open_regular, parse_base_url, sanitize_text)
+from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
+                               served_by_engine, served_models, sleep_states)
+from tools.procfs import port_owners
 
 PROG = "qualify.py"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
@@ -154,121 +150,8 @@ def url_from_file(path: str) -> tuple[str | None, str | None]:
 # ready: a ready file bound to the server it warmed (a Kubernetes exec probe runs it).
 # ---------------------------------------------------------------------------
 
-READY_KIND = "offload-ready/1"
 IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_",
                   SLEEP_GAUGE)
-MAX_READY_BYTES = 64 << 10
-
-
-def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_state=None,
-                   gate: dict | None = None, served: dict | None = None,
-                   written_at: str | None = None, server_pgid: int | None = None
-                   ) -> tuple[dict | None, str | None]:
-    """The ready file's content from a run's verdict (contract.decide()'s), its run record
-    and summary, the requests each engine had served after it (`served`, from its metrics
-    record), with --gate the gate's pass, and the process group start.sh launched (the
-    one that must hold the port): (document, None) for a warm-up's contract pass, else
-    (None, why). Pure."""
-    if run.get("mode") != "warmup":
-        return None, f"the records are not a warm-up's (mode {clean_text(str(run.get('mode')), 20)})"
-    if verdict != "pass":
-        return None, f"the warm-up's records show {clean_text(str(verdict), 20)}, not a pass"
-    if gate is not None and gate.get("verdict") != "pass":
-        return None, f"the gate's records show {gate.get('verdict')}, not a pass"
-    served = served_counts(served)
-    if finite_number(run.get("process_start_time_seconds")) is None and not served:
-        return None, ("the warm-up saw neither process_start_time_seconds nor request "
-                      "counters on /metrics, so the ready file could never be checked")
-    versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
-    return {
-        "kind": READY_KIND, "base_url": run.get("base_url"), "model": run.get("model"),
-        "process_start_time_seconds": run.get("process_start_time_seconds"),
-        "served_at_warm": served, "engines": run.get("engines"),
-        "server_version": versions.get("server"),
-        "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
-        "elapsed_s": summary.get("elapsed_s"), "records": records,
-        "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
-        "time_to_warm": summary.get("time_to_warm"), "gate": gate,
-        "server_pgid": server_pgid, "slept_at": None,
-        "chunk_tokens": (run.get("plan") or {}).get("chunk_tokens")
-        if isinstance(run.get("plan"), dict) else None,
-    }, None
-
-
-def as_dict(value) -> dict:
-    """A value as a dict ({} for any other type): records.as_dict, kept here so that the
-    readiness probe loads less."""
-    return value if isinstance(value, dict) else {}
-
-
-def last_gauges(records: list[dict]) -> dict:
-    """The last guard read's record of a run ({} when none)."""
-    return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
-
-
-def served_after(records: list[dict]) -> dict | None:
-    """The requests each engine had served after the run (its main metrics record's)."""
-    main = next((r for r in records if r.get("record") == "metrics"), {})
-    return as_dict(main.get("served")) or None
-
-
-def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
-             server_pgid: int | None = None):
-    """The ready file's document from a warm-up's verdict and its records, and the process
-    group start.sh launched when it did: (doc, why)."""
-    runs = [r for r in records if r.get("record") == "run"]
-    summaries = [r for r in records if r.get("record") == "summary"]
-    return ready_document(verdict, as_dict((runs or [{}])[-1]),
-                          as_dict((summaries or [{}])[-1]), path,
-                          last_gauges(records).get("sleep_state"), gate,
-                          served_after(records), server_pgid=server_pgid)
-
-
-def served_counts(served) -> dict:
-    """Requests served per engine, as a ready file keeps them: finite numbers only."""
-    if not isinstance(served, dict):
-        return {}
-    return {str(k)[:8]: v for k, v in served.items()
-            if finite_number(v) is not None and v == v and v >= 0}
-
-
-def write_ready(path: str, doc: dict) -> str | None:
-    """Write the ready file atomically (a temporary file beside it, then a rename); None
-    when written, else why not."""
-    return write_atomically(path, json.dumps(doc, indent=1) + "\n")
-
-
-def drop_ready_file(path: str) -> tuple[bool | None, str]:
-    """Remove the ready file (a regular file only): (True removed, None none to remove,
-    False could not; why not)."""
-    if not os.path.isfile(path) or os.path.islink(path):
-        return None, ""
-    try:
-        os.remove(path)
-        return True, ""
-    except OSError as exc:
-        return False, exc.strerror or type(exc).__name__
-
-
-def read_ready_file(path: str) -> tuple[dict | None, str | None]:
-    """The ready file as a document, or (None, why it is not one)."""
-    where = clean_text(path, 200)
-    if os.path.islink(path):          # no writer writes through a link: not one of theirs
-        return None, f"{where} is a link, not the file start.sh or the warm-up writes"
-    try:
-        doc, why = read_json_file(path, MAX_READY_BYTES)
-    except FileNotFoundError:
-        return None, f"{where} is missing: no warm-up has passed since the last start"
-    except OSError as exc:
-        return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
-    if not isinstance(doc, dict) or doc.get("kind") != READY_KIND or doc.get("verdict") != "pass" \
-            or not isinstance(doc.get("model"), str) or not isinstance(doc.get("base_url"), str):
-        return None, f"{where} is not a ready file ({why or 'not what start.sh writes'})"
-    try:
-        parse_base_url(doc["base_url"], "its base_url")
-    except UsageError as exc:
-        return None, f"{where} is not a ready file ({exc})"
-    return doc, None
 
 
 def check_identity(doc: dict, samples: list) -> str | None:
@@ -298,14 +181,6 @@ def check_identity(doc: dict, samples: list) -> str | None:
         shown = ", ".join(sorted(clean_text(m, 80) for m in models)[:5]) or "none on /metrics"
         return f"the server serves {shown}, not the warmed model {clean_text(doc['model'], 80)}"
     return None
-
-
-def iso_time(seconds_since_epoch: float) -> str:
-    """A Unix time as UTC; one a calendar cannot hold is named as a number."""
-    try:
-        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds_since_epoch))
-    except (OverflowError, OSError, ValueError):
-        return f"{seconds_since_epoch:g} (not a calendar time)"
 
 
 def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = None
@@ -379,74 +254,6 @@ def foreign_listener(doc: dict, port: int) -> str | None:
     return (f"another process answers port {port} (pid {owners[0][0]}, process group "
             f"{owners[0][1]}), not the server process group {pgid} the ready file vouches "
             f"for")
-
-
-MARKS = ("slept_at", "stopping_at")      # what makes a ready file not ready, kept by every writer
-
-
-class ReadyLock:
-    """An exclusive lock on the ready file's folder (flock), tried for wait_s, held for a
-    `with` block so that every read-modify-write of the file sees the one before it;
-    `held` says whether it was had."""
-
-    def __init__(self, path: str, wait_s: float = 2.0):
-        self.path, self.wait_s, self.fd = path, wait_s, None
-
-    def __enter__(self) -> "ReadyLock":
-        import fcntl
-        try:
-            fd = os.open(os.path.dirname(os.path.abspath(self.path)),
-                         os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return self
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.fd = fd
-                return self
-            except OSError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return self
-                time.sleep(0.02)
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-
-
-def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | None:
-    """The ready file rewritten with `fields` changed (None removes one), if it is still
-    run `run_id`'s (a newer warm-up's is not ours to mark), under the folder's lock; None
-    when done, else why not. A not-ready mark that cannot be written (a full disk, the
-    lock not had) removes the file instead: unlinking needs no space."""
-    with ReadyLock(path, wait_s) as lock:
-        now, why = read_ready_file(path)
-        if now is None or now.get("run_id") != run_id:
-            return why or "it vouches for another run now"
-        changed = {k: v for k, v in dict(now, **fields).items()
-                   if v is not None or k not in fields}
-        why = write_ready(path, changed) if lock.held else \
-            "the ready file's folder could not be locked"
-    if why and any(v is not None for v in fields.values()):
-        removed, failed = drop_ready_file(path)
-        why += "; removed it instead: not ready" if removed else \
-            f"; nor could it be removed ({failed})"
-    return why
-
-
-def replace_ready_file(path: str, doc: dict, found: dict) -> str | None:
-    """Write `doc` as the ready file under the folder's lock, keeping the marks (a sleep,
-    a stop) another writer made since the file was `found`; None when written."""
-    with ReadyLock(path):
-        now = read_ready_file(path)[0] or {}
-        kept = {m: now[m] for m in MARKS if now.get(m) and now.get(m) != found.get(m)}
-        return write_ready(path, dict(doc, **kept))
 
 
 def mark_stopping(path: str) -> str:

@@ -20,16 +20,16 @@ import statistics
 import textwrap
 from dataclasses import dataclass
 
-from contract import B1_FLOOR
-from kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
-from prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
-from records import probe_line
-from runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options, argument_type,
-                      emit, flag_or_env, whole)
-from transport import UsageError, clean_text, finite_number
-from vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
-                         add_server_options, answer_record, connection_from, read_slot,
-                         server_main, slot_timing, template_kwargs_type)
+from core.contract import B1_FLOOR
+from core.kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
+from core.prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
+from core.records import probe_line
+from core.runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options,
+                           argument_type, emit, flag_or_env, whole)
+from core.transport import UsageError, clean_text, finite_number
+from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
+                              add_server_options, answer_record, connection_from, read_slot,
+                              server_main, slot_timing, template_kwargs_type)
 
 PROG = "qualify.py probe"
 

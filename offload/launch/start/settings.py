@@ -10,7 +10,7 @@ import errno
 import os
 import re
 
-from server_command import address_problem, command_url, flag_value, tokens_value
+from start.server_command import address_problem, command_url, flag_value, tokens_value
 
 WHOLE = r"[1-9][0-9]{0,%d}"
 NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
@@ -193,8 +193,8 @@ class Settings:
             check_ready_place(self.source["ready_file"], self.ready_file)
         if self.textfile:
             check_file_place(self.source["textfile"], self.textfile)
-        from transport import UsageError
-        from transport import parse_base_url
+        from core.transport import UsageError
+        from core.transport import parse_base_url
         try:
             self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
         except UsageError as exc:

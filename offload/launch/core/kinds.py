@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from records import ANSWER_FIELDS, as_list
-from runframe import PROBLEM_LIMIT
-from transport import clean_text
+from core.records import ANSWER_FIELDS, as_list
+from core.runframe import PROBLEM_LIMIT
+from core.transport import clean_text
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

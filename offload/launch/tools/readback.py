@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 
-from contract import Ending, Verdict, decide, ending_of
-from ready import ready_of, write_ready
-from records import as_dict, as_list, field_problems
-from runframe import EXIT_FAIL
-from transport import clean_text, decode_json, open_regular
+from core.contract import Ending, Verdict, decide, ending_of
+from core.readyfile import ready_of, write_ready
+from core.records import as_dict, as_list, field_problems
+from core.runframe import EXIT_FAIL
+from core.transport import clean_text, decode_json, open_regular
 
 MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
 MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this

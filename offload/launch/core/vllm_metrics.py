@@ -23,8 +23,9 @@ import re
 import threading
 import time
 
-from transport import (Clock, Exposition, Target, TransportError, clean_text, fetch,
-                       finite_number, parse_prometheus, series_key, series_name, start_quiet)
+from core.transport import (Clock, Exposition, Target, TransportError, clean_text, fetch,
+                            finite_number, parse_prometheus, series_key, series_name,
+                            start_quiet)
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 

@@ -16,8 +16,8 @@ import socket
 import stat
 import tempfile
 
-from runframe import EXIT_REFUSED, EXIT_USAGE, Fatal
-from transport import Target, clean_text
+from core.runframe import EXIT_REFUSED, EXIT_USAGE, Fatal
+from core.transport import Target, clean_text
 
 
 def lock_path(target: Target) -> str:

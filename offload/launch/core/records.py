@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from transport import clean_text, finite_number
+from core.transport import clean_text, finite_number
 
 SHOW_LIMIT = 80                       # one value in a table or a line
 

@@ -22,14 +22,14 @@ import json
 import re
 import sys
 
-from contract import batch_name, identity, read_plan
-from ready import last_gauges
-from readback import (READ_STOPPED, judge_run, load_records, repeated_run,
-                      split_runs, tidy)
-from records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known, label,
-                     parts_text, probe_line, show)
-from runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
-from transport import clean_text, count_value, finite_number
+from core.contract import batch_name, identity, read_plan
+from core.readyfile import last_gauges
+from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
+                            tidy)
+from core.records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known,
+                          label, parts_text, probe_line, show)
+from core.runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
+from core.transport import clean_text, count_value, finite_number
 
 PROG = "qualify.py report"
 

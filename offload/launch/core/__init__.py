@@ -1,0 +1,1 @@
+"""What the warm-up loads (warmup.py): it imports only core."""

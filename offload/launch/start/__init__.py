@@ -1,0 +1,1 @@
+"""start.sh's launcher's internals: they import core, tools and start."""
