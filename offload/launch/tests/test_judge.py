@@ -12,7 +12,7 @@ from support import (LAUNCH, HelperCase, contract_requests, request_record, run_
                      summary_record, wave_records)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
-import launcher  # noqa: E402
+import start.steps as steps  # noqa: E402
 import qualify  # noqa: E402
 import tools.ready as ready  # noqa: E402
 import tools.readback as readback  # noqa: E402
@@ -183,7 +183,7 @@ class TestCustomPlan(HelperCase):
                                         "releases HOLD on a custom plan")
         self.assertIn(f"verdict: custom plan, not the contract's (exit 1; "
                       f"{'; '.join(differences)})", shown.stdout)
-        facts = launcher.judged(self.records_path, 0)
+        facts = steps.judged(self.records_path, 0)
         self.assertEqual((facts["verdict"], facts["differences"]),
                          ("custom", "; ".join(differences)))
 

@@ -26,7 +26,8 @@ from support import (FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase
                      run_record, summary_record)
 import launcher  # noqa: E402
 import start.server_command as server_command  # noqa: E402
-from launcher import Log, Server, Settings  # noqa: E402
+from start.server import Log, Server  # noqa: E402
+from start.settings import Settings  # noqa: E402
 from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
 from start.processes import group_alive
 from tools.procfs import proc_stat

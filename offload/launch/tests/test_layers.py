@@ -31,6 +31,7 @@ LAYERS = {
     "tools.readback": 2.8, "tools.ready": 2.9,
     "core.vllm_client": 3,
     "core.evidence": 4,
+    "start.server": 4.5, "start.steps": 4.6,
     "warmup": 5, "qualify": 5, "tools.gate": 5, "tools.report": 5, "tools.probe": 5,
     "launcher": 5,
 }

@@ -1,0 +1,395 @@
+"""start.sh's steps: the start (launch, guard, warm up, report), a re-warm, and the
+warm-up and gate as children whose records decide OK or WARN.
+
+  start()                 'starting' published, then refuse_a_running_server() ->
+                          launch_and_warm(): Server.start(), wait_ready(), the chunk ->
+                          warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard
+                          bound), run_gate(), verdicts judged() by contract.decide()
+                          (readback.last_verdict), the ready file -> OK or WARN; how a start
+                          ended published (publish_outcome) when no warm-up said it
+  rewarm()                start.sh --rewarm: the server LOG_DIR names, warmed again
+  prune_records()         --keep
+
+The launcher's (start/); standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+from core.readyfile import drop_ready_file
+from core.transport import open_own
+from start.processes import process_alive, stop_session
+from start.server import (AttachedServer, Exit, Interrupted, Log, Server,
+                          interrupt_while_starting, read_small, refuse_a_foreign_answer,
+                          refuse_a_running_server, supervise, wait_ready)
+from start.server_command import logged_chunk
+from start.settings import Settings, Usage, check_file_place, os_problem
+from start.supervisor import shell_status, size_of
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
+WRAPPER = os.path.join(HERE, "warmup_serve.sh")
+QUALIFY = os.path.join(HERE, "qualify.py")
+KILL_AFTER_S = 5
+COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
+RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z(_[0-9]{1,3})?\.jsonl")
+
+
+class Steps:
+    """The foreground step (warm-up, gate) as a child a signal can stop."""
+
+    child: subprocess.Popen | None = None
+
+    @classmethod
+    def run(cls, command: list[str], env: dict) -> int:
+        """The step in a session of its own; once it ended, what it left there (a helper
+        whose wrapper was KILLed, in timeout's group) is stopped: nothing outlives it."""
+        cls.child = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        status = shell_status(cls.child.wait())
+        stop_session(cls.child.pid)
+        return status
+
+    @classmethod
+    def stop(cls) -> None:
+        """TERM the running step, if any, and give it 5 s to end."""
+        if cls.child is not None and cls.child.poll() is None:
+            cls.child.terminate()
+            try:
+                cls.child.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def judged(records: str, status: int) -> dict:
+    """What a step's records file shows, as qualify.py report judges it
+    (readback.last_verdict: contract.decide(), the warm-up's own verdict), named as the
+    terminal and the textfile name it (textfile.outcome; from the step's exit status when
+    it left no summary): the verdict, the plan's differences (with the settings that made
+    them), the cache check, what passed ('contract 10/10, paths stream 5/5') and the
+    settings that added to the plan, with where they came from."""
+    from tools.readback import last_verdict
+    from core.records import as_dict, parts_text, show
+    from core.textfile import outcome, outcome_of_status
+    found = last_verdict(records) if os.path.isfile(records) else None
+    if found is None or found["summary"] is None:
+        return {"verdict": outcome_of_status(status), "differences": "-",
+                "cache_check": "-", "judged": found, "counts": "", "given": ""}
+    summary = found["summary"]
+    given = as_dict(as_dict(as_dict(found["run"]).get("plan")).get("given"))
+    return {"verdict": outcome(found["verdict"], status), "judged": found,
+            "differences": "; ".join(found["decided"].differences) or "-",
+            "cache_check": str(summary.get("cache_check", "-")),
+            "counts": parts_text(found["decided"].parts),
+            "given": ", ".join(show(v, 120) for v in given.values())}
+
+
+def records_named(path: str) -> str:
+    """A records file as a WARN line names it: only one that exists."""
+    return f"records: {path}" if os.path.isfile(path) else \
+        "no records file (the step ended before writing one)"
+
+
+def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
+                    log=None) -> None:
+    """How a step or start.sh itself ended, in the textfile (success 0): a step that left
+    no summary (its verdict from its exit status), a start begun (starting), refused or
+    not trusted (not_started), interrupted (killed), skipped (not_warmed) or a usage
+    error. A textfile that cannot be written is removed, and that said."""
+    if not settings.textfile:
+        return
+    from core.textfile import outcome_of_status, publish_outcome as publish
+    try:
+        check_file_place(settings.source["textfile"], settings.textfile)
+    except Usage as exc:              # never written through a link or into a FIFO
+        why = str(exc)
+    else:
+        why = publish(settings.textfile, mode, verdict or outcome_of_status(status), status)
+    if why and log is not None:
+        log(f"WARN: {why}", sys.stderr)
+    elif why:
+        print(f"start.sh: {why}", file=sys.stderr)
+
+
+def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
+    """The warm-up through warmup_serve.sh, and what its records show."""
+    records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
+    started, offset = time.monotonic(), size_of(server.server_log)
+    log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
+    status = Steps.run(["bash", WRAPPER, "--records", records], env)
+    run = judged(records, status)
+    if not (run["judged"] or {}).get("summary"):
+        publish_outcome(settings, "warmup", status)
+    compiles = sum(1 for line in server.logged_since(offset).splitlines()
+                   if COMPILE_LINES.search(line))
+    run.update(records=records, status=status, compiles=compiles)
+    log(f"warm-up ended: exit {status}, verdict {run['verdict']}, "
+        f"{int(time.monotonic() - started)} s, {compiles} compile lines in server.log during it")
+    return run
+
+
+def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
+    """The quality gate under its hard bound, and what its records show."""
+    records = os.path.join(settings.log_dir, f"gate-{when}.jsonl")
+    started = time.monotonic()
+    log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
+        f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
+    status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
+                        sys.executable, QUALIFY, "gate", "--records", records], env)
+    gate = judged(records, status)
+    if not (gate["judged"] or {}).get("summary"):
+        publish_outcome(settings, "gate", status)
+    gate.update(figures=gate_figures(gate["judged"]), records=records, status=status)
+    log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
+        f"{int(time.monotonic() - started)} s")
+    return gate
+
+
+def run_stamp(folder: str) -> str:
+    """WHEN for this run's warmup-WHEN.jsonl and gate-WHEN.jsonl: the UTC second, with a
+    _N after it (sorted after the plain name) when an earlier run of that second has its
+    files there (a file holds one run)."""
+    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 1000):
+        if not any(os.path.lexists(os.path.join(folder, f"{kind}-{when}.jsonl"))
+                   for kind in ("warmup", "gate")):
+            break
+        when = f"{when.split('_')[0]}_{n}"
+    return when
+
+
+def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
+    """The records files of all but the last `keep` warm-ups (and gates) in the folder,
+    removed: this run's (`current`) always stay and count among them, the others go oldest
+    first (by modification time; only regular files named as start.sh names them, never a
+    link). Their names."""
+    if keep == 0:
+        return []
+    removed = []
+    for kind in ("warmup", "gate"):
+        others = []
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if RECORDS_NAME.fullmatch(name) and name.startswith(kind + "-") and \
+                    name not in current and os.path.isfile(path) and not os.path.islink(path):
+                others.append((os.stat(path).st_mtime, name))
+        mine = sum(1 for name in current if name.startswith(kind + "-")
+                   and os.path.isfile(os.path.join(folder, name)))
+        for _, name in sorted(others)[:max(len(others) - (keep - mine), 0)]:
+            try:
+                os.remove(os.path.join(folder, name))
+                removed.append(name)
+            except OSError:
+                pass
+    return removed
+
+
+def gate_figures(found: dict | None) -> str:
+    """A gate's identifiers and worst CER as the OK and WARN lines show them."""
+    from core.records import as_dict, show
+    summary = as_dict(found and found["summary"])
+    exact = as_dict(summary.get("identifiers_exact"))
+    alone, batched = show(exact.get("alone"), 20), show(exact.get("batched"), 20)
+    cer = summary.get("worst_cer")
+    shapes = f"{alone} alone and batched" if alone == batched else \
+        f"{alone} alone, {batched} batched"
+    return f"identifiers {shapes}, worst CER " + (
+        f"{cer:.3f}" if isinstance(cer, (int, float)) and not isinstance(cer, bool) else "n/a")
+
+
+def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None,
+                     server_pgid: int):
+    """The ready file from the verdicts of the warm-up's (and the gate's) records, naming
+    the process group that must hold the port."""
+    from tools.readback import ready_from_records
+    why = ready_from_records(settings.ready_file, records, gate_records=gate_records,
+                             server_pgid=server_pgid)
+    if why is None:
+        log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
+            f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
+    else:
+        log(f"WARN: the ready file {settings.ready_file} was not written: {why}")
+
+
+def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
+                       when: str) -> bool:
+    """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
+    still run after them. A WARN names only files that exist. True for OK."""
+    run = run_warmup(settings, server, log, env, when)
+    notes = f"{run['compiles']} compile lines during warm-up"
+    if run["cache_check"] == "not_made":
+        notes += "; B1 cache check not made: the server does not report cached tokens"
+    inspect = f"inspect before releasing HOLD ({notes})"
+    custom = f"; custom plan: {run['differences']}" if run["differences"] != "-" else ""
+    if run["status"] == 0 and run["verdict"] == "custom":
+        log(f"WARN: warm-up passed a custom plan, not the contract's: {run['differences']}; "
+            f"no ready file; {records_named(run['records'])} — {inspect}")
+        return False
+    warm = run["status"] == 0 and run["verdict"] == "pass"
+    gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
+    if not server.alive():
+        raise server.gone("during the warm-up and gate" if gate else "during the warm-up")
+    if not warm:
+        log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}{custom}); "
+            f"{records_named(run['records'])} — {inspect}")
+        return False
+    records = f"records: {run['records']}"
+    if gate:
+        records += f" and {gate['records']}" if os.path.isfile(gate["records"]) else \
+            " (the gate wrote no records)"
+        if gate["status"] != 0 or gate["verdict"] != "pass":
+            log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
+                f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
+            return False
+    if settings.ready_file:
+        write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid)
+    what = f": {run['counts']}" if run["counts"] else ""
+    what += f" ({run['given']})" if run["given"] else ""
+    passed = f"gate passed ({gate['figures']})" if gate else ""
+    log(f"OK: warm-up passed{what}{', ' + passed if passed else ''}; {records} — read "
+        f"them before releasing HOLD ({notes})")
+    return True
+
+
+def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str) -> None:
+    """Say where B1's chunk comes from: the server's own wins over WARMUP_CHUNK_TOKENS (a
+    smaller one would let B1 run as one unchunked prefill and still pass)."""
+    if not server_chunk or server_chunk == asked:
+        return
+    replaced = f"; WARMUP_CHUNK_TOKENS '{asked}' is not used" if asked else ""
+    log(f"prefill chunk {server_chunk} tokens (from {where}): B1 is sized past it{replaced}")
+
+
+def usage_error(problem: str) -> int:
+    print(f"start.sh: {problem}\nstart.sh: see start.sh --help", file=sys.stderr)
+    return 2
+
+
+def start(settings: Settings, log: Log) -> int:
+    """Launch, guard, warm up: the exit status. The textfile says 'starting' first (no
+    older success stays standing), and how the start ended when no warm-up says it."""
+    publish_outcome(settings, "warmup", 0, "starting", log)
+    if settings.gate == "1":
+        publish_outcome(settings, "gate", 0, "starting", log)
+    server = Server(settings, log)
+    env = settings.server_env()
+    ended = None
+    try:
+        refuse_a_running_server(settings, log)
+        chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
+                   "the server command's --max-num-batched-tokens")
+        if settings.ready_file:        # a start it launches vouches anew (a refused one not)
+            try:
+                os.remove(settings.ready_file)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                ended = 2, "usage"
+                return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
+                                   f"({exc.strerror})")
+        interrupt_while_starting()
+        launch_and_warm(settings, server, log, env)
+    except Interrupted as signalled:
+        ended = signalled.code, "killed"
+        log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
+                  f"launched")
+        Steps.stop()
+        server.stop_group()
+        return signalled.code
+    except (OSError, ValueError) as exc:    # a step that cannot run (no bash, no timeout)
+        ended = 1, "not_started"
+        said = os_problem(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+        log.error(f"start.sh cannot go on: {said}; stopping the server it launched")
+        Steps.stop()
+        server.stop_group()
+        return 1
+    except Exit as exc:
+        ended = exc.code, "not_started"
+        raise
+    finally:
+        if ended is not None:
+            publish_outcome(settings, "warmup", ended[0], ended[1], log)
+    if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
+        log(f"results published for monitoring in {settings.textfile}")
+    if settings.supervise == "1":
+        return supervise(settings, server, log)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    log(f"exit 0: server process group {server.pid} keeps running")
+    return 0
+
+
+def rewarm(settings: Settings, log: Log) -> int:
+    """start.sh --rewarm: the server LOG_DIR's server.pid names, at the address its
+    server.url says, warmed again as a start warms it (its port held by its group, the
+    chunk from server.chunk); the ready file removed first, written only from a pass; 0
+    only for a pass."""
+    from core.transport import UsageError, parse_base_url
+    read = {name: read_small(os.path.join(settings.log_dir, name))
+            for name in ("server.pid", "server.url", "server.chunk")}
+    pid = int(read["server.pid"]) if read["server.pid"].isascii() and \
+        read["server.pid"].isdigit() and 1 < int(read["server.pid"]) < 1 << 22 else 0
+    try:
+        settings.target = parse_base_url(read["server.url"], "server.url")
+    except UsageError:
+        pid = 0
+    if not pid or not process_alive(pid):
+        log.error(f"no server to warm again in {settings.log_dir}: server.pid and server.url "
+                  f"must name the live server an earlier start.sh launched there")
+        return 1
+    settings.base_url = settings.target.display
+    log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
+    publish_outcome(settings, "warmup", 0, "starting", log)
+    if settings.ready_file:                  # not ready until this re-warm passes
+        drop_ready_file(settings.ready_file)
+    server = AttachedServer(settings, log, pid)
+    env = settings.server_env()
+    if read["server.chunk"].isascii() and read["server.chunk"].isdigit():
+        env["WARMUP_CHUNK_TOKENS"] = read["server.chunk"]
+    interrupt_while_starting()
+    when = run_stamp(settings.log_dir)
+    try:
+        refuse_a_foreign_answer(settings, server, log)
+        return 0 if warm_up_and_report(settings, server, log, env, when) else 1
+    except Interrupted as signalled:
+        log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
+        Steps.stop()
+        publish_outcome(settings, "warmup", signalled.code, "killed", log)
+        return signalled.code
+    except Exit as exc:
+        publish_outcome(settings, "warmup", exc.code, "not_started", log)
+        return exc.code
+    finally:
+        prune_records(settings.log_dir, int(settings.keep),
+                      (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+
+
+def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:
+    """Launch the server, wait for /health within the guard, warm it up (and gate it)."""
+    server.start()
+    env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
+    chunk = logged_chunk(server.logged_since(server.log_offset))
+    if chunk and not settings.command_chunk():
+        chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
+        env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
+    if chunk or settings.command_chunk():       # for a re-warm (--rewarm) of this server
+        with open_own(os.path.join(settings.log_dir, "server.chunk"), "w") as handle:
+            handle.write(env["WARMUP_CHUNK_TOKENS"] + "\n")
+    if settings.warmup == "0":
+        log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
+        publish_outcome(settings, "warmup", 0, "not_warmed", log)
+        return
+    when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
+    try:
+        warm_up_and_report(settings, server, log, env, when)
+    finally:
+        removed = prune_records(settings.log_dir, int(settings.keep),
+                                (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+        if removed:
+            log(f"removed {len(removed)} records file(s) older than the last "
+                f"{settings.keep} runs (--keep): {', '.join(removed)}")
