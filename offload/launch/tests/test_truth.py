@@ -19,7 +19,7 @@ import subprocess
 import sys
 import unittest
 
-from support import WARMUP, HelperCase, contract, qualify, transport
+from support import HelperCase, contract, copy_product, qualify, transport
 import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.report as report  # noqa: E402
 
@@ -230,9 +230,17 @@ class TestLockPaths(HelperCase):
         os.mkdir(out)
         os.chmod(out, 0o777)                          # the records: nobody may write there
         os.chmod(self.tmp, 0o755)
+        # The product copied where nobody may read it: the checkout may be in a private
+        # folder (mktemp -d makes it 0700).
+        launch = copy_product(os.path.join(self.tmp, "launch"))
+        for folder_, dirs, files in os.walk(launch):
+            os.chmod(folder_, 0o755)
+            for name in files:
+                os.chmod(os.path.join(folder_, name), 0o644)
         shown = subprocess.run(
             ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-             sys.executable, "-I", "-S", WARMUP, "--base-url", server.url, "--records",
+             sys.executable, "-I", "-S", os.path.join(launch, "warmup.py"), "--base-url",
+             server.url, "--records",
              os.path.join(out, "r.jsonl")], capture_output=True, text=True, timeout=60,
             env=dict(os.environ, WARMUP_LOCK_DIR=folder))
         self.assertEqual(shown.returncode, 2, shown.stdout + shown.stderr)
