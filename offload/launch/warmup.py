@@ -45,6 +45,7 @@ try:
                                plan_record, wave_name)
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
+    from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, mark_ready_file, read_ready_file, ready_of,
                                 replace_ready_file)
@@ -52,8 +53,9 @@ try:
     from core.runframe import (Run, RunSettings, add_file_option, add_run_options,
                                argument_type, emit, flag_or_env, given_value, seconds, whole)
     from core.textfile import ended_since, outcome_of_status
+    from core.files import writable
     from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
-                                count_value, parse_url, series_name, writable)
+                                count_value, parse_url, series_name)
     from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                                   add_server_options, answer_record, connection_from,
                                   format_engines, read_slot, release_skew_ms, routed,
@@ -277,7 +279,7 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
         run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
                 f"it sent anything")
         return
-    same = warm.vouched.get("base_url") == warm.connection.target.display
+    same = same_address(warm.vouched.get("base_url"), warm.connection.target)
     doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path,
                         server_pgid=warm.vouched.get("server_pgid") if same else None)
     if why and summary["verdict"] == "refused":
@@ -291,6 +293,16 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
     gone = "; the old one was removed" if removed else \
         f"; the old one could not be removed ({failed})" if removed is False else ""
     run.say(f"ready file {warm.ready_file} not written: {why}{gone}")
+
+
+def same_address(text, target) -> bool:
+    """The ready file's base_url names the server at `target` (localhost and 127.0.0.1 are
+    one address: locks.lock_host)."""
+    try:
+        vouched = parse_url(str(text), "the ready file's base_url")
+    except UsageError:
+        return False
+    return (lock_host(vouched.host), vouched.port) == (lock_host(target.host), target.port)
 
 
 def wave_evidence(warm: WarmUp, run: Run, name: str) -> dict | None:

@@ -18,6 +18,7 @@ child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 forwarded="" # the signal forwarded to timeout, if any
 bound_us=0   # when the hard bound falls (epoch microseconds)
+began_us=0   # when this script began (epoch microseconds)
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
 # it imports (the folder is one unit). prog makes --help and usage errors name the
@@ -25,7 +26,7 @@ bound_us=0   # when the hard bound falls (epoch microseconds)
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_ending(sys.argv[3:], int(sys.argv[1]), float(sys.argv[2]))'
+warmup.publish_ending(sys.argv[3:], int(sys.argv[1]), int(sys.argv[2]) / 1e6)'
 
 # Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
 # PUBLISH_S (the helper's interpreter may be what hung); then return. Arguments: the
@@ -35,7 +36,7 @@ publish_ending() {
   shift
   command -v python3 >/dev/null || return 0
   timeout --kill-after=1s "${PUBLISH_S}" python3 -I -S -c "${PUBLISH}" "${HERE}" \
-    "${status}" "${began}" "$@" 2>/dev/null || true
+    "${status}" "${began_us}" "$@" 2>/dev/null || true
 }
 
 # A usage error found before the helper starts, published (no stale success stays), then
@@ -48,6 +49,12 @@ refuse() {
   exit 2
 }
 
+# Now, in whole epoch microseconds (EPOCHREALTIME's separator is the locale's: . or ,).
+now_us() {
+  local now="${EPOCHREALTIME}"
+  echo "${now//[.,]/}"
+}
+
 # Seconds (digits, maybe a fraction) as whole microseconds.
 micros() {
   local whole="${1%%.*}" fraction=""
@@ -56,21 +63,33 @@ micros() {
   echo "$((10#${whole:-0} * 1000000 + 10#${fraction:0:6}))"
 }
 
-# What is left of the hard bound, as timeout takes it (seconds); 0 when nothing is.
+# What is left of the hard bound, as timeout takes it (seconds); false when nothing is
+# (timeout would read 0 as no bound at all).
 left_s() {
-  local left=$((bound_us - $(micros "${EPOCHREALTIME}")))
-  ((left > 0)) || left=0
+  local left=$((bound_us - $(now_us)))
+  ((left > 0)) || return 1
   printf '%d.%06d' "$((left / 1000000))" "$((left % 1000000))"
 }
 
 # True when the command runs Python 3.10 or later within what is left of the bound (an
 # interpreter that runs nothing, such as /bin/true, would make a run that never happened
-# exit 0); 124/137 when it did not answer in time. Arguments: $1, the interpreter.
+# exit 0); 124/137 when it did not answer in time. Its answer is read with read -t, never
+# to the end of its output: a child it left holding stdout cannot hold this script.
+# Arguments: $1, the interpreter.
 runs_python() {
-  local said status=0
+  local said="" status=0 left out checker
   command -v "$1" >/dev/null || return 1
-  said="$(timeout --kill-after=1s "$(left_s)" "$1" -I -S -c \
-    'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)" || status=$?
+  left="$(left_s)" || return 124
+  exec {out}< <(exec timeout --kill-after=1s "${left}" "$1" -I -S -c \
+    'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)
+  checker=$!
+  read -r -t "${left}" said <&"${out}" || true
+  exec {out}<&-
+  wait "${checker}" || status=$?
+  while kill -0 "${checker}" 2>/dev/null; do   # the wait was interrupted by a signal
+    status=0
+    wait "${checker}" || status=$?
+  done
   ((status == 124 || status == 137)) && return "${status}"
   [[ "${said}" == "True" ]]
 }
@@ -83,7 +102,7 @@ say_ending() {
   if [[ "$1" == 124 ]]; then
     echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at $2 s, exit 124)" >&2
   elif [[ "$1" == 137 ]] &&
-    (($(micros "${EPOCHREALTIME}") >= bound_us + KILL_AFTER_S * 1000000)); then
+    (($(now_us) >= bound_us + KILL_AFTER_S * 1000000)); then
     echo "warmup_serve.sh: warm-up killed by the hard bound" \
       "(KILL at $2+${KILL_AFTER_S} s, exit 137)" >&2
   elif (($1 > 128 && $1 < 160)); then
@@ -106,7 +125,7 @@ forward_signal() {
 
 main() {
   local hard="${WARMUP_HARD_S:-95}" python="${WARMUP_PYTHON:-python3}" status=0
-  began="${EPOCHREALTIME}"
+  began_us="$(now_us)"
   # At least 1 s (timeout treats 0 as no bound; less runs nothing), at most a day; a
   # leading zero is decimal (10#), never octal: 08 is 8 seconds.
   if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || ((10#${hard%%.*} < 1)) ||
@@ -114,7 +133,7 @@ main() {
     refuse "WARMUP_HARD_S must be a positive number of seconds, at least 1 and at most 86400, got '${hard}'" "$@"
   fi
   command -v timeout >/dev/null || refuse "coreutils 'timeout' is required" "$@"
-  bound_us=$(($(micros "${began}") + $(micros "${hard}")))
+  bound_us=$((began_us + $(micros "${hard}")))
   # The trap is set BEFORE anything starts: a TERM before the helper exists is
   # remembered and forwarded as soon as it does (timeout runs in its own process group,
   # so only the trap reaches it).
@@ -128,12 +147,24 @@ main() {
     publish_ending 124 "$@"
     return 124
   fi
+  if [[ -n "${pending}" ]]; then       # asked to stop before the warm-up began
+    local code=$((128 + $(kill -l "${pending}")))
+    echo "warmup_serve.sh: ${pending} received before the warm-up began; nothing was sent" >&2
+    publish_ending "${code}" "$@"
+    return "${code}"
+  fi
   ((status == 0)) || refuse "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
   # The helper records the bound's TERM as 124 (rather than 143) from this time on.
   export WARMUP_HARD_BOUND_AT="$((bound_us / 1000000))" WARMUP_HARD_S="${hard}"
   # -I keeps PYTHON* variables and the current folder out, -S site-packages; imported,
   # the helper's bytecode is cached beside it when that is writable.
-  timeout --kill-after="${KILL_AFTER_S}s" "$(left_s)" "${python}" -I -S -c "${RUN_HELPER}" \
+  local left
+  if ! left="$(left_s)"; then         # the check took the whole bound
+    echo "warmup_serve.sh: the hard bound (${hard} s) passed before the warm-up began" >&2
+    publish_ending 124 "$@"
+    return 124
+  fi
+  timeout --kill-after="${KILL_AFTER_S}s" "${left}" "${python}" -I -S -c "${RUN_HELPER}" \
     "${HERE}" "$@" &
   child=$!
   [[ -z "${pending}" ]] || forward_signal "${pending}"

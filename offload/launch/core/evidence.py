@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from core.transport import (MAX_JSON_DEPTH, Target, clean_text, json_number, read_json_file,
-                            series_name)
+from core.files import read_json_file
+from core.transport import MAX_JSON_DEPTH, Target, clean_text, json_number, series_name
 from core.contract import cross_check
 from core.vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
                                served_by_engine, went_down)

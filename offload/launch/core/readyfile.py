@@ -18,8 +18,8 @@ import json
 import os
 import time
 
-from core.transport import (UsageError, clean_text, finite_number, parse_base_url,
-                            read_json_file, write_atomically)
+from core.files import read_json_file, write_atomically
+from core.transport import UsageError, clean_text, finite_number, parse_base_url
 
 READY_KIND = "offload-ready/1"
 

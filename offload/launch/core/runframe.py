@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 
 from core.records import FORMAT, field_problems, parts_text
 from core.textfile import outcome, publish, publish_outcome, result_samples
+from core.files import writable
 from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
-                            sanitize_text, start_quiet, writable)
+                            sanitize_text, start_quiet)
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -346,7 +347,8 @@ def open_records(path: str, append: bool = False):
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW,
+                 0o644)                   # never through a link planted at the path
     try:
         info = os.fstat(fd)
         import stat

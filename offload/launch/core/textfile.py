@@ -16,7 +16,8 @@ import math
 import os
 import time
 
-from core.transport import json_number, open_regular, parse_prometheus, write_atomically
+from core.files import open_regular, write_atomically
+from core.transport import json_number, parse_prometheus
 
 # The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
 # could not give one: a usage error, a server that never became healthy or could not be

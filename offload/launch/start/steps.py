@@ -23,7 +23,7 @@ import sys
 import time
 
 from core.readyfile import drop_ready_file
-from core.transport import open_own
+from core.files import open_own
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, Log, Server,
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
@@ -64,6 +64,8 @@ class Steps:
                 cls.child.wait(5)
             except subprocess.TimeoutExpired:
                 pass
+        if cls.child is not None:         # and what it left in its session: KILLed
+            stop_session(cls.child.pid, 1.0)
 
 
 def judged(records: str, status: int) -> dict:
@@ -91,7 +93,7 @@ def judged(records: str, status: int) -> dict:
 
 def records_named(path: str) -> str:
     """A records file as a WARN line names it: only one that exists."""
-    return f"records: {path}" if os.path.isfile(path) else \
+    return f"records: {path}" if os.path.isfile(path) and os.path.getsize(path) else \
         "no records file (the step ended before writing one)"
 
 
@@ -152,15 +154,21 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
 
 def run_stamp(folder: str) -> str:
     """WHEN for this run's warmup-WHEN.jsonl and gate-WHEN.jsonl: the UTC second, with a
-    _N after it (sorted after the plain name) when an earlier run of that second has its
-    files there (a file holds one run)."""
-    when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    for n in range(1, 1000):
-        if not any(os.path.lexists(os.path.join(folder, f"{kind}-{when}.jsonl"))
-                   for kind in ("warmup", "gate")):
-            break
-        when = f"{when.split('_')[0]}_{n}"
-    return when
+    _N after it (sorted after the plain name) when another run of that second has its
+    files there. The warm-up's file is made here, exclusively (empty), so that two runs
+    never share one (a file holds one run)."""
+    second = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        when = f"{second}_{n}" if n else second
+        if os.path.lexists(os.path.join(folder, f"gate-{when}.jsonl")):
+            continue
+        try:
+            os.close(os.open(os.path.join(folder, f"warmup-{when}.jsonl"),
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+            return when
+        except FileExistsError:
+            continue
+    raise OSError(0, f"no free records name for {second}", folder)
 
 
 def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
@@ -272,10 +280,9 @@ def usage_error(problem: str) -> int:
 
 def start(settings: Settings, log: Log) -> int:
     """Launch, guard, warm up: the exit status. The textfile says 'starting' first (no
-    older success stays standing), and how the start ended when no warm-up says it."""
-    publish_outcome(settings, "warmup", 0, "starting", log)
-    if settings.gate == "1":
-        publish_outcome(settings, "gate", 0, "starting", log)
+    older success stays standing), and how the start ended when no warm-up says it; a
+    server it launched and stopped leaves no ready file."""
+    publish_starting(settings, log)
     server = Server(settings, log)
     env = settings.server_env()
     ended = None
@@ -314,6 +321,8 @@ def start(settings: Settings, log: Log) -> int:
     finally:
         if ended is not None:
             publish_outcome(settings, "warmup", ended[0], ended[1], log)
+        if ended is not None and server.pid and settings.ready_file:
+            drop_ready_file(settings.ready_file)
     if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
     if settings.supervise == "1":
@@ -343,10 +352,12 @@ def rewarm(settings: Settings, log: Log) -> int:
                   f"must name the live server an earlier start.sh launched there")
         return 1
     settings.base_url = settings.target.display
+    held = rewarm_lock(settings.log_dir)
+    if held is None:
+        log.error(f"another re-warm of the server in {settings.log_dir} runs: one at a time")
+        return 1
     log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
-    publish_outcome(settings, "warmup", 0, "starting", log)
-    if settings.ready_file:                  # not ready until this re-warm passes
-        drop_ready_file(settings.ready_file)
+    clear_signals(settings, log)             # not ready until this re-warm passes
     server = AttachedServer(settings, log, pid)
     env = settings.server_env()
     if read["server.chunk"].isascii() and read["server.chunk"].isdigit():
@@ -367,6 +378,34 @@ def rewarm(settings: Settings, log: Log) -> int:
     finally:
         prune_records(settings.log_dir, int(settings.keep),
                       (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+
+
+def rewarm_lock(folder: str) -> int | None:
+    """An exclusive flock on the log folder for a re-warm, held until the process ends;
+    None when another re-warm holds it."""
+    import fcntl
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def publish_starting(settings: Settings, log: Log) -> None:
+    """Before a start or a re-warm: the textfile says 'starting' (the gate's too, with
+    --gate), so no older success stays standing."""
+    publish_outcome(settings, "warmup", 0, "starting", log)
+    if settings.gate == "1":
+        publish_outcome(settings, "gate", 0, "starting", log)
+
+
+def clear_signals(settings: Settings, log: Log) -> None:
+    """Before a re-warm: 'starting' published and the ready file gone."""
+    publish_starting(settings, log)
+    if settings.ready_file:
+        drop_ready_file(settings.ready_file)
 
 
 def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:

@@ -25,7 +25,8 @@ import threading
 import time
 
 from start.processes import group_alive, signalable
-from core.transport import open_own, open_regular, sanitize_text
+from core.files import open_own, open_regular
+from core.transport import sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces

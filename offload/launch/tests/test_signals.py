@@ -71,6 +71,38 @@ class TestTheHardBoundComesFirst(HelperCase):
         self.assertEqual(server.state.completions(), [])
 
 
+    def test_a_comma_decimal_locale_keeps_the_bound(self):
+        # bash writes EPOCHREALTIME with the locale's separator (1796374568,491901 in de_DE):
+        # read as arithmetic, it once made `timeout 0`, no bound at all.
+        locales = os.path.join(self.tmp, "locales")
+        os.mkdir(locales)
+        made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8",
+                               os.path.join(locales, "de_DE.UTF-8")], capture_output=True,
+                              timeout=120) if shutil.which("localedef") else None
+        if made is None or made.returncode not in (0, 1) or not os.listdir(locales):
+            self.skipTest("localedef cannot build de_DE here")
+        hang = shim(self.tmp, "hang-after-check",
+                    f'[ $# -eq 4 ] && exec {sys.executable} "$@"\nexec sleep 60')
+        result = self.wrapper({"WARMUP_PYTHON": hang, "WARMUP_HARD_S": "2", "LOCPATH": locales,
+                               "LC_ALL": "de_DE.UTF-8"}, "--base-url", "http://127.0.0.1:9")
+        self.assertEqual(result.code, 124, result.stderr)
+        self.assertLess(result.elapsed, 2 + 5 + 10)
+        self.assertEqual(verdict_of(self.textfile), "killed")
+
+    def test_an_interpreter_leaving_a_child_on_stdout_does_not_hold_the_wrapper(self):
+        left = shim(self.tmp, "leaves-a-child", f'sleep 61.25 &\nexec {sys.executable} "$@"')
+        self.addCleanup(subprocess.run, ["pkill", "-f", "sleep 61.25"])
+        server = self.start_fake(latency_s=0.01)
+        started = time.monotonic()
+        with open(os.path.join(self.tmp, "out"), "w") as out:   # the child holds no pipe of ours
+            code = subprocess.run(["bash", WRAPPER, "--records", self.records_path,
+                                   "--base-url", server.url], stdout=out, stderr=out,
+                                  env=dict(os.environ, WARMUP_PYTHON=left, WARMUP_HARD_S="30"),
+                                  timeout=60).returncode
+        self.assertEqual(code, 0)
+        self.assertLess(time.monotonic() - started, 30, "the check's child held the wrapper")
+
+
 class TestStartClearsFirst(StartCase):
     def setUp(self):
         super().setUp()
@@ -171,6 +203,50 @@ class TestStartClearsFirst(StartCase):
         self.assertEqual(subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file",
                                          self.ready], capture_output=True).returncode, 0)
 
+    def test_re_warms_at_once_one_runs_and_a_refused_one_clears_the_gate_too(self):
+        passed = self.start("--ready-file", self.ready, "--textfile", self.textfile, "--gate",
+                            server=self.fake("--dev-mode"))
+        self.assertIn("OK: warm-up passed", passed.stdout, passed.stdout + passed.stderr)
+        command = ["bash", START_SH, "--rewarm", "--log-dir", self.logs, "--ready-file",
+                   self.ready, "--textfile", self.textfile]
+        both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True) for _ in range(2)]
+        said = [proc.communicate(timeout=120) for proc in both]
+        codes = sorted(proc.returncode for proc in both)
+        self.assertEqual(codes, [0, 1], said)
+        self.assertTrue(any("another re-warm" in err for _, err in said), said)
+        records = [n for n in os.listdir(self.logs) if n.startswith("warmup-")]
+        self.assertEqual(len(records), len(set(records)))
+        self.assertTrue(os.path.exists(self.ready))
+        subprocess.run(["curl", "-s", "-X", "POST", self.url + "/sleep?level=1"],
+                       capture_output=True, timeout=10)
+        asleep = self.run_process(command + ["--gate"], timeout=120)
+        self.assertEqual(asleep.code, 1, asleep.stdout + asleep.stderr)
+        self.assertFalse(os.path.exists(self.ready))
+        with open(self.textfile) as handle:
+            text = handle.read()
+        self.assertNotRegex(text, r"(?m)^offload_gate_last_run_success 1")
+        self.assertNotRegex(text, r"(?m)^offload_warmup_last_run_success 1")
+
+    def test_a_term_stops_the_step_start_sh_runs_and_all_it_left(self):
+        hang = shim(self.tmp, "hang-marker", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
+                                             'exec sleep 62.75')
+        self.addCleanup(subprocess.run, ["pkill", "-f", "sleep 62.75"])
+        proc = subprocess.Popen(["bash", START_SH, "--base-url", self.url, "--log-dir",
+                                 self.logs, "--", *self.fake()], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, START_POLL_S="0.2", START_STOP_GRACE_S="2",
+                                         WARMUP_PYTHON=hang, WARMUP_HARD_S="60"))
+        self.addCleanup(proc.kill)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["pgrep", "-f", "sleep 62.75"], capture_output=True).returncode \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.terminate()
+        self.assertEqual(proc.wait(30), 143)
+        left = subprocess.run(["pgrep", "-f", "sleep 62.75"], capture_output=True, text=True)
+        self.assertEqual(left.stdout, "", "the step's leftovers outlived start.sh")
+
     @NEEDS_PID_NAMESPACE
     def test_start_sh_that_cannot_see_the_port_s_holder_does_not_vouch(self):
         # start.sh in a PID namespace of its own (as a pod's container without
@@ -252,6 +328,26 @@ class TestReadyMarks(HelperCase):
         self.assertEqual(result.code, 3, result.stdout)
         self.assertIn("refused after it sent 2 requests", result.stdout)
         self.assertFalse(os.path.exists(self.ready))
+
+
+    def test_a_re_warm_by_another_spelling_keeps_the_group_to_hold_the_port_to(self):
+        server = self.warmed()
+        with open(self.ready) as handle:
+            doc = json.load(handle)
+        doc["server_pgid"] = os.getpgrp()          # the in-process fake's group
+        readyfile.write_ready(self.ready, doc)
+        os.remove(self.records_path)
+        again = self.run_helper(server.url.replace("127.0.0.1", "localhost"), "--ready-file",
+                                self.ready)
+        self.assertEqual(again.code, 0, again.stdout)
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle)["server_pgid"], os.getpgrp())
+        for bad in (1.5, "7", True, 1):
+            with self.subTest(server_pgid=bad):
+                readyfile.write_ready(self.ready, dict(doc, server_pgid=bad))
+                shown = self.probe("--base-url", server.url)
+                self.assertEqual(shown.returncode, 1)
+                self.assertIn("server_pgid is not a process group", shown.stderr)
 
 
 class TestReportJudgesTheLastAttempt(HelperCase):

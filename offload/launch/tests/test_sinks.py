@@ -23,6 +23,7 @@ from hostile import (MODEL, HostileServer, completion_with, error_answer, http, 
                      metrics_answer, metrics_text, model_entry, models_doc)
 from support import API_KEY, WARMUP, HelperCase, read_records, run_script
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
+import core.files as files  # noqa: E402
 import core.transport as transport  # noqa: E402
 
 MARK = "PLANTED-MARK"
@@ -136,14 +137,35 @@ class TestWriter(HelperCase):
         os.symlink(target, link)
         for path in (fifo, link, self.tmp):
             with self.subTest(path=os.path.basename(path)):
-                self.assertIn("not a regular file", transport.write_atomically(path, "x"))
+                self.assertIn("not a regular file", files.write_atomically(path, "x"))
         self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
         self.assertTrue(os.path.islink(link))
         with open(target) as handle:
             self.assertEqual(handle.read(), "keep me")
         fresh = os.path.join(self.tmp, "fresh")
-        self.assertIsNone(transport.write_atomically(fresh, "new"))
+        self.assertIsNone(files.write_atomically(fresh, "new"))
         self.assertEqual([n for n in os.listdir(self.tmp) if n.endswith(".tmp")], [])
+
+
+    def test_own_files_and_records_are_never_opened_through_a_link_or_a_fifo(self):
+        # A FIFO planted at server.chunk while start.sh waited for /health held its open().
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        target = os.path.join(self.tmp, "precious")
+        with open(target, "w") as handle:
+            handle.write("keep me")
+        link = os.path.join(self.tmp, "link")
+        os.symlink(target, link)
+        for path in (fifo, link):
+            for mode in ("w", "ab"):
+                with self.subTest(path=os.path.basename(path), mode=mode):
+                    with self.assertRaises(OSError):
+                        files.open_own(path, mode)
+            with self.subTest(records=os.path.basename(path)):
+                with self.assertRaises(OSError):
+                    runframe.open_records(path)
+        with open(target) as handle:
+            self.assertEqual(handle.read(), "keep me")
 
 
 class TestSecrets(HelperCase):

@@ -15,7 +15,8 @@ from core.contract import Ending, Verdict, decide, ending_of
 from core.readyfile import ready_of, write_ready
 from core.records import as_dict, as_list, field_problems
 from core.runframe import EXIT_FAIL
-from core.transport import clean_text, decode_json, open_regular
+from core.files import open_regular
+from core.transport import clean_text, decode_json
 
 MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
 MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this

@@ -19,8 +19,9 @@ import time
 import urllib.parse
 
 from core.readyfile import (iso_time, mark_ready_file, read_ready_file, served_counts)
+from core.files import open_regular
 from core.transport import (Clock, TransportError, UsageError, base_url_from, clean_text,
-                            fetch, finite_number, open_regular, parse_base_url, sanitize_text)
+                            fetch, finite_number, parse_base_url, sanitize_text)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                                served_by_engine, served_models, sleep_states)
 from tools.procfs import port_owners
@@ -241,8 +242,10 @@ def foreign_listener(doc: dict, port: int) -> str | None:
     """Why the process holding the port is not, or cannot be told to be, the one the ready
     file vouches for (its server_pgid, where start.sh wrote one); None when it is."""
     pgid = doc.get("server_pgid")
-    if not isinstance(pgid, int) or isinstance(pgid, bool):
+    if pgid is None:              # a re-warm by hand names no group: nothing to hold it to
         return None
+    if not isinstance(pgid, int) or isinstance(pgid, bool) or pgid <= 1:
+        return "the ready file's server_pgid is not a process group start.sh wrote"
     owners = port_owners(port)
     if owners == []:              # nobody listens: /health says the server is not answering
         return None
