@@ -39,14 +39,27 @@ publish_ending() {
     "${status}" "${began_us}" "$@" 2>/dev/null || true
 }
 
-# A usage error found before the helper starts, published (no stale success stays), then
-# exit 2. Arguments: the message, then the helper's arguments.
-refuse() {
-  local message="$1"
-  shift
-  publish_ending 2 "$@"
+# End before the helper starts: the message, the ending published (no stale success
+# stays), then exit with the status. Arguments: the status, the message, then the
+# helper's arguments.
+stop_early() {
+  local status="$1" message="$2"
+  shift 2
   echo "warmup_serve.sh: ${message}" >&2
-  exit 2
+  publish_ending "${status}" "$@"
+  exit "${status}"
+}
+
+# A process's exit status, waited for even when a trapped signal interrupts the wait.
+# Arguments: $1, the pid (a child of this shell).
+wait_status() {
+  local status=0
+  wait "$1" || status=$?
+  while kill -0 "$1" 2>/dev/null; do   # the wait was interrupted by a signal
+    status=0
+    wait "$1" || status=$?
+  done
+  return "${status}"
 }
 
 # Now, in whole epoch microseconds (EPOCHREALTIME's separator is the locale's: . or ,).
@@ -85,11 +98,7 @@ runs_python() {
   checker=$!
   read -r -t "${left}" said <&"${out}" || true
   exec {out}<&-
-  wait "${checker}" || status=$?
-  while kill -0 "${checker}" 2>/dev/null; do   # the wait was interrupted by a signal
-    status=0
-    wait "${checker}" || status=$?
-  done
+  wait_status "${checker}" || status=$?
   ((status == 124 || status == 137)) && return "${status}"
   [[ "${said}" == "True" ]]
 }
@@ -130,9 +139,9 @@ main() {
   # leading zero is decimal (10#), never octal: 08 is 8 seconds.
   if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || ((10#${hard%%.*} < 1)) ||
     ((10#${hard%%.*} > 86400)); then
-    refuse "WARMUP_HARD_S must be a positive number of seconds, at least 1 and at most 86400, got '${hard}'" "$@"
+    stop_early 2 "WARMUP_HARD_S must be a positive number of seconds, at least 1 and at most 86400, got '${hard}'" "$@"
   fi
-  command -v timeout >/dev/null || refuse "coreutils 'timeout' is required" "$@"
+  command -v timeout >/dev/null || stop_early 2 "coreutils 'timeout' is required" "$@"
   bound_us=$((began_us + $(micros "${hard}")))
   # The trap is set BEFORE anything starts: a TERM before the helper exists is
   # remembered and forwarded as soon as it does (timeout runs in its own process group,
@@ -141,38 +150,24 @@ main() {
   trap 'forward_signal INT' INT
   trap 'forward_signal HUP' HUP
   runs_python "${python}" || status=$?
-  if ((status == 124 || status == 137)); then
-    echo "warmup_serve.sh: '${python}' did not answer within the hard bound (${hard} s):" \
-      "a hung interpreter (a stuck mount, a broken site-packages?); nothing was sent" >&2
-    publish_ending 124 "$@"
-    return 124
-  fi
-  if [[ -n "${pending}" ]]; then       # asked to stop before the warm-up began
-    local code=$((128 + $(kill -l "${pending}")))
-    echo "warmup_serve.sh: ${pending} received before the warm-up began; nothing was sent" >&2
-    publish_ending "${code}" "$@"
-    return "${code}"
-  fi
-  ((status == 0)) || refuse "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
+  local hung="a hung interpreter (a stuck mount, a broken site-packages?); nothing was sent"
+  ((status != 124 && status != 137)) ||
+    stop_early 124 "'${python}' did not answer within the hard bound (${hard} s): ${hung}" "$@"
+  [[ -z "${pending}" ]] || stop_early "$((128 + $(kill -l "${pending}")))" \
+    "${pending} received before the warm-up began; nothing was sent" "$@"
+  ((status == 0)) || stop_early 2 "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
   # The helper records the bound's TERM as 124 (rather than 143) from this time on.
   export WARMUP_HARD_BOUND_AT="$((bound_us / 1000000))" WARMUP_HARD_S="${hard}"
   # -I keeps PYTHON* variables and the current folder out, -S site-packages; imported,
   # the helper's bytecode is cached beside it when that is writable.
   local left
-  if ! left="$(left_s)"; then         # the check took the whole bound
-    echo "warmup_serve.sh: the hard bound (${hard} s) passed before the warm-up began" >&2
-    publish_ending 124 "$@"
-    return 124
-  fi
+  left="$(left_s)" ||                 # the check took the whole bound
+    stop_early 124 "the hard bound (${hard} s) passed before the warm-up began" "$@"
   timeout --kill-after="${KILL_AFTER_S}s" "${left}" "${python}" -I -S -c "${RUN_HELPER}" \
     "${HERE}" "$@" &
   child=$!
   [[ -z "${pending}" ]] || forward_signal "${pending}"
-  wait "${child}" || status=$?
-  while kill -0 "${child}" 2>/dev/null; do   # the wait was interrupted by a signal
-    status=0
-    wait "${child}" || status=$?
-  done
+  wait_status "${child}" || status=$?
   trap - TERM INT HUP
   # A signal that reached timeout while it was still starting the helper can leave the
   # helper behind it (in timeout's process group): pass the signal on to what is left.
