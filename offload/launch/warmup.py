@@ -47,8 +47,8 @@ try:
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from core.readyfile import (drop_ready_file, mark_ready_file, read_ready_file, ready_of,
-                                replace_ready_file)
+    from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
+                                ready_of, replace_ready_file, seen_asleep)
     from core.records import as_dict
     from core.runframe import (Run, RunSettings, add_file_option, add_run_options,
                                argument_type, emit, flag_or_env, given_value, seconds, whole)
@@ -274,8 +274,10 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
     sent = len(warm.tally.requests)
     if summary["verdict"] == "refused" and not sent:
         now = read_ready_file(warm.ready_file)[0] or {}
-        if now.get("rewarm_run_id") == run.settings.run_id:
-            mark_ready_file(warm.ready_file, now.get("run_id"), rewarm_run_id=None)
+        if now.get("rewarm_run_id") == run.settings.run_id:   # a sleep it saw is marked
+            asleep = iso_time(time.time()) if seen_asleep(run.written) else None
+            mark_ready_file(warm.ready_file, now.get("run_id"), rewarm_run_id=None,
+                            slept_at=asleep)
         run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
                 f"it sent anything")
         return
@@ -561,7 +563,7 @@ exit status:
        its verdict line saying 'pass, custom plan: ...' and the setting that made it,
        never PASS (qualify.py report exits 1 for it: not the contract's warm-up)
   1    fail: a wrong response, a request error, cannot connect, context too small,
-       an engine short of its share, an internal error, or late
+       an engine short of its share, foreign work, an internal error, or late
   2    usage or configuration error (bad option, bad URL, records or textfile not
        writable, a deadline at or past WARMUP_HARD_S, a lock folder that cannot be used,
        model not served, several models and no --model)

@@ -73,6 +73,14 @@ def last_gauges(records: list[dict]) -> dict:
     return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
 
 
+def seen_asleep(records: list[dict]) -> bool:
+    """A run's last guard read saw an engine asleep (a re-warm refused so: the ready file
+    is marked, and stays not ready after the wake)."""
+    states = as_dict(last_gauges(records).get("sleep_state"))
+    return any(state not in ("awake", "sleep state not published")
+               for state in states.values())
+
+
 def served_after(records: list[dict]) -> dict | None:
     """The requests each engine had served after the run (its main metrics record's)."""
     main = next((r for r in records if r.get("record") == "metrics"), {})

@@ -194,8 +194,8 @@ def run_session(settings: RunSettings, program: Program) -> int:
     try:
         sink = open_records(path, settings.append)
     except OSError as exc:
-        problem = (f"cannot write records to {path}: {exc.strerror or exc}; choose a "
-                   f"writable regular file with --records PATH or WARMUP_RECORDS_DIR")
+        problem = (f"cannot write records to {path}: {exc.strerror or exc}; choose another "
+                   f"file with --records PATH or WARMUP_RECORDS_DIR")
         emit(f"{settings.prog}: {problem}", sys.stderr)
         if settings.json:
             emit_usage_json(problem)

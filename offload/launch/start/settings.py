@@ -50,7 +50,7 @@ options (environment variable in brackets):
                       names; the chunk comes from server.chunk), the ready file removed
                       first and written only if it passes, the textfile as a start's;
                       exit 0 only when it passed (a pod whose warm-up failed, or that
-                      slept: kubectl exec POD -- /opt/offload/start.sh --rewarm)
+                      slept: kubectl exec POD -c vllm -- /opt/offload/start.sh --rewarm)
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
@@ -268,6 +268,11 @@ def check_rewarm(settings: Settings) -> None:
         if given:
             raise Usage(f"--rewarm takes no {what}: it warms the server LOG_DIR/server.pid "
                         f"names again, as it runs")
+    if not os.path.isfile(os.path.join(settings.log_dir, "server.pid")):
+        raise Usage(f"--rewarm: no server.pid in {settings.source['log_dir']} "
+                    f"'{settings.log_dir}': give the log folder of the start that launched "
+                    f"the server (--log-dir or START_LOG_DIR), with its --ready-file and "
+                    f"--textfile")
 
 
 def textfile_given(argv: list[str], default: str) -> str:

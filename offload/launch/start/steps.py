@@ -22,7 +22,8 @@ import subprocess
 import sys
 import time
 
-from core.readyfile import drop_ready_file
+from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
+                            seen_asleep)
 from core.files import open_own
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, Log, Server,
@@ -211,12 +212,13 @@ def gate_figures(found: dict | None) -> str:
 
 
 def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None,
-                     server_pgid: int):
+                     server_pgid: int, found: dict | None = None):
     """The ready file from the verdicts of the warm-up's (and the gate's) records, naming
-    the process group that must hold the port."""
+    the process group that must hold the port (a re-warm: keeping the marks made since
+    it `found` the file)."""
     from tools.readback import ready_from_records
     why = ready_from_records(settings.ready_file, records, gate_records=gate_records,
-                             server_pgid=server_pgid)
+                             server_pgid=server_pgid, found=found)
     if why is None:
         log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
             f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
@@ -225,9 +227,10 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
 
 
 def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
-                       when: str) -> bool:
+                       when: str, found: dict | None = None) -> dict:
     """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
-    still run after them. A WARN names only files that exist. True for OK."""
+    still run after them. A WARN names only files that exist. The warm-up's run, with
+    `passed` True for OK."""
     run = run_warmup(settings, server, log, env, when)
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["cache_check"] == "not_made":
@@ -237,7 +240,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     if run["status"] == 0 and run["verdict"] == "custom":
         log(f"WARN: warm-up passed a custom plan, not the contract's: {run['differences']}; "
             f"no ready file; {records_named(run['records'])} — {inspect}")
-        return False
+        return dict(run, passed=False)
     warm = run["status"] == 0 and run["verdict"] == "pass"
     gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
     if not server.alive():
@@ -245,7 +248,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     if not warm:
         log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}{custom}); "
             f"{records_named(run['records'])} — {inspect}")
-        return False
+        return dict(run, passed=False)
     records = f"records: {run['records']}"
     if gate:
         records += f" and {gate['records']}" if os.path.isfile(gate["records"]) else \
@@ -253,15 +256,16 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
         if gate["status"] != 0 or gate["verdict"] != "pass":
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
                 f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
-            return False
+            return dict(run, passed=False)
     if settings.ready_file:
-        write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid)
+        write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid,
+                         found)
     what = f": {run['counts']}" if run["counts"] else ""
     what += f" ({run['given']})" if run["given"] else ""
     passed = f"gate passed ({gate['figures']})" if gate else ""
     log(f"OK: warm-up passed{what}{', ' + passed if passed else ''}; {records} — read "
         f"them before releasing HOLD ({notes})")
-    return True
+    return dict(run, passed=True)
 
 
 def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str) -> None:
@@ -336,8 +340,9 @@ def start(settings: Settings, log: Log) -> int:
 def rewarm(settings: Settings, log: Log) -> int:
     """start.sh --rewarm: the server LOG_DIR's server.pid names, at the address its
     server.url says, warmed again as a start warms it (its port held by its group, the
-    chunk from server.chunk); the ready file removed first, written only from a pass; 0
-    only for a pass."""
+    chunk from server.chunk); the ready file marked while it runs (not ready), written
+    anew from a pass, left as it was by a refusal that sent nothing, else removed; 0 only
+    for a pass."""
     from core.transport import UsageError, parse_base_url
     read = {name: read_small(os.path.join(settings.log_dir, name))
             for name in ("server.pid", "server.url", "server.chunk")}
@@ -357,7 +362,8 @@ def rewarm(settings: Settings, log: Log) -> int:
         log.error(f"another re-warm of the server in {settings.log_dir} runs: one at a time")
         return 1
     log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
-    clear_signals(settings, log)             # not ready until this re-warm passes
+    publish_starting(settings, log)
+    found = mark_rewarm(settings, log)       # not ready until this re-warm passes
     server = AttachedServer(settings, log, pid)
     env = settings.server_env()
     if read["server.chunk"].isascii() and read["server.chunk"].isdigit():
@@ -366,14 +372,19 @@ def rewarm(settings: Settings, log: Log) -> int:
     when = run_stamp(settings.log_dir)
     try:
         refuse_a_foreign_answer(settings, server, log)
-        return 0 if warm_up_and_report(settings, server, log, env, when) else 1
+        run = warm_up_and_report(settings, server, log, env, when, found)
+        if not run["passed"]:
+            end_rewarm(settings, log, found, run)
+        return 0 if run["passed"] else 1
     except Interrupted as signalled:
         log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
         Steps.stop()
         publish_outcome(settings, "warmup", signalled.code, "killed", log)
+        end_rewarm(settings, log, found, None)
         return signalled.code
     except Exit as exc:
         publish_outcome(settings, "warmup", exc.code, "not_started", log)
+        end_rewarm(settings, log, found, None)
         return exc.code
     finally:
         prune_records(settings.log_dir, int(settings.keep),
@@ -401,11 +412,34 @@ def publish_starting(settings: Settings, log: Log) -> None:
         publish_outcome(settings, "gate", 0, "starting", log)
 
 
-def clear_signals(settings: Settings, log: Log) -> None:
-    """Before a re-warm: 'starting' published and the ready file gone."""
-    publish_starting(settings, log)
-    if settings.ready_file:
-        drop_ready_file(settings.ready_file)
+def mark_rewarm(settings: Settings, log: Log) -> dict:
+    """The ready file, if any, marked as a re-warm runs (not ready until it ends); the file
+    as it was found ({} without one)."""
+    found = read_ready_file(settings.ready_file)[0] if settings.ready_file else None
+    if found:
+        why = mark_ready_file(settings.ready_file, found.get("run_id"),
+                              rewarm_run_id=f"start.sh-{os.getpid()}")
+        log(f"ready file {settings.ready_file}: " + (f"not marked ({why})" if why else
+                                                     "marked: a re-warm runs, not ready"))
+    return found or {}
+
+
+def end_rewarm(settings: Settings, log: Log, found: dict, run: dict | None) -> None:
+    """A re-warm that did not pass: its ready file left as it was found when the warm-up
+    was refused before it sent anything (our mark undone), else removed."""
+    if not settings.ready_file:
+        return
+    records = ((run or {}).get("judged") or {}).get("records") or []
+    sent = sum(1 for r in records if r.get("record") == "request")
+    if found and run is not None and run["verdict"] == "refused" and not sent:
+        asleep = iso_time(time.time()) if seen_asleep(records) else None
+        mark_ready_file(settings.ready_file, found.get("run_id"), rewarm_run_id=None,
+                        slept_at=asleep)
+        log(f"ready file {settings.ready_file} left as it was: the re-warm was refused before "
+            f"it sent anything (hold producers, then --rewarm again)")
+        return
+    if drop_ready_file(settings.ready_file)[0]:
+        log(f"ready file {settings.ready_file} removed: the re-warm did not pass")
 
 
 def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:

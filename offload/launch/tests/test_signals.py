@@ -186,8 +186,9 @@ class TestStartClearsFirst(StartCase):
     def test_rewarm_warms_the_started_server_again_and_publishes(self):
         self.assertEqual(self.refused("--rewarm", "--log-dir", self.logs, "--", "x").code, 2)
         none = self.refused("--rewarm", "--log-dir", self.logs, "--textfile", self.textfile)
-        self.assertEqual(none.code, 1, none.stderr)
-        self.assertIn("no server to warm again", none.stderr)
+        self.assertEqual(none.code, 2, none.stderr)
+        self.assertIn("--rewarm: no server.pid in", none.stderr)
+        self.assertIn("(--log-dir or START_LOG_DIR)", none.stderr)
         failed = self.start("--ready-file", self.ready, "--textfile", self.textfile,
                             server=self.fake("--fault", "one_token", "--fault-times", "1"))
         self.assertIn("WARN: warm-up failed", failed.stdout)
@@ -222,11 +223,38 @@ class TestStartClearsFirst(StartCase):
                        capture_output=True, timeout=10)
         asleep = self.run_process(command + ["--gate"], timeout=120)
         self.assertEqual(asleep.code, 1, asleep.stdout + asleep.stderr)
-        self.assertFalse(os.path.exists(self.ready))
+        with open(self.ready) as handle:      # refused before sending: kept, marked slept
+            self.assertTrue(json.load(handle).get("slept_at"))
+        subprocess.run(["curl", "-s", "-X", "POST", self.url + "/wake_up"],
+                       capture_output=True, timeout=10)
+        woken = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(woken.returncode, 1)
+        self.assertIn("slept since its warm-up", woken.stderr)
         with open(self.textfile) as handle:
             text = handle.read()
         self.assertNotRegex(text, r"(?m)^offload_gate_last_run_success 1")
         self.assertNotRegex(text, r"(?m)^offload_warmup_last_run_success 1")
+
+    def test_a_re_warm_refused_by_a_busy_server_leaves_a_serving_pod_ready(self):
+        passed = self.start("--ready-file", self.ready, server=self.fake(
+            "--fault", "slow", "--fault-match", "producer-"))
+        self.assertIn("OK: warm-up passed", passed.stdout, passed.stderr)
+        body = json.dumps({"model": "fake-model", "prompt": "p", "max_tokens": 4,
+                           "request_id": "producer-1"})
+        producer = subprocess.Popen(["curl", "-s", "-o", "/dev/null", "-H",
+                                     "Content-Type: application/json", "-d", body,
+                                     self.url + "/v1/completions"])
+        self.addCleanup(producer.wait)
+        time.sleep(1.0)                              # in flight: the gauges say 1 running
+        busy = self.run_process(["bash", START_SH, "--rewarm", "--log-dir", self.logs,
+                                 "--ready-file", self.ready], timeout=120)
+        self.assertEqual(busy.code, 1, busy.stdout + busy.stderr)
+        self.assertIn("left as it was: the re-warm was refused before it sent anything",
+                      busy.stdout)
+        ready = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(ready.returncode, 0, ready.stderr)
 
     def test_a_term_stops_the_step_start_sh_runs_and_all_it_left(self):
         hang = shim(self.tmp, "hang-marker", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'

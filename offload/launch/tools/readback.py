@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from core.contract import Ending, Verdict, decide, ending_of
-from core.readyfile import ready_of, write_ready
+from core.readyfile import ready_of, replace_ready_file
 from core.records import as_dict, as_list, field_problems
 from core.runframe import EXIT_FAIL
 from core.files import open_regular
@@ -244,10 +244,12 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
                        gate_records: str | None = None,
-                       server_pgid: int | None = None) -> str | None:
+                       server_pgid: int | None = None, found: dict | None = None
+                       ) -> str | None:
     """The ready file written from the verdict of a warm-up's records (of run `run_id`
     where given: a records file another run also writes to is not its pass) and, with
-    --gate, the gate's; None when written, else why not."""
+    --gate, the gate's, keeping the marks made since the file was `found` (a re-warm's);
+    None when written, else why not."""
     warm = last_verdict(records, run_id)
     gate = last_verdict(gate_records) if gate_records else None
     if warm is None or gate_records and gate is None:
@@ -256,4 +258,4 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": as_dict(gate["run"]).get("run_id")}
     doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
-    return why or write_ready(path, doc)
+    return why or replace_ready_file(path, doc, found or {})
