@@ -392,10 +392,11 @@ def rewarm(settings: Settings, log: Log) -> int:
 
 
 def rewarm_lock(folder: str) -> int | None:
-    """An exclusive flock on the log folder for a re-warm, held until the process ends;
-    None when another re-warm holds it."""
+    """An exclusive flock on the log folder's server.pid for a re-warm, held until the
+    process ends (not on the folder: the ready file's writers lock its folder, which may
+    be this one); None when another re-warm holds it."""
     import fcntl
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(os.path.join(folder, "server.pid"), os.O_RDONLY | os.O_NOFOLLOW)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

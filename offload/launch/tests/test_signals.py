@@ -237,6 +237,7 @@ class TestStartClearsFirst(StartCase):
         self.assertNotRegex(text, r"(?m)^offload_warmup_last_run_success 1")
 
     def test_a_re_warm_refused_by_a_busy_server_leaves_a_serving_pod_ready(self):
+        self.ready = os.path.join(self.logs, "ready")   # one folder: its lock and the ready file's
         passed = self.start("--ready-file", self.ready, server=self.fake(
             "--fault", "slow", "--fault-match", "producer-"))
         self.assertIn("OK: warm-up passed", passed.stdout, passed.stderr)
@@ -250,6 +251,7 @@ class TestStartClearsFirst(StartCase):
         busy = self.run_process(["bash", START_SH, "--rewarm", "--log-dir", self.logs,
                                  "--ready-file", self.ready], timeout=120)
         self.assertEqual(busy.code, 1, busy.stdout + busy.stderr)
+        self.assertIn("marked: a re-warm runs, not ready", busy.stdout)
         self.assertIn("left as it was: the re-warm was refused before it sent anything",
                       busy.stdout)
         ready = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready],
