@@ -127,7 +127,8 @@ class TestSinks(unittest.TestCase):
 
 
 class TestWriter(HelperCase):
-    def test_only_a_regular_file_is_ever_replaced(self):
+    def planted(self) -> tuple[str, str, str]:
+        """A FIFO, and a link to a file that says 'keep me': (fifo, link, the file)."""
         fifo = os.path.join(self.tmp, "fifo")
         os.mkfifo(fifo)
         target = os.path.join(self.tmp, "precious")
@@ -135,6 +136,10 @@ class TestWriter(HelperCase):
             handle.write("keep me")
         link = os.path.join(self.tmp, "link")
         os.symlink(target, link)
+        return fifo, link, target
+
+    def test_only_a_regular_file_is_ever_replaced(self):
+        fifo, link, target = self.planted()
         for path in (fifo, link, self.tmp):
             with self.subTest(path=os.path.basename(path)):
                 self.assertIn("not a regular file", files.write_atomically(path, "x"))
@@ -146,16 +151,9 @@ class TestWriter(HelperCase):
         self.assertIsNone(files.write_atomically(fresh, "new"))
         self.assertEqual([n for n in os.listdir(self.tmp) if n.endswith(".tmp")], [])
 
-
     def test_own_files_and_records_are_never_opened_through_a_link_or_a_fifo(self):
         # A FIFO planted at server.chunk while start.sh waited for /health held its open().
-        fifo = os.path.join(self.tmp, "fifo")
-        os.mkfifo(fifo)
-        target = os.path.join(self.tmp, "precious")
-        with open(target, "w") as handle:
-            handle.write("keep me")
-        link = os.path.join(self.tmp, "link")
-        os.symlink(target, link)
+        fifo, link, target = self.planted()
         for path in (fifo, link):
             for mode in ("w", "ab"):
                 with self.subTest(path=os.path.basename(path), mode=mode):
