@@ -24,10 +24,9 @@ from dataclasses import dataclass, field
 
 from core.kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS
-from core.records import (FORMAT, JUDGED, as_dict, as_list, field_problems, label, parts_text,
+from core.records import (FORMAT, JUDGED, as_dict, as_list, field_problems, label,
                           show)
-from core.runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_PASS,
-                           EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
+from core.runframe import EXIT_FAIL, EXIT_PASS
 from core.transport import finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 
@@ -35,7 +34,6 @@ B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
 ENGINE_HEADER = "X-data-parallel-rank"
 MAX_WAVE_DEPTH = 64
 MODES = tuple(JUDGED)
-ENDINGS = ("pass", "custom", "fail", "refused", "killed")    # what a summary may claim
 
 
 def wave_name(depth: int) -> str:
@@ -353,12 +351,6 @@ class Verdict:
     structural: tuple = ()                # what the records lack to show the run they claim
     failed: tuple = ()                    # the identities of the records that fail
 
-    def counts(self) -> str:
-        """'contract 10/10, paths stream 5/5', or 'N/M requests ok'."""
-        if not self.parts:
-            return f"{self.requests_ok}/{self.requests_total} requests ok"
-        return parts_text(self.parts)
-
 
 def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
     """The one verdict on a run: its run record, its records (request, wave, metrics ...)
@@ -612,37 +604,6 @@ def said_once(failed: list[dict]) -> list[str]:
             shown = ", ".join(labels[:3]) + (", ..." if len(labels) > 3 else "")
             said.append(f"{len(labels)} requests ({shown}): {diagnosis}")
     return said
-
-
-# The exit statuses an ending read from a file may have: a file cannot give a failed run
-# exit 0 (nor 2, report's own 'cannot be read').
-ENDING_EXITS = {"fail": (EXIT_FAIL,), "refused": (EXIT_REFUSED,),
-                "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND, 137)}
-
-
-def ending_of(summary: dict | None, deadline) -> Ending | None:
-    """How a summary says its run ended, as decide() takes it; None without a summary
-    (the run was killed, or is still running). The summary's exit code is kept only where
-    its verdict allows it (a failed run never exits 0), and its time is held against the
-    run record's deadline (`deadline`), never the summary's own."""
-    if summary is None:
-        return None
-    claimed = summary.get("verdict")
-    code = summary.get("exit_code")
-    if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
-            or not 0 <= code <= 255:
-        return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
-    elapsed, deadline = finite_number(summary.get("elapsed_s")), finite_number(deadline)
-    if claimed in ("pass", "custom") and (elapsed is None or deadline is None
-                                          or elapsed > deadline or deadline > MAX_SECONDS):
-        return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
-                                          f"within the run record's deadline_s "
-                                          f"{show(deadline)}",))
-    if claimed in ("pass", "custom"):
-        return Ending()
-    allowed = ENDING_EXITS[claimed]
-    return Ending(claimed, code if code in allowed else allowed[0],
-                  tuple(str(p) for p in as_list(summary.get("problems"))))
 
 
 def cache_check(requests: list[dict]) -> str:

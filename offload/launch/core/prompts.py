@@ -8,7 +8,6 @@ can match it; size_long_prompt() sizes it with a counting function (the server's
 
 from __future__ import annotations
 
-import os
 import random
 
 from core.runframe import Fatal
@@ -93,7 +92,3 @@ def size_long_prompt(count, nonce: str, budget: int, minimum: int = MIN_LONG_PRO
     raise Fatal(f"could not size the B1 prompt between {minimum} and {budget} "
                 f"tokens with the server's /tokenize; no completion was sent")
 
-
-def fresh_long_prompt(sized: str) -> str:
-    """The sized long prompt under a new nonce: the same length, no cached prefix."""
-    return "warmup-" + os.urandom(12).hex() + " " + sized.split(" ", 1)[-1]

@@ -122,7 +122,7 @@ def label(record: dict) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Any value of a record, shown safely; a probe's and a gate's records in a line.
+# Any value of a record, shown safely.
 # ---------------------------------------------------------------------------
 
 def as_dict(value) -> dict:
@@ -155,67 +155,3 @@ def parts_text(parts) -> str:
     return ", ".join(f"{show(part[0])} {show(part[1])}/{show(part[2])}"
                      for part in (parts if isinstance(parts, list | tuple) else ())
                      if isinstance(part, list | tuple) and len(part) == 3)
-
-
-def known(value) -> str:
-    """A value the run may not have learned: 'unknown' rather than '-' or 'None'."""
-    return "unknown" if value is None else show(value)
-
-
-def probe_line(entry: dict) -> str:
-    """One item (on one engine) in a line; any value from a file goes through show()."""
-    def ms(v):
-        v = finite_number(v)
-        return "-" if v is None else f"{v * 1000:.0f} ms"
-    where = show(entry.get("item")) + ("" if entry.get("engine") is None
-                                       else f" e{show(entry.get('engine'))}")
-    line = (f"  {where:<16} TTFT first {ms(entry.get('ttft_first_s'))} vs later "
-            f"{ms(entry.get('ttft_later_median_s'))} (x{show(entry.get('ttft_ratio'))}); total "
-            f"first {ms(entry.get('total_first_s'))} vs later "
-            f"{ms(entry.get('total_later_median_s'))} (x{show(entry.get('total_ratio'))})")
-    cached = as_list(entry.get("cached_rounds"))
-    if cached:
-        line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
-                 f"left out")
-    return line
-
-
-def gate_line(record: dict) -> str:
-    """One probe and shape in a line, figures only; any value from a file through show()."""
-    where = f"{show(record.get('shape')):<7} {show(record.get('probe')):<13}"
-    if record.get("engine") is not None:
-        where = f"e{show(record.get('engine'))} " + where
-    if record.get("kind") == "identifier":
-        figure = "exact" if record.get("exact") is True else (
-            f"MISS (distance {show(record.get('edit_distance'))})")
-    else:
-        cer = finite_number(record.get("cer"))
-        figure = (f"{show(record.get('word_errors'))} typos, CER {cer:.4f}"
-                  if cer is not None else "CER -")
-    tokens = f"{show(record.get('completion_tokens'))} tokens"
-    if record.get("reasoning_tokens") is not None:
-        tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
-    removed = as_list(record.get("removed"))
-    if record.get("preamble_chars"):
-        removed = removed + [f"a preamble of {show(record.get('preamble_chars'))} characters"]
-    line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
-            f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
-            f"{'ok' if record.get('ok') is True else 'FAILED'}")
-    if record.get("ok") is not True:
-        line += "".join(f"\n      {show(p, 300)}" for p in as_list(record.get("problems")))
-    return line
-
-
-def gate_summary_line(summary: dict) -> str:
-    exact = as_dict(summary.get("identifiers_exact"))
-    worst = finite_number(summary.get("worst_cer"))
-    line = (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
-            f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage: "
-            f"{show(summary.get('worst_typos'))} typos (allowed "
-            f"{show(summary.get('max_typos'))}), CER {'-' if worst is None else f'{worst:.4f}'}")
-    preambles = as_list(summary.get("preambles"))
-    if preambles:
-        line += (f"\n  preamble before the answer in {len(preambles)} probe(s) "
-                 f"({', '.join(show(p) for p in preambles[:4])}"
-                 f"{', ...' if len(preambles) > 4 else ''}): the copy alone was scored")
-    return line

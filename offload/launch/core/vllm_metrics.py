@@ -10,7 +10,7 @@ Between the prompts and the vLLM client (transport <- runframe <- prompts <- vll
   spec_figures()       acceptance rate, mean acceptance length, by position (derived,
                        labelled: not worker RPC steps, not proof of graph capture)
   GaugeSampler         the request gauges read every 20 ms while a batch runs
-  process_start(), served_models(), engines_in()   what identifies the server
+  process_start(), engines_in()   what identifies the server
   sleep_states(), asleep_problem()   vllm:engine_sleep_state: is every engine awake?
 
 Standard library only.
@@ -74,12 +74,6 @@ def served_by_engine(samples: list) -> dict[str, float]:
             engine = labels.get("engine", "")
             served[engine] = served.get(engine, 0.0) + value
     return served
-
-
-def served_models(samples: list) -> set[str]:
-    """The model names on vllm:* series (their model_name label)."""
-    return {labels["model_name"] for name, labels, _ in samples
-            if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
 
 
 SLEEP_GAUGE = "vllm:engine_sleep_state"

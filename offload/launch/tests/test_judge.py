@@ -100,7 +100,7 @@ class TestTheVerdict(unittest.TestCase):
 
     def test_a_run_and_its_records_make_its_verdict(self):
         passed = self.decide(contract_requests("r"))
-        self.assertEqual((passed.verdict, passed.exit_code, passed.counts()),
+        self.assertEqual((passed.verdict, passed.exit_code, records.parts_text(passed.parts)),
                          ("pass", 0, "contract 10/10"))
         one_token = contract_requests("r")
         one_token[3] = dict(one_token[3], completion_tokens=1, ok=False,
@@ -158,11 +158,11 @@ class TestTheVerdict(unittest.TestCase):
                    for d in (1, 4) for i in range(d)]
         said = self.decide(contract_requests("r") + streams, run=run,
                            waves=("B1", "B2", "B3", "B4", "stream-1", "stream-4"))
-        self.assertEqual((said.verdict, said.counts()), ("pass", "contract 10/10, paths stream 5/5"))
+        self.assertEqual((said.verdict, records.parts_text(said.parts)), ("pass", "contract 10/10, paths stream 5/5"))
         plan = contract.plan_record(contract.Plan(waves=(1,)))
         custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
         said = self.decide(contract_requests("r")[:1], run=custom, waves=("B1",))
-        self.assertEqual((said.verdict, said.exit_code, said.differences, said.counts()),
+        self.assertEqual((said.verdict, said.exit_code, said.differences, records.parts_text(said.parts)),
                          ("custom", 0, ("waves B1",), "plan 1/1"))
 
 

@@ -28,7 +28,7 @@ LAYERS = {
     "core.vllm_metrics": 2.5,
     "core.readyfile": 2.6,
     "core.contract": 2.7,
-    "tools.readback": 2.8, "tools.ready": 2.9,
+    "tools.readback": 2.8, "tools.ready": 2.9, "tools.lines": 2.9,
     "core.vllm_client": 3,
     "core.evidence": 4,
     "start.server": 4.5, "start.steps": 4.6,

@@ -194,7 +194,7 @@ class TestFuzz(TruthCase):
                                         f"mutation {tried} of a {name} file exits 0")
                 tried += 1
         self.assertGreaterEqual(tried, FUZZ_MUTATIONS)
-        self.assertIs(contract.ENDING_EXITS["fail"][0], 1)
+        self.assertIs(readback.ENDING_EXITS["fail"][0], 1)
 
 
 class TestLockPaths(HelperCase):

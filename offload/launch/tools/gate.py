@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from tools.readback import exit_status
-from core.records import as_list, gate_line, gate_summary_line
+from core.records import as_list
 from core.runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
                            number_type, whole)
 from core.transport import REDACTIONS, UsageError, clean_text, decode_json
@@ -31,6 +31,7 @@ from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                               add_server_options, answer_record, connection_from,
                               diagnose_http_error, read_slot, server_main, slot_timing,
                               template_kwargs_type)
+from tools.lines import gate_line, gate_summary_line
 
 PROG = "qualify.py gate"
 

@@ -22,14 +22,14 @@ from dataclasses import dataclass
 
 from core.contract import B1_FLOOR
 from core.kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
-from core.prompts import MAX_LONG_PROMPT_TOKENS, fresh_long_prompt, make_short_prompt
-from core.records import probe_line
+from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
 from core.runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options,
                            argument_type, emit, flag_or_env, whole)
 from core.transport import UsageError, clean_text, finite_number
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                               add_server_options, answer_record, connection_from, read_slot,
                               server_main, slot_timing, template_kwargs_type)
+from tools.lines import probe_line
 
 PROG = "qualify.py probe"
 
@@ -161,6 +161,11 @@ class WarmthProbe(ServerProgram):
             return fresh_long_prompt(self.long_prompts[engine][0])
         seed = f"{run_id}-{engine}-{item}-r{round_no}-{os.urandom(4).hex()}"
         return make_short_prompt(seed, depth, index)
+
+
+def fresh_long_prompt(sized: str) -> str:
+    """The sized long prompt under a new nonce: the same length, no cached prefix."""
+    return "warmup-" + os.urandom(12).hex() + " " + sized.split(" ", 1)[-1]
 
 
 def _median(values: list) -> float | None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 
-from core.contract import Ending, Verdict, decide, ending_of
+from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, replace_ready_file
-from core.records import as_dict, as_list, field_problems
-from core.runframe import EXIT_FAIL
+from core.records import as_dict, as_list, field_problems, show
+from core.runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_REFUSED,
+                           EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
-from core.transport import clean_text, decode_json
+from core.transport import clean_text, decode_json, finite_number
 
 MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
 MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this
@@ -25,6 +26,7 @@ READ_CHUNK_BYTES = 1 << 20
 ISSUES_NAMED = 20                     # bad lines named one by one; the rest counted
 JSON_TEXT_LIMIT = 1000                # one string in report --json
 READ_STOPPED = "stopped reading"      # how a note says the file was not read to its end
+ENDINGS = ("pass", "custom", "fail", "refused", "killed")    # what a summary may claim
 
 
 def read_lines(handle, max_line: int = MAX_RECORD_LINE_BYTES,
@@ -259,3 +261,34 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
         "run_id": as_dict(gate["run"]).get("run_id")}
     doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
     return why or replace_ready_file(path, doc, found or {})
+
+
+# The exit statuses an ending read from a file may have: a file cannot give a failed run
+# exit 0 (nor 2, report's own 'cannot be read').
+ENDING_EXITS = {"fail": (EXIT_FAIL,), "refused": (EXIT_REFUSED,),
+                "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND, 137)}
+
+
+def ending_of(summary: dict | None, deadline) -> Ending | None:
+    """How a summary says its run ended, as decide() takes it; None without a summary
+    (the run was killed, or is still running). The summary's exit code is kept only where
+    its verdict allows it (a failed run never exits 0), and its time is held against the
+    run record's deadline (`deadline`), never the summary's own."""
+    if summary is None:
+        return None
+    claimed = summary.get("verdict")
+    code = summary.get("exit_code")
+    if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
+            or not 0 <= code <= 255:
+        return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
+    elapsed, deadline = finite_number(summary.get("elapsed_s")), finite_number(deadline)
+    if claimed in ("pass", "custom") and (elapsed is None or deadline is None
+                                          or elapsed > deadline or deadline > MAX_SECONDS):
+        return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
+                                          f"within the run record's deadline_s "
+                                          f"{show(deadline)}",))
+    if claimed in ("pass", "custom"):
+        return Ending()
+    allowed = ENDING_EXITS[claimed]
+    return Ending(claimed, code if code in allowed else allowed[0],
+                  tuple(str(p) for p in as_list(summary.get("problems"))))

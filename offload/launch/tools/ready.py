@@ -23,11 +23,17 @@ from core.files import open_regular
 from core.transport import (Clock, TransportError, UsageError, base_url_from, clean_text,
                             fetch, finite_number, parse_base_url, sanitize_text)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
-                               served_by_engine, served_models, sleep_states)
+                               served_by_engine, sleep_states)
 from tools.procfs import port_owners
 
 PROG = "qualify.py"
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
+
+
+def served_models(samples: list) -> set[str]:
+    """The model names on vllm:* series (their model_name label)."""
+    return {labels["model_name"] for name, labels, _ in samples
+            if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
 
 
 def emit(line: str, stream=None) -> None:

@@ -26,10 +26,10 @@ from core.contract import batch_name, identity, read_plan
 from core.readyfile import last_gauges
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
-from core.records import (JUDGED, as_dict, as_list, gate_line, gate_summary_line, known,
-                          label, parts_text, probe_line, show)
+from core.records import JUDGED, as_dict, as_list, label, parts_text, show
 from core.runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from core.transport import clean_text, count_value, finite_number
+from tools.lines import gate_line, gate_summary_line, known, probe_line
 
 PROG = "qualify.py report"
 
