@@ -136,7 +136,7 @@ class WarmUp(ServerProgram):
             if not self.warm_batch(run, kind_, depth):
                 break
         if self.tally.requests:
-            self.evidence.read_after(run, self.connection.target, self.tally.first_counters,
+            self.evidence.read_after(run, self.connection.target, self.guard.first_counters,
                                      self.tally, lambda deltas, record: engine_figures(
                                          self, deltas, record))
 
@@ -312,8 +312,8 @@ def wave_evidence(warm: WarmUp, run: Run, name: str) -> dict | None:
     before it to a settled read after it (None without per-wave evidence)."""
     if not warm.plan.gauge_interval_ms:
         return None
-    before = warm.counters_before
-    after, why = warm.counters_after(run, name)
+    before = warm.guard.counters_before
+    after, why = warm.guard.counters_after(run, name)
     if before is None or after is None:
         return {"deltas": {}, "went_down": [], "why": why or "no counters before it"}
 

@@ -5,13 +5,14 @@ knows vLLM's OpenAI-compatible API and its /metrics; a program's waves or probes
 own (the long prompt it sizes is the one thing of the warm-up it knows):
 
   ServerProgram          a run-frame Program that talks to one vLLM server; the warm-up,
-                         the probe and the gate are ServerPrograms. Its two parts:
-    ServerLearning         learn_server(): the server to ourselves (a lock) and healthy;
-                           the model and its context (/v1/models), the version, engines
-    GuardedBatches         guarded_batch(): the step every batch shares, guard -> release
-                           -> collect; make_slot(): one request encoded (routing header,
-                           API key, prompt registered)
-  guard_problems()       is the server idle? (pure: both request gauges, every engine)
+                         the probe and the gate are ServerPrograms. It holds:
+    a Server               learn_server(): healthy; the model and its context
+                           (/v1/models), the version, the engines (/metrics)
+    a Guard                is the server idle before a batch? (guard_problems(), pure:
+                           both request gauges, every engine); the counters it read
+                         and sends batches: guarded_batch(), guard -> release -> collect;
+                         make_slot(), one request encoded (routing header, API key,
+                         prompt registered)
   extract_fields()       the one reader of a completion body: counts and reasons, no text
   read_slot(), answer_record()   what one client got, as the judge reads it and as a
                          record keeps it
@@ -88,11 +89,8 @@ class Tally:
     """What the program collected so far; only the main thread touches it."""
     requests: list = field(default_factory=list)     # judged records: each has ok, problems
     problems: list = field(default_factory=list)
-    refusal: list = field(default_factory=list)
     notes: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
-    settled_s: list = field(default_factory=list)    # how long each settled guard waited
-    first_counters: dict | None = None               # counters of the first guard read
 
 
 def routed(engines: tuple) -> tuple[int, ...] | None:
@@ -100,139 +98,282 @@ def routed(engines: tuple) -> tuple[int, ...] | None:
     return None if engines == NO_ROUTING else tuple(engines)
 
 
-class ServerLearning:
-    """What a ServerProgram learns of its server before its first batch: a part of
-    ServerProgram (it uses the program's connection, server and tally)."""
+# ---------------------------------------------------------------------------
+# Learning the server: what it serves, before the first batch.
+# ---------------------------------------------------------------------------
+
+def lookup(connection: Connection, run: Run, method: str, path: str,
+           body: dict | None = None) -> tuple[int, object]:
+    """(status, parsed JSON or None) of one small request; Fatal on transport."""
+    try:
+        response = fetch(connection.target, run.clock, method, path, body,
+                         bearer_for(path, connection.api_key))
+    except TransportError as exc:
+        raise Fatal(exc.problem if exc.kind == "connect" else f"{method} {path}: {exc.problem}")
+    doc, _ = decode_json(response.body)
+    return response.status, doc
+
+
+def fetch_metrics(connection: Connection, run: Run, purpose: str,
+                  code: int = EXIT_FAIL) -> Response:
+    """GET /metrics under the one retry rule of every read of it: once more after a
+    transport error (a dropped connection), then Fatal(code) naming `purpose`."""
+    retried = False
+    while True:
+        try:
+            return fetch(connection.target, run.clock, "GET", "/metrics")
+        except TransportError as exc:
+            if retried or exc.kind == "deadline" or run.clock.remaining() <= 1:
+                raise Fatal(f"{purpose}: {exc.problem}", code)
+        retried = True
+        time.sleep(METRICS_RETRY_PAUSE_S)
+
+
+def learn_server(connection: Connection, run: Run) -> Server:
+    """A healthy server's model and its context (/v1/models), its version and its engines
+    (/metrics); Fatal when it is not healthy or not the server asked for."""
+    display = connection.target.display
+    status, _ = lookup(connection, run, "GET", "/health")
+    if status == 404:
+        raise Fatal(f"GET {display}/health answered HTTP 404 (is --base-url the server's "
+                    f"address, with no extra path?)", EXIT_USAGE)
+    if status != 200:
+        raise Fatal(f"refused: {display}/health answered HTTP {status}, not 200: the server "
+                    f"is not healthy; nothing was sent", EXIT_REFUSED)
+    model, max_model_len = resolve_model(connection, run)
+    server = Server(model=model, max_model_len=max_model_len,
+                    version=server_version(connection, run))
+    exposition, why = exposition_of(fetch_metrics(
+        connection, run, "refused: cannot tell how many engines the server has", EXIT_REFUSED))
+    if exposition is None:
+        raise Fatal(f"refused: cannot tell how many engines the server has: GET "
+                    f"{display}/metrics: {why}; nothing was sent (a run on fewer engines "
+                    f"than the server has would leave some cold)", EXIT_REFUSED)
+    samples = exposition.samples
+    server.served = engines_in(samples)
+    server.process_start = process_start(samples)
+    server.spec_positions = spec_positions(samples)
+    server.engines = choose_engines(connection, server.served)
+    return server
+
+
+def resolve_model(connection: Connection, run: Run) -> tuple[str, int | None]:
+    """The model (and its max_model_len) from GET /v1/models."""
+    wanted, display = connection.model, connection.target.display
+    status, doc = lookup(connection, run, "GET", "/v1/models")
+    if status == 401:
+        raise Fatal(diagnose_http_error(401, None, None, connection.api_key_env,
+                                        bool(connection.api_key)))
+    entries = doc.get("data") if status == 200 and isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        if wanted:
+            return wanted, None
+        raise Fatal(f"cannot find the model: GET {display}/v1/models answered HTTP "
+                    f"{status} without a model list (is --base-url the server's address, "
+                    f"with no extra path?); pass --model or set WARMUP_MODEL", EXIT_USAGE)
+    served = {e["id"]: e for e in entries
+              if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]}
+    names = ", ".join(clean_text(n, 80) for n in sorted(served)[:10])
+    if wanted and wanted not in served:
+        raise Fatal(f"model {clean_text(wanted, 80)!r} is not served at {display}; "
+                    f"served: {names or 'none'}", EXIT_USAGE)
+    if not wanted and len(served) != 1:
+        raise Fatal(f"the server serves {len(served)} models "
+                    f"({names or 'none with an id'}); choose one with --model", EXIT_USAGE)
+    model = wanted or next(iter(served))
+    return model, count_value(served[model].get("max_model_len")) or None
+
+
+def server_version(connection: Connection, run: Run) -> str | None:
+    try:
+        status, doc = lookup(connection, run, "GET", "/version")
+    except Fatal:
+        return None
+    if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
+        return clean_text(doc["version"], 64)
+    return None
+
+
+def choose_engines(connection: Connection, served: tuple) -> tuple:
+    """The engines a batch covers: every engine /metrics shows (auto) or the ones asked
+    for; NO_ROUTING for one engine: exactly the single-engine run, no header."""
+    asked = connection.engines
+    if asked is None:
+        return served if len(served) > 1 else NO_ROUTING
+    missing = [e for e in asked if e not in (served or (0,))]
+    if missing:
+        raise Fatal(f"--engines {format_engines(asked)}: engine "
+                    f"{','.join(map(str, missing))} is not served at "
+                    f"{connection.target.display} (its /metrics shows engines "
+                    f"{','.join(map(str, served)) or 'none'})", EXIT_USAGE)
+    return asked
+
+
+def count_tokens(connection: Connection, run: Run, server: Server, prompt: str) -> int | None:
+    """The server's count of a prompt's tokens (/tokenize); None without /tokenize; the
+    context it tells, when /v1/models did not. Only the count is kept: the ids are dropped
+    with the document."""
+    status, doc = lookup(connection, run, "POST", "/tokenize",
+                         {"model": server.model, "prompt": prompt})
+    if status != 200:
+        return None                   # no /tokenize here: estimate
+    if not isinstance(doc, dict) or count_value(doc.get("count")) is None:
+        raise Fatal("could not size the B1 prompt: /tokenize answered without an "
+                    "integer count; no completion was sent")
+    if server.max_model_len is None:
+        server.max_model_len = count_value(doc.get("max_model_len")) or None
+    return doc["count"]
+
+
+def size_long_prompts(connection: Connection, run: Run, server: Server, target_tokens: int,
+                      tokens: int, minimum: int = MIN_LONG_PROMPT_TOKENS) -> dict:
+    """One long prompt per engine, each with its own nonce, sized with /tokenize to at
+    most `target_tokens`, at least `minimum`, and room for `tokens` more: engine ->
+    (prompt, counted or None when estimated)."""
+    def counted(prompt: str) -> int | None:
+        return count_tokens(connection, run, server, prompt)
+    budget = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)
+    prompts = {}
+    for engine in server.engines:
+        nonce = "warmup-" + os.urandom(12).hex()
+        REDACTIONS.tag(nonce)
+        prompt, count = size_long_prompt(counted, nonce, budget, minimum)
+        tighter = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)
+        if tighter < budget:          # /tokenize told a smaller context than /v1/models did
+            budget = tighter
+            prompt, count = size_long_prompt(counted, nonce, budget, minimum)
+        prompts[engine] = (prompt, count)
+    return prompts
+
+
+# ---------------------------------------------------------------------------
+# The guard: is the server idle before a batch?
+# ---------------------------------------------------------------------------
+
+class Guard:
+    """Reads /metrics before each batch (settling after our own) and records the gauges;
+    keeps what it read: the counters before the last batch and before the first, how long
+    each settled read waited, and the refusals."""
+
+    def __init__(self, connection: Connection, engines: tuple | None):
+        self.connection = connection
+        self.engines = engines                # routed(): None for one engine, no routing
+        self.counters_before: dict | None = None   # counters of the last read
+        self.first_counters: dict | None = None    # counters of the first read
+        self.settled_s: list = []                  # how long each settled read waited
+        self.refusal: list = []
+
+    def check(self, run: Run, label: str, settle: bool) -> bool:
+        """Read /metrics before a batch and record the gauges; False = refused.
+
+        With `settle`, a busy gauge right after our own batch is read again for up to
+        --settle-s (within the deadline) before it counts as foreign work.
+        """
+        read, settle_s = self.settled_read(run, label, settle)
+        self.counters_before = read.counters              # this batch's "before"
+        if read.counters is not None and self.first_counters is None:
+            self.first_counters = read.counters           # before the first batch
+        run.write({
+            "record": "gauges", "run_id": run.settings.run_id, "wave": label,
+            "at_s": round(run.clock.elapsed(), 4), "ok": read.ok,
+            "samples": [{"name": n, "labels": lab, "value": json_number(v)}
+                        for n, lab, v in read.samples if n in GAUGES],
+            "fresh_engines": read.fresh, "settle_s": settle_s, "problems": read.problems,
+            "sleep_state": sleep_states(read.samples) or None,
+        })
+        if not read.ok:
+            waited_for = "" if settle_s is None else f" (still after {settle_s:g} s of settling)"
+            self.refusal += [f"refused before {label}: {p}{waited_for}" for p in read.problems]
+        return read.ok
+
+    def settled_read(self, run: Run, label: str, settle: bool
+                     ) -> tuple[GuardRead, float | None]:
+        """A guard read of /metrics; with `settle`, a busy gauge (our own requests not yet
+        counted out) is read again for up to --settle-s, within the deadline. Returns the
+        read and how long it settled (None when it did not wait)."""
+        started = run.clock.elapsed()
+        read = self.read(run, label)
+        limit = started + self.connection.settle_s
+        waited = False
+        while settle and not read.ok and read.busy_only \
+                and run.clock.elapsed() + SETTLE_POLL_S <= limit \
+                and run.clock.remaining() > SETTLE_POLL_S:
+            time.sleep(SETTLE_POLL_S)
+            waited = True
+            read = self.read(run, label)
+        settle_s = round(run.clock.elapsed() - started, 4) if waited else None
+        if waited and read.ok:                # counted in the summary's settled_s
+            self.settled_s.append(settle_s)
+        return read, settle_s
+
+    def counters_after(self, run: Run, label: str) -> tuple[dict | None, str | None]:
+        """The counters right after a batch, read once our requests are counted out (as the
+        guard settles, and counted in the summary's settled_s); (None, why) when /metrics
+        cannot be read: evidence, never fatal."""
+        try:
+            read, _ = self.settled_read(run, label, settle=True)
+        except Fatal as exc:
+            return None, exc.problem
+        return (read.counters, None) if read.counters is not None else \
+            (None, "; ".join(read.problems) or "no counters")
+
+    def read(self, run: Run, label: str) -> GuardRead:
+        """GET /metrics (fetch_metrics) and the guard's decision on it."""
+        exposition, why = exposition_of(fetch_metrics(self.connection, run,
+                                                      f"guard before {label}"))
+        if exposition is None:
+            return GuardRead(False, [f"guard cannot be read: GET "
+                                     f"{self.connection.target.display}/metrics: {why}"],
+                             [], None)
+        problems, fresh = guard_problems(exposition, self.engines)
+        return GuardRead(not problems, problems, exposition.samples,
+                         counters(exposition.samples, exposition.declared), fresh,
+                         busy_only=set(problems) <= set(busy_gauges(exposition)))
+
+
+# ---------------------------------------------------------------------------
+# A program against one server: a learned Server and a Guard.
+# ---------------------------------------------------------------------------
+
+class ServerProgram(Program):
+    """A program against one vLLM server: the server learned (learn_server()), a Guard
+    before each batch, the batches it sends. Subclasses give steps(), plan_fields() and
+    planned_per_engine(); the judgement (contract.decide()), the run record and the
+    summary's counts are shared."""
+
+    def __init__(self, connection: Connection):
+        self.connection = connection
+        self.server = Server()
+        self.guard = Guard(connection, None)
+        self.tally = Tally()
+        self.observed: dict | None = None          # what the last batch's sampler saw
+        self.batch_ended_at: float | None = None   # when the last batch's requests ended
+        self.lock: int | None = None               # the server's lock, held for the run
+        self.verdict = None                        # contract.decide()'s, once judged
+        REDACTIONS.secret(connection.api_key)
+        REDACTIONS.secret(connection.target.credentials)
+
+    # -- what a subclass says ------------------------------------------------
+
+    def plan_fields(self) -> dict:
+        """The plan as recorded in the run record (sizes and bounds, never prompt text)."""
+        return {}
+
+    def planned_per_engine(self) -> int:
+        return 0
+
+    # -- the server and its batches --------------------------------------------
 
     def learn_server(self, run: Run) -> None:
-        """The server to ourselves (a lock per address on this host) and healthy; the
-        model and its context (/v1/models), the version, the engines."""
+        """The server to ourselves (a lock per address on this host), then learned."""
         self.lock = take_server_lock(self.connection.target)
-        status, _ = self.lookup(run, "GET", "/health")
-        if status == 404:
-            raise Fatal(f"GET {self.connection.target.display}/health answered HTTP 404 (is "
-                        f"--base-url the server's address, with no extra path?)", EXIT_USAGE)
-        if status != 200:
-            raise Fatal(f"refused: {self.connection.target.display}/health answered HTTP "
-                        f"{status}, not 200: the server is not healthy; nothing was sent",
-                        EXIT_REFUSED)
-        self.resolve_model(run)
-        self.read_server_version(run)
-        self.server.engines = self.choose_engines(run)
-
-    def lookup(self, run: Run, method: str, path: str, body: dict | None = None
-               ) -> tuple[int, object]:
-        """(status, parsed JSON or None) of one small request; Fatal on transport."""
-        try:
-            response = fetch(self.connection.target, run.clock, method, path, body,
-                             bearer_for(path, self.connection.api_key))
-        except TransportError as exc:
-            raise Fatal(exc.problem if exc.kind == "connect"
-                        else f"{method} {path}: {exc.problem}")
-        doc, _ = decode_json(response.body)
-        return response.status, doc
-
-    def resolve_model(self, run: Run) -> None:
-        """Find the model (and its max_model_len) in GET /v1/models."""
-        wanted, display = self.connection.model, self.connection.target.display
-        status, doc = self.lookup(run, "GET", "/v1/models")
-        if status == 401:
-            raise Fatal(diagnose_http_error(401, None, None, self.connection.api_key_env,
-                                            bool(self.connection.api_key)))
-        entries = doc.get("data") if status == 200 and isinstance(doc, dict) else None
-        if not isinstance(entries, list):
-            if wanted:
-                self.server.model = wanted
-                return
-            raise Fatal(f"cannot find the model: GET {display}/v1/models answered HTTP "
-                        f"{status} without a model list (is --base-url the server's address, "
-                        f"with no extra path?); pass --model or set WARMUP_MODEL", EXIT_USAGE)
-        served = {e["id"]: e for e in entries
-                  if isinstance(e, dict) and isinstance(e.get("id"), str) and e["id"]}
-        names = ", ".join(clean_text(n, 80) for n in sorted(served)[:10])
-        if wanted and wanted not in served:
-            raise Fatal(f"model {clean_text(wanted, 80)!r} is not served at {display}; "
-                        f"served: {names or 'none'}", EXIT_USAGE)
-        if not wanted and len(served) != 1:
-            raise Fatal(f"the server serves {len(served)} models "
-                        f"({names or 'none with an id'}); choose one with --model", EXIT_USAGE)
-        self.server.model = wanted or next(iter(served))
-        self.server.max_model_len = count_value(
-            served[self.server.model].get("max_model_len")) or None
-
-    def read_server_version(self, run: Run) -> None:
-        try:
-            status, doc = self.lookup(run, "GET", "/version")
-        except Fatal:
-            return
-        if status == 200 and isinstance(doc, dict) and isinstance(doc.get("version"), str):
-            self.server.version = clean_text(doc["version"], 64)
-
-    def choose_engines(self, run: Run) -> tuple:
-        """The engines a batch covers: every engine /metrics shows (auto) or the ones asked
-        for; NO_ROUTING for one engine: exactly the single-engine run, no header."""
-        asked = self.connection.engines
-        exposition, why = exposition_of(self.fetch_metrics(
-            run, "refused: cannot tell how many engines the server has", EXIT_REFUSED))
-        if exposition is None:
-            raise Fatal(f"refused: cannot tell how many engines the server has: GET "
-                        f"{self.connection.target.display}/metrics: {why}; nothing was sent "
-                        f"(a run on fewer engines than the server has would leave some cold)",
-                        EXIT_REFUSED)
-        samples = exposition.samples
-        served = engines_in(samples)
-        self.server.process_start = process_start(samples)
-        self.server.spec_positions = spec_positions(samples)
-        self.server.served = served
-        if asked is None:
-            return served if len(served) > 1 else NO_ROUTING
-        missing = [e for e in asked if e not in (served or (0,))]
-        if missing:
-            raise Fatal(f"--engines {format_engines(asked)}: engine "
-                        f"{','.join(map(str, missing))} is not served at "
-                        f"{self.connection.target.display} (its /metrics shows engines "
-                        f"{','.join(map(str, served)) or 'none'})", EXIT_USAGE)
-        return asked
-
-    def count_tokens(self, run: Run, prompt: str) -> int | None:
-        """The server's count of a prompt's tokens (/tokenize); None without /tokenize.
-        Only the count is kept: the ids are dropped with the document."""
-        status, doc = self.lookup(run, "POST", "/tokenize",
-                                  {"model": self.server.model, "prompt": prompt})
-        if status != 200:
-            return None                   # no /tokenize here: estimate
-        if not isinstance(doc, dict) or count_value(doc.get("count")) is None:
-            raise Fatal("could not size the B1 prompt: /tokenize answered without an "
-                        "integer count; no completion was sent")
-        if self.server.max_model_len is None:
-            self.server.max_model_len = count_value(doc.get("max_model_len")) or None
-        return doc["count"]
+        self.server = learn_server(self.connection, run)
+        self.guard = Guard(self.connection, routed(self.server.engines))
 
     def size_long_prompts(self, run: Run, target_tokens: int, tokens: int,
                           minimum: int = MIN_LONG_PROMPT_TOKENS) -> dict:
-        """One long prompt per engine, each with its own nonce, sized with /tokenize to at
-        most `target_tokens`, at least `minimum`, and room for `tokens` more: engine ->
-        (prompt, counted or None when estimated)."""
-        budget = long_prompt_budget(target_tokens, tokens, self.server.max_model_len, minimum)
-        prompts = {}
-        for engine in self.server.engines:
-            nonce = "warmup-" + os.urandom(12).hex()
-            REDACTIONS.tag(nonce)
-            prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p), nonce,
-                                               budget, minimum)
-            tighter = long_prompt_budget(target_tokens, tokens, self.server.max_model_len,
-                                         minimum)
-            if tighter < budget:      # /tokenize told a smaller context than /v1/models did
-                budget = tighter
-                prompt, counted = size_long_prompt(lambda p: self.count_tokens(run, p),
-                                                   nonce, budget, minimum)
-            prompts[engine] = (prompt, counted)
-        return prompts
-
-
-class GuardedBatches:
-    """How a ServerProgram sends a batch, guard -> release -> collect, and reads the guard:
-    a part of ServerProgram (it uses the program's connection, server and tally)."""
+        return size_long_prompts(self.connection, run, self.server, target_tokens, tokens,
+                                 minimum)
 
     def make_slot(self, kind_, index: int, rid: str, engine: int | None, prompt: str,
                   tokens: int, priority: int, template_kwargs: dict | None,
@@ -261,7 +402,7 @@ class GuardedBatches:
         observe_ms, a GaugeSampler reads the request gauges that often while the batch
         runs; what it saw is in self.observed.
         """
-        if not self.check_guard(run, label, settle=not first):
+        if not self.guard.check(run, label, settle=not first):
             return None
         run.current = label
 
@@ -279,119 +420,11 @@ class GuardedBatches:
         run.current = None
         return finished
 
-    def settled_read(self, run: Run, label: str, settle: bool
-                     ) -> tuple[GuardRead, float | None]:
-        """A guard read of /metrics; with `settle`, a busy gauge (our own requests not yet
-        counted out) is read again for up to --settle-s, within the deadline. Returns the
-        read and how long it settled (None when it did not wait)."""
-        started = run.clock.elapsed()
-        read = self.read_guard(run, label)
-        limit = started + self.connection.settle_s
-        waited = False
-        while settle and not read.ok and read.busy_only \
-                and run.clock.elapsed() + SETTLE_POLL_S <= limit \
-                and run.clock.remaining() > SETTLE_POLL_S:
-            time.sleep(SETTLE_POLL_S)
-            waited = True
-            read = self.read_guard(run, label)
-        settle_s = round(run.clock.elapsed() - started, 4) if waited else None
-        if waited and read.ok:                # counted in the summary's settled_s
-            self.tally.settled_s.append(settle_s)
-        return read, settle_s
-
-    def counters_after(self, run: Run, label: str) -> tuple[dict | None, str | None]:
-        """The counters right after a batch, read once our requests are counted out (as the
-        guard settles, and counted in the summary's settled_s); (None, why) when /metrics
-        cannot be read: evidence, never fatal."""
-        try:
-            read, settle_s = self.settled_read(run, label, settle=True)
-        except Fatal as exc:
-            return None, exc.problem
-        return (read.counters, None) if read.counters is not None else \
-            (None, "; ".join(read.problems) or "no counters")
-
-    def check_guard(self, run: Run, label: str, settle: bool) -> bool:
-        """Read /metrics before a batch and record the gauges; False = refused.
-
-        With `settle`, a busy gauge right after our own batch is read again for up to
-        --settle-s (within the deadline) before it counts as foreign work.
-        """
-        read, settle_s = self.settled_read(run, label, settle)
-        waited = settle_s is not None
-        self.counters_before = read.counters              # this batch's "before"
-        if read.counters is not None and self.tally.first_counters is None:
-            self.tally.first_counters = read.counters        # before the first batch
-        run.write({
-            "record": "gauges", "run_id": run.settings.run_id, "wave": label,
-            "at_s": round(run.clock.elapsed(), 4), "ok": read.ok,
-            "samples": [{"name": n, "labels": lab, "value": json_number(v)}
-                        for n, lab, v in read.samples if n in GAUGES],
-            "fresh_engines": read.fresh, "settle_s": settle_s, "problems": read.problems,
-            "sleep_state": sleep_states(read.samples) or None,
-        })
-        if not read.ok:
-            waited_for = f" (still after {settle_s:g} s of settling)" if waited else ""
-            self.tally.refusal += [f"refused before {label}: {p}{waited_for}"
-                                   for p in read.problems]
-        return read.ok
-
-    def fetch_metrics(self, run: Run, purpose: str, code: int = EXIT_FAIL) -> Response:
-        """GET /metrics under the one retry rule of every read of it: once more after a
-        transport error (a dropped connection), then Fatal(code) naming `purpose`."""
-        retried = False
-        while True:
-            try:
-                return fetch(self.connection.target, run.clock, "GET", "/metrics")
-            except TransportError as exc:
-                if retried or exc.kind == "deadline" or run.clock.remaining() <= 1:
-                    raise Fatal(f"{purpose}: {exc.problem}", code)
-            retried = True
-            time.sleep(METRICS_RETRY_PAUSE_S)
-
-    def read_guard(self, run: Run, label: str) -> GuardRead:
-        """GET /metrics (fetch_metrics) and the guard's decision on it."""
-        target = self.connection.target
-        exposition, why = exposition_of(self.fetch_metrics(run, f"guard before {label}"))
-        if exposition is None:
-            return GuardRead(False, [f"guard cannot be read: GET {target.display}/metrics: "
-                                     f"{why}"], [], None)
-        problems, fresh = guard_problems(exposition, routed(self.server.engines))
-        return GuardRead(not problems, problems, exposition.samples,
-                         counters(exposition.samples, exposition.declared), fresh,
-                         busy_only=set(problems) <= set(busy_gauges(exposition)))
-
     def diagnose(self, fields: dict) -> str:
         """Why a non-200 answer happened, with this connection's API key variable."""
         return diagnose_http_error(fields["http_status"], fields.get("error"),
                                    fields.get("error_param"), self.connection.api_key_env,
                                    bool(self.connection.api_key))
-
-
-class ServerProgram(ServerLearning, GuardedBatches, Program):
-    """A program against one vLLM server. Subclasses give steps(), plan_fields() and
-    planned_per_engine(); the judgement (every planned request ok, unrefused, in time),
-    the run record and the summary's counts are shared."""
-
-    def __init__(self, connection: Connection):
-        self.connection = connection
-        self.server = Server()
-        self.tally = Tally()
-        self.counters_before: dict | None = None   # counters of the last guard read
-        self.observed: dict | None = None          # what the last batch's sampler saw
-        self.batch_ended_at: float | None = None   # when the last batch's requests ended
-        self.lock: int | None = None               # the server's lock, held for the run
-        self.verdict = None                        # contract.decide()'s, once judged
-        REDACTIONS.secret(connection.api_key)
-        REDACTIONS.secret(connection.target.credentials)
-
-    # -- what a subclass says ------------------------------------------------
-
-    def plan_fields(self) -> dict:
-        """The plan as recorded in the run record (sizes and bounds, never prompt text)."""
-        return {}
-
-    def planned_per_engine(self) -> int:
-        return 0
 
     # -- the run-frame interface -----------------------------------------------
 
@@ -420,21 +453,21 @@ class ServerProgram(ServerLearning, GuardedBatches, Program):
     def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
         """contract.decide() on the records this run wrote, with how its steps ended."""
         problems = tuple(self.tally.problems + list(extra) + late_problem(run))
-        refusal = tuple(self.tally.refusal)
+        refusal = tuple(self.guard.refusal)
         ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems else \
             Ending("refused", EXIT_REFUSED, refusal) if refusal else Ending(problems=problems)
         self.verdict = decide(run.run_record, run.written, ending)
         return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
     def problems(self) -> list[str]:
-        return self.tally.problems + self.tally.refusal
+        return self.tally.problems + self.guard.refusal
 
     def summary_fields(self, run: Run) -> dict:
         tally = self.tally
         return {"requests_ok": sum(r["ok"] for r in tally.requests),
                 "requests_total": self.planned(), "requests_ran": len(tally.requests),
                 "notes": tally.notes, "warnings": tally.warnings,
-                "settled_s": tally.settled_s}
+                "settled_s": self.guard.settled_s}
 
     def close(self) -> None:
         """Let the server's lock go, its file removed (release_server_lock)."""
