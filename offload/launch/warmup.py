@@ -49,7 +49,6 @@ try:
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                                 ready_of, replace_ready_file, seen_asleep)
-    from core.records import as_dict
     from core.runframe import (Run, RunSettings, add_file_option, add_run_options,
                                argument_type, emit, flag_or_env, given_value, seconds, whole)
     from core.textfile import ended_since, outcome_of_status
@@ -391,7 +390,7 @@ def exported_samples(engines: tuple, requests: list[dict], per_engine: int,
     started (what an alert on 'no pass since the server started' compares)."""
     samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
                for phase, help_text in TIME_TO_WARM_HELP.items()
-               if (value := as_dict(summary.get("time_to_warm")).get(phase)) is not None]
+               if (value := (summary.get("time_to_warm") or {}).get(phase)) is not None]
     if server_start is not None:
         samples.append(("offload_warmup_server_start_time_seconds", {}, float(server_start),
                         "When the server the last run warmed started (its "

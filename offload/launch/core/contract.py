@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 
 from core.kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS
-from core.records import (FORMAT, JUDGED, as_dict, as_list, field_problems, label,
-                          show)
+from core.records import FORMAT, JUDGED, label, show
 from core.runframe import EXIT_FAIL, EXIT_PASS
 from core.transport import finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
@@ -133,31 +132,30 @@ def plan_record(plan: Plan) -> dict:
     }
 
 
-def read_plan(recorded) -> tuple[Plan | None, list[str]]:
-    """The one reader of a recorded warm-up plan: (the Plan, []) or (None, why it cannot be
-    read). Any value of the wrong type fails closed; a file cannot choose its own rules."""
-    recorded = as_dict(recorded)
-    waves = [as_dict(w) for w in as_list(recorded.get("waves"))]
-    depths = tuple(w.get("depth") for w in waves)
+def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
+    """The one reader of a recorded warm-up plan (a run record's `plan`, held to its
+    declaration by records.held()): (the Plan, []) or (None, why it cannot be read). A
+    file cannot choose its own rules."""
+    waves = recorded.get("waves", [])
+    depths = tuple(w["depth"] for w in waves)
     try:
-        parse_waves(",".join(str(d) if count(d) else "x" for d in depths))
+        parse_waves(",".join(map(str, depths)))
     except ValueError:
         return None, [f"the run record's plan has no waves to judge by ({show(depths)})"]
     expected = [(wave_name(d), "long" if i == 0 else "greedy") for i, d in enumerate(depths)]
-    if [(w.get("wave"), w.get("kind")) for w in waves] != expected:
+    if [(w["wave"], w["kind"]) for w in waves] != expected:
         return None, ["the run record's waves are not named for their depths and kinds"]
-    paths = [as_dict(p).get("path") for p in as_list(recorded.get("paths"))]
-    if not all(isinstance(p, str) and p in KINDS and KINDS[p].path for p in paths):
+    paths = [p["path"] for p in recorded.get("paths", [])]
+    if not all(p in KINDS and KINDS[p].path for p in paths):
         return None, ["the run record's plan names a request kind that is not a --paths kind"]
     tokens, priority, chunk = (recorded.get(k) for k in ("tokens", "priority", "chunk_tokens"))
-    if not (count(tokens) and count(chunk) and isinstance(priority, int)):
+    if tokens is None or chunk is None or priority is None or min(tokens, chunk) < 1:
         return None, ["the run record's plan holds no token count, priority or chunk to "
                       "judge it by"]
-    given = as_dict(recorded.get("given"))
     plan = Plan(waves=depths, tokens=tokens, priority=priority, chunk_tokens=chunk,
                 chunk_source=show(recorded.get("chunk_source")),
                 paths=tuple(dict.fromkeys(KINDS[p].path for p in paths)),
-                given=tuple((str(k), show(v, 120)) for k, v in given.items()))
+                given=tuple((k, show(v, 120)) for k, v in recorded.get("given", {}).items()))
     if [k.name for k in kinds_of(plan.paths)] != paths:
         return None, ["the run record's --paths kinds are not whole paths"]
     return plan, []
@@ -247,25 +245,21 @@ def engines_seen(records: list[dict]) -> set[int]:
     engine labels of their samples and counters, their fresh, asleep and served engines."""
     names: list = []
     for record in records:
-        kind_ = record.get("record")
-        if kind_ == "gauges":
-            names += [as_dict(as_dict(s).get("labels")).get("engine")
-                      for s in as_list(record.get("samples"))]
-            names += as_list(record.get("fresh_engines"))
-            names += list(as_dict(record.get("sleep_state")))
-        elif kind_ in ("metrics", "wave"):
+        if record["record"] == "gauges":
+            names += [sample["labels"].get("engine") for sample in record["samples"]]
+            names += record["fresh_engines"] + list(record.get("sleep_state") or {})
+        elif record["record"] in ("metrics", "wave"):
             for key in ("deltas", "counters"):
-                names += [engine_label(str(k)) for k in as_dict(record.get(key))]
-            names += list(as_dict(record.get("served")))
+                names += [engine_label(k) for k in record.get(key, {})]
+            names += list(record.get("served") or {})
     return {engine_index(n) for n in names} - {None}
 
 
-def unwarmed_engines(engines: list, skipped, records: list[dict]) -> list[str]:
+def unwarmed_engines(engines: list, skipped: list[int], records: list[dict]) -> list[str]:
     """An engine the run's own records show the server has, neither warmed nor named as
     left out (engines_skipped, a custom plan): a warm-up on fewer engines is no pass."""
-    warmed = {0} if engines == [None] else {e for e in engines if count(e) is not None}
-    left_out = {e for e in as_list(skipped) if count(e) is not None}
-    cold = sorted(engines_seen(records) - warmed - left_out)
+    warmed = {0} if engines == [None] else set(engines)
+    cold = sorted(engines_seen(records) - warmed - set(skipped))
     return [f"engine {', '.join(map(str, cold))} of the server (seen in this run's /metrics "
             f"records) was not warmed: the run covered engine(s) "
             f"{', '.join(map(str, sorted(warmed)))} only"] if cold else []
@@ -273,41 +267,40 @@ def unwarmed_engines(engines: list, skipped, records: list[dict]) -> list[str]:
 
 def b1_prompts(requests: list[dict]) -> dict:
     """Each engine's B1 prompt tokens, as its share of prefill must show them."""
-    return {r.get("engine"): r["prompt_tokens"] for r in requests
-            if r.get("request_kind") == "long" and count(r.get("prompt_tokens"))
-            and place(r)[0] == r.get("engine")}       # an engine of the wrong shape: none
+    return {r["engine"]: r["prompt_tokens"] for r in requests
+            if r["request_kind"] == "long" and count(r["prompt_tokens"])}
 
 
 def counter_problems(plan: Plan, engines: list, records: list[dict],
-                     requests: list[dict], plan_recorded: dict | None = None) -> list[str]:
+                     requests: list[dict], foreign_work: str | None = None) -> list[str]:
     """What the counters the run recorded show: each wave's (from its wave records) and the
     whole run's (the first metrics record, when complete), foreign work or a restart; on
     a routed server, every engine its share."""
     problems = []
     waves: dict[str, tuple[dict, list]] = {}
-    for wave in (r for r in records if r.get("record") == "wave"):
-        deltas, down = waves.setdefault(str(wave.get("wave")), ({}, []))
-        deltas.update(as_dict(wave.get("counters")))
-        down += as_list(wave.get("counters_went_down"))
+    for wave in (r for r in records if r["record"] == "wave"):
+        deltas, down = waves.setdefault(wave["wave"], ({}, []))
+        deltas.update(wave.get("counters", {}))
+        down += wave.get("counters_went_down", [])
     for name, (deltas, down) in waves.items():
         if deltas or down:
-            problems += cross_check(deltas, [r for r in requests if r.get("wave") == name],
+            problems += cross_check(deltas, [r for r in requests if r["wave"] == name],
                                     name, down)[0]
-    if as_dict(plan_recorded).get("foreign_work") != "evidence":  # unless the operator's
-        for record in (r for r in records if r.get("record") == "metrics"):
-            counted, source = as_dict(record.get("counted")), show(record.get("source"))
-            if counted and counted.get("foreign") != 0:
+    if foreign_work != "evidence":                 # unless the operator's choice
+        for record in (r for r in records if r["record"] == "metrics"):
+            counted, source = record.get("counted"), show(record["source"])
+            if counted and counted["foreign"] != 0:
+                foreign = finite_number(counted["foreign"])
                 problems.append(
-                    f"foreign work on {source}: {show(counted.get('counter'))} counted "
-                    f"{finite_number(counted.get('foreign')):g} more than the warm-up sent "
-                    f"(--foreign-work evidence keeps it as evidence)"
-                    if finite_number(counted.get("foreign"))
-                    else f"{show(counted.get('counter'))} on {source} could not be compared "
-                         f"with what the warm-up sent ({show(counted.get('why'))})")
-    main = next((as_dict(r) for r in records if r.get("record") == "metrics"), {})
-    deltas = as_dict(main.get("deltas")) if main.get("state") == "complete" else {}
+                    f"foreign work on {source}: {show(counted['counter'])} counted "
+                    f"{foreign:g} more than the warm-up sent (--foreign-work evidence keeps "
+                    f"it as evidence)" if foreign
+                    else f"{show(counted['counter'])} on {source} could not be compared "
+                         f"with what the warm-up sent ({show(counted['why'])})")
+    main = next((r for r in records if r["record"] == "metrics"), {})
+    deltas = main["deltas"] if main.get("state") == "complete" else {}
     if deltas:
-        problems += [str(p) for p in as_list(main.get("problems"))]    # a restart it saw
+        problems += main.get("problems", [])        # a restart it saw
         problems += cross_check(deltas, requests)[0]
     else:                             # each engine's share from its wave records, then
         deltas = {}
@@ -352,41 +345,43 @@ class Verdict:
     failed: tuple = ()                    # the identities of the records that fail
 
 
-def decide(run: dict | None, records: list[dict], ending: Ending) -> Verdict:
+def decide(run: dict | None, records: list[dict], ending: Ending,
+           unread: list[str] = ()) -> Verdict:
     """The one verdict on a run: its run record, its records (request, wave, metrics ...)
-    and how its steps ended. Pure; fails closed on any value of the wrong type.
+    and how its steps ended. Pure. The records are held to their declarations (a run's own
+    by Run.write(), a file's by records.held(), whose lines on those it left out are
+    `unread`: each fails the run).
 
     A pass needs a run record of this format, every planned request once, each passing its
     kind's rules when judged again from its recorded fields (never by its own `ok`), and,
     for a warm-up, each wave recorded and ended by the deadline, counters that show no
     foreign work or restart, and every engine its share. A warm-up that passed a plan
     other than the reviewed one is 'custom'."""
-    run = as_dict(run)
-    mode = run.get("mode") if run.get("mode") in MODES else None    # a list is no key
-    judged = [r for r in records if r.get("record") == JUDGED.get(mode, "request")]
-    structural = run_problems(run, judged)
+    run = run or {}
+    recorded = run.get("plan", {})
+    judged = [r for r in records if r["record"] == JUDGED.get(run.get("mode"), "request")]
+    structural = list(unread) + run_problems(run, judged)
     plan, differs = None, []
-    if mode == "warmup":
-        plan, why = read_plan(run.get("plan"))
+    if run.get("mode") == "warmup":
+        plan, why = read_plan(recorded)
         structural += why
     failed, disagree = rejudge(run, plan, judged)
     structural += disagree
-    engines = run.get("engines")          # a wrong shape is named by run_problems()
-    engines = engines if isinstance(engines, list) and engines and all(
-        count(e) is not None and not isinstance(e, bool) for e in engines) else [None]
-    planned = as_dict(run.get("plan")).get("requests_total")
+    engines = run.get("engines") or []    # a negative index is named by run_problems()
+    engines = engines if engines and min(engines) >= 0 else [None]
+    planned = recorded.get("requests_total")
     missing = [f"only {len(judged)} of {planned} requests ran"] \
         if count(planned) is not None and len(judged) < planned else []
     found = said_once(failed)
     if plan is not None:
-        differs = differences(plan, as_list(as_dict(run.get("plan")).get("engines_skipped")))
+        skipped = recorded.get("engines_skipped", [])
+        differs = differences(plan, skipped)
         structural += coverage_problems(plan, engines, records, judged, planned)
-        structural += claim_problems(as_dict(run.get("plan")), differs)
-        found += counter_problems(plan, engines, records, judged, run.get("plan"))
+        structural += claim_problems(recorded, differs)
+        found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
-            found += unwarmed_engines(engines, as_dict(run.get("plan")).get("engines_skipped"),
-                                      records)
-        found += late_waves(as_dict(run.get("plan")).get("deadline_s"), records)
+            found += unwarmed_engines(engines, skipped, records)
+        found += late_waves(recorded.get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if differs and parts:                 # a custom plan's waves are its own, not the contract's
         parts = (("plan",) + tuple(parts[0][1:]),) + parts[1:]
@@ -411,52 +406,42 @@ def run_problems(run: dict, judged: list[dict]) -> list[str]:
     mode and run id, every judged record of this run, each id once."""
     if not run:
         return ["no run record"]
-    problems = field_problems(run)[:3]
-    if not isinstance(run.get("mode"), str) or run.get("mode") not in MODES:
-        problems.append(f"the run record's mode is {show(run.get('mode'))}, not warmup, "
+    problems = []
+    if run["mode"] not in MODES:
+        problems.append(f"the run record's mode is {show(run['mode'])}, not warmup, "
                         f"probe or gate")
-    run_id = run.get("run_id")
-    if not isinstance(run_id, str):
-        problems.append("the run record has no run id")
-    foreign = [r for r in judged if r.get("run_id") != run_id]
+    foreign = [r for r in judged if r["run_id"] != run["run_id"]]
     if foreign:
         problems.append(f"{len(foreign)} request record(s) of no run or another run")
     ids = [identity(r) for r in judged]
     if len(set(ids)) != len(ids):
         problems.append(f"{len(ids) - len(set(ids))} request record(s) repeat another's id")
-    planned = as_dict(run.get("plan")).get("requests_total")
+    planned = run["plan"].get("requests_total")
     if not (count(planned) and planned > 0):
         problems.append("the run record announces no number of requests")
     elif len(judged) > planned:
         problems.append(f"{len(judged)} request records, more than the {planned} planned")
-    problems += engine_problems(run.get("engines"),
-                                as_dict(run.get("plan")).get("requests_per_engine"), judged)
+    problems += engine_problems(run["engines"], run["plan"].get("requests_per_engine"), judged)
     return problems
 
 
 def identity(record: dict) -> str:
-    """What tells one request record from another: its id, else where it stood."""
-    rid = record.get("request_id")
-    if isinstance(rid, str):
-        return rid
-    return repr([record.get(k) for k in ("wave", "item", "round", "shape", "probe",
-                                         "engine", "index")])
+    """What tells one request record from another: its id."""
+    return record["request_id"]
 
 
-def engine_problems(engines, per_engine, judged: list[dict]) -> list[str]:
-    """Each engine the run record names holds no more than its share of the records
-    (indexes compared as integers, never as booleans)."""
+def engine_problems(engines: list[int] | None, per_engine: int | None,
+                    judged: list[dict]) -> list[str]:
+    """Each engine the run record names holds no more than its share of the records."""
     if engines is None:
         return []
-    if not isinstance(engines, list) or not engines or not all(count(e) is not None
-                                                               for e in engines):
+    if not engines or min(engines) < 0:
         return ["the run record's engines are not a list of engine indexes"]
     if not count(per_engine):
         return ["the run record announces no number of requests per engine"]
     return [f"engine {engine}: {mine} request records, more than its {per_engine}"
             for engine in engines
-            if (mine := sum(1 for r in judged if count(r.get("engine")) == engine
-                            and r.get("engine") is not True)) > per_engine]
+            if (mine := sum(1 for r in judged if r["engine"] == engine)) > per_engine]
 
 
 def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: list[dict],
@@ -481,9 +466,9 @@ def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: li
         if missing:
             problems.append(f"{len(missing)} planned request(s) have no record: "
                             f"{', '.join(where(f) for f in missing[:5])}")
-        waves = Counter(place(r)[:2] for r in records if r.get("record") == "wave")
+        waves = Counter(place(r)[:2] for r in records if r["record"] == "wave")
         cold = [(e, batch_name(k, d)) for k, d in plan.batches() for e in engines
-                if waves[place({"engine": e, "wave": batch_name(k, d)})[:2]] != 1]
+                if waves[(e, batch_name(k, d))] != 1]
         if cold:
             problems.append(f"{len(cold)} wave(s) without exactly one wave record: "
                             f"{', '.join(f'{show(w)} engine {show(e)}' for e, w in cold[:5])}")
@@ -493,31 +478,25 @@ def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: li
 def claim_problems(recorded: dict, differs: list) -> list[str]:
     """A run record whose plan claims the contract's plan, or another, against what its
     plan is."""
-    if "contract" in recorded and recorded.get("contract") is not (not differs):
-        return [f"the run record's plan says contract {show(recorded.get('contract'))}; its "
+    if "contract" in recorded and recorded["contract"] is not (not differs):
+        return [f"the run record's plan says contract {show(recorded['contract'])}; its "
                 f"plan {'differs: ' + '; '.join(differs) if differs else 'is the reviewed one'}"]
     return []
 
 
-def late_waves(deadline, records: list[dict]) -> list[str]:
+def late_waves(deadline: float | None, records: list[dict]) -> list[str]:
     """Waves that ended after the run's recorded deadline."""
-    if not isinstance(deadline, (int, float)) or isinstance(deadline, bool):
+    if deadline is None:
         return []
-    late = []
-    for wave in (r for r in records if r.get("record") == "wave"):
-        start, length = finite_number(wave.get("started_at_s")), finite_number(wave.get("duration_s"))
-        if start is not None and length is not None and start + length > deadline:
-            late.append(show(wave.get("wave")))
+    late = [show(wave["wave"]) for wave in records if wave["record"] == "wave"
+            and wave["started_at_s"] + wave["duration_s"] > deadline]
     return [f"{', '.join(dict.fromkeys(late))} ended after the deadline ({deadline:g} s)"] \
         if late else []
 
 
 def place(record: dict) -> tuple:
-    """Where a record stood (engine, wave, request kind, index), hashable, a bool or any
-    value of the wrong type kept apart from the int it equals."""
-    return tuple(v if isinstance(v, (str, int, type(None))) and not isinstance(v, bool)
-                 else repr(v) for v in (record.get("engine"), record.get("wave"),
-                                        record.get("request_kind"), record.get("index")))
+    """Where a record stood: (engine, wave, request kind, index); a wave record's first two."""
+    return tuple(record.get(k) for k in ("engine", "wave", "request_kind", "index"))
 
 
 def where(item: tuple) -> str:
@@ -537,23 +516,21 @@ def rejudge(run: dict, plan: Plan | None, judged: list[dict]) -> tuple[list[dict
     for record in judged:
         rules = judge_record(record, run, plan)
         if rules:
-            failed.append(dict(record, problems=as_list(record.get("problems")) or rules)
-                          if record.get("ok") is not True else dict(record, problems=rules))
-        if rules and record.get("ok") is True:
+            failed.append(dict(record, problems=rules if record["ok"]
+                               else record["problems"] or rules))
+        if rules and record["ok"]:
             problems.append(f"{label(record)}: the record says ok, but {rules[0]}")
-        elif not rules and record.get("ok") is not True:
+        elif not rules and not record["ok"]:
             problems.append(f"{label(record)}: the record says not ok, but its fields pass")
     return failed, problems
 
 
 def judge_record(record: dict, run: dict, plan: Plan | None) -> list[str]:
     """Why one record's answer fails its kind's rules ([] when it passes)."""
-    shape = field_problems(record)
-    kind_ = KINDS.get(record.get("request_kind")) \
-        if isinstance(record.get("request_kind"), str) else None
-    if shape or kind_ is None:
-        return shape[:3] or ["a record without a known request kind"]
-    recorded = as_dict(run.get("plan"))
+    kind_ = KINDS.get(record["request_kind"])
+    if kind_ is None:
+        return ["a record without a known request kind"]
+    recorded = run.get("plan", {})
     if run.get("mode") == "warmup":
         if plan is None:
             return ["the run record's plan cannot be read"]
@@ -564,8 +541,7 @@ def judge_record(record: dict, run: dict, plan: Plan | None) -> list[str]:
     rules = judge(answer_of(record), kind_, tokens)
     if run.get("mode") == "gate" and not rules:
         said = copy_problem(record, finite_number(recorded.get("max_cer")) or 0.0,
-                            recorded.get("max_typos")
-                            if isinstance(recorded.get("max_typos"), int) else 0)
+                            recorded.get("max_typos", 0))
         rules = [said] if said else []
     return rules
 
@@ -584,8 +560,7 @@ def part_counts(plan: Plan, engines: int, judged: list[dict], failed: list[dict]
 
 def kind_of(record: dict) -> Kind:
     """A record's request kind (the contract's, when it names none that is known)."""
-    name = record.get("request_kind")
-    return KINDS.get(name, KINDS["long"]) if isinstance(name, str) else KINDS["long"]
+    return KINDS.get(record["request_kind"], KINDS["long"])
 
 
 def said_once(failed: list[dict]) -> list[str]:
@@ -594,7 +569,7 @@ def said_once(failed: list[dict]) -> list[str]:
     failed its own way keeps its label ('B2#1: HTTP 500')."""
     groups: dict[str, list[str]] = {}
     for record in failed:
-        diagnosis = "; ".join(str(p) for p in as_list(record.get("problems"))) or "not ok"
+        diagnosis = "; ".join(record["problems"]) or "not ok"
         groups.setdefault(diagnosis, []).append(label(record))
     said = []
     for diagnosis, labels in groups.items():

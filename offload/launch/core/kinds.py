@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.records import ANSWER_FIELDS, as_list
+from core.records import ANSWER_FIELDS
 from core.runframe import PROBLEM_LIMIT
 from core.transport import clean_text
 
@@ -331,10 +331,9 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
 def answer_of(record: dict) -> dict:
     """A request, probe or gate record as judge() reads an answer: what the record says
     the server answered (its `ok` is never read)."""
-    answer = {name: record.get(name) for name in ANSWER_FIELDS}
-    answer.update(n_choices=record.get("choices"), usage=record.get("usage") is True,
-                  error=record.get("error"),
-                  usage_problems=tuple(str(p) for p in as_list(record.get("usage_problems"))))
+    answer = {name: record[name] for name in ANSWER_FIELDS}
+    answer.update(n_choices=record["choices"], usage=record["usage"],
+                  usage_problems=tuple(record["usage_problems"]))
     if record.get("http_status") is None:
         answer["transport_error"] = record.get("error") or "no response"
     return answer

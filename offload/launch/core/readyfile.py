@@ -57,44 +57,36 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
         "server_pgid": server_pgid, "slept_at": None,
-        "chunk_tokens": (run.get("plan") or {}).get("chunk_tokens")
-        if isinstance(run.get("plan"), dict) else None,
+        "chunk_tokens": run.get("plan", {}).get("chunk_tokens"),
     }, None
-
-
-def as_dict(value) -> dict:
-    """A value as a dict ({} for any other type): records.as_dict, kept here so that the
-    readiness probe loads less."""
-    return value if isinstance(value, dict) else {}
 
 
 def last_gauges(records: list[dict]) -> dict:
     """The last guard read's record of a run ({} when none)."""
-    return as_dict(([r for r in records if r.get("record") == "gauges"] or [{}])[-1])
+    return ([r for r in records if r["record"] == "gauges"] or [{}])[-1]
 
 
 def seen_asleep(records: list[dict]) -> bool:
     """A run's last guard read saw an engine asleep (a re-warm refused so: the ready file
     is marked, and stays not ready after the wake)."""
-    states = as_dict(last_gauges(records).get("sleep_state"))
+    states = last_gauges(records).get("sleep_state") or {}
     return any(state not in ("awake", "sleep state not published")
                for state in states.values())
 
 
 def served_after(records: list[dict]) -> dict | None:
     """The requests each engine had served after the run (its main metrics record's)."""
-    main = next((r for r in records if r.get("record") == "metrics"), {})
-    return as_dict(main.get("served")) or None
+    main = next((r for r in records if r["record"] == "metrics"), {})
+    return main.get("served") or None
 
 
 def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
              server_pgid: int | None = None):
     """The ready file's document from a warm-up's verdict and its records, and the process
     group start.sh launched when it did: (doc, why)."""
-    runs = [r for r in records if r.get("record") == "run"]
-    summaries = [r for r in records if r.get("record") == "summary"]
-    return ready_document(verdict, as_dict((runs or [{}])[-1]),
-                          as_dict((summaries or [{}])[-1]), path,
+    runs = [r for r in records if r["record"] == "run"]
+    summaries = [r for r in records if r["record"] == "summary"]
+    return ready_document(verdict, (runs or [{}])[-1], (summaries or [{}])[-1], path,
                           last_gauges(records).get("sleep_state"), gate,
                           served_after(records), server_pgid=server_pgid)
 

@@ -7,14 +7,17 @@ found by the tests, never written); the report reads through field_problems() an
 label(), never through a program. CONTRACT.md's records table lists the same fields (a
 test holds the two together). A field written `name:type?` may be null, `~name:type` may be absent.
 
-Types: str, int (never a bool), num (int or float), bool, list, dict, any.
+Types: str, int (never a bool), num (int or float), bool, list, dict, any; list[T] and
+dict[T] hold items of type T (T? may be null); @name is a nested object of SHAPES.
+held() is the one reader of records from a file: a record that breaks its declaration is
+left out there, said in one line, so that what reads the rest reads it without a cast.
 """
 
 from __future__ import annotations
 
 import json
 
-from core.transport import clean_text, finite_number
+from core.transport import clean_text
 
 SHOW_LIMIT = 80                       # one value in a table or a line
 
@@ -23,47 +26,77 @@ FORMAT = 2                            # the run record's `format`: what this lay
 _ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:int? "
            "completion_tokens:int? cached_tokens:int? reasoning_tokens:int? "
            "finish_reason:str? stop_reason:any stream_done:bool? first_token:bool? "
-           "logprobs_count:int? usage_problems:list error:str?")
+           "logprobs_count:int? usage_problems:list[str] error:str?")
 
 DECLARED = {
     "run": "run_id:str mode:str format:int started_at:str base_url:str "
-           "model:str? max_model_len:int? engines:list? plan:dict versions:dict "
+           "model:str? max_model_len:int? engines:list[int]? plan:@plan versions:dict "
            "process_start_time_seconds:num? ~spec_positions:int? api_key_env:str "
            "api_key_set:bool pid:int",
-    "gauges": "run_id:str wave:str at_s:num ok:bool samples:list fresh_engines:list "
-              "settle_s:num? problems:list ~sleep_state:dict?",
+    "gauges": "run_id:str wave:str at_s:num ok:bool samples:list[@sample] fresh_engines:list "
+              "settle_s:num? problems:list[str] ~sleep_state:dict[str]?",
     "request": "run_id:str request_id:str request_kind:str wave:str ~path:str depth:int "
                "index:int engine:int? " + _ANSWER + " latency_s:num? sent_at_s:num? ok:bool "
-               "problems:list metrics:dict? speculative_decoding:dict?",
+               "problems:list[str] metrics:dict? speculative_decoding:dict?",
     "wave": "run_id:str wave:str ~path:str depth:int engine:int? release_skew_ms:num? "
             "batch_release_skew_ms:num? duration_s:num started_at_s:num "
-            "released_at:str? last_answer_at:str? ok:bool requests_ok:int problems:list "
-            "~counters:dict ~counters_cut:int? ~counters_went_down:list ~counters_why:str? "
+            "released_at:str? last_answer_at:str? ok:bool requests_ok:int problems:list[str] "
+            "~counters:dict ~counters_cut:int? ~counters_went_down:list[str] ~counters_why:str? "
             "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
-            "~gauge_reads_failed:int? ~spec_decode:dict? ~tokens_per_step:num?",
+            "~gauge_reads_failed:int? ~spec_decode:@spec? ~tokens_per_step:num?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
-               "highlights:dict ~warnings:list ~problems:list ~engines:list ~served:dict? "
-               "~counted:dict",
+               "highlights:dict ~warnings:list[str] ~problems:list[str] ~engines:list[@share] "
+               "~served:dict? ~counted:@counted",
     "status": "run_id:str path:str state:str why:str? delta:dict? ~fresh_by:str?",
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
-               "~requests_ran:int ~notes:list ~warnings:list ~settled_s:list ~counters:dict? "
+               "~requests_ran:int ~notes:list[str] ~warnings:list[str] ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
-               "~parts:list ~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
-               "~worst_typos:int? ~passages_ok:str ~preambles:list ~time_to_warm:dict "
-               "elapsed_s:num "
-               "deadline_s:num problems:list records:str",
+               "~parts:list[list] ~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
+               "~worst_typos:int? ~passages_ok:str ~preambles:list[str] "
+               "~time_to_warm:dict[num?] elapsed_s:num deadline_s:num problems:list[str] "
+               "records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
-             "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list",
-    "probe_summary": "run_id:str items:list meaning:str",
+             "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list[str]",
+    "probe_summary": "run_id:str items:list[@probe_item] meaning:str",
     "gate": "run_id:str request_id:str request_kind:str probe:str kind:str shape:str "
             "index:int engine:int? " + _ANSWER + " exact:bool? edit_distance:int? "
             "reference_chars:int answer_chars:int? cer:num? word_errors:int? "
-            "reference_words:int? preamble_chars:int? removed:list latency_s:num? "
-            "sent_at_s:num? ok:bool problems:list",
-    "gate_summary": "run_id:str verdict:str exit_code:int identifiers_exact:dict "
+            "reference_words:int? preamble_chars:int? removed:list[str] latency_s:num? "
+            "sent_at_s:num? ok:bool problems:list[str]",
+    "gate_summary": "run_id:str verdict:str exit_code:int identifiers_exact:dict[str] "
                     "worst_cer:num? passages_ok:str? worst_typos:int? max_typos:int "
-                    "preambles:list max_cer:num endpoint:str elapsed_s:num? problems:list "
-                    "records:str?",
+                    "preambles:list[str] max_cer:num endpoint:str elapsed_s:num? "
+                    "problems:list[str] records:str?",
+}
+
+# The objects records nest (@name): a run's plan (each mode writes some of its fields), a
+# gauge sample, the speculative figures, an engine's share, an operator counter, a probe item.
+SHAPES = {
+    "plan": "~waves:list[@wave_plan] ~tokens:int ~priority:int ~chunk_tokens:int "
+            "~chunk_source:str ~b1_target_tokens:int ~b1_min_prompt_tokens:int "
+            "~paths:list[@path_plan] ~requests_per_engine:int ~requests_total:int "
+            "~completion_tokens_max:int ~gauge_interval_ms:int? ~given:dict[str] "
+            "~engines_skipped:list[int] ~contract:bool ~differences:list[str] ~deadline_s:num "
+            "~foreign_work:str ~b1_prompt_tokens_counted:int? "
+            "~b1_prompt_tokens_by_engine:dict[int]? ~b1_sizing:str ~items:list[@item_plan] "
+            "~rounds:int ~long_tokens:int? ~long_prompt_tokens_counted:int? ~stream:bool "
+            "~prompts:str ~socket_cap_s:num ~probes:list[@gate_probe] ~shapes:list[str] "
+            "~endpoint:str ~path:str ~max_tokens:int ~max_cer:num ~max_typos:int "
+            "~temperature:num ~seed:int ~chat_template_kwargs:dict?",
+    "wave_plan": "wave:str depth:int kind:str",
+    "path_plan": "path:str depths:list[int] endpoint:str stream:bool",
+    "item_plan": "item:str depth:int",
+    "gate_probe": "probe:str kind:str reference_chars:int",
+    "sample": "name:str labels:dict[str] value:any",
+    "spec": "drafts:num draft_tokens:num? accepted_tokens:num? drafted_length:num? "
+            "acceptance_rate:num? mean_acceptance_length:num? acceptance_by_position:list[num?]",
+    "share": "engine:int generation_tokens:num? generation_tokens_planned:int "
+             "prompt_tokens:num? b1_prompt_tokens:int?",
+    "counted": "counter:str unit:str delta:any sent:num foreign:any went_down:bool why:str? "
+               "waves:dict overlaps:list[str]",
+    "probe_item": "item:str engine:int? rounds:int cached_rounds:list[int] ttft_first_s:num? "
+                  "ttft_later_median_s:num? ttft_ratio:num? total_first_s:num? "
+                  "total_later_median_s:num? total_ratio:num?",
 }
 
 
@@ -78,63 +111,89 @@ def parse_fields(spec: str) -> dict[str, tuple[str, bool, bool]]:
 
 
 RECORDS = {kind: parse_fields(spec) for kind, spec in DECLARED.items()}
+NESTED = {name: parse_fields(spec) for name, spec in SHAPES.items()}
 ANSWER_FIELDS = tuple(parse_fields(_ANSWER))   # what every record of a request keeps of its answer
 JUDGED = {"warmup": "request", "probe": "probe", "gate": "gate"}    # mode -> its records
-
-
-def has_type(value, kind: str) -> bool:
-    if kind == "any":
-        return True
-    if kind in ("int", "num") and isinstance(value, bool):
-        return False
-    return isinstance(value, {"str": str, "int": int, "num": (int, float), "bool": bool,
-                              "list": list, "dict": dict}[kind])
+BASE_TYPES = {"str": str, "int": int, "num": (int, float), "bool": bool, "list": list,
+              "dict": dict}
 
 
 def field_problems(record: dict) -> list[str]:
     """How a record breaks its kind's declaration ([] when it holds): an unknown kind, a
-    required field missing, a field not declared, a value of the wrong type."""
+    required field missing, a field not declared, a value of the wrong type (at any depth)."""
     kind = record.get("record")
     fields = RECORDS.get(kind) if isinstance(kind, str) else None
     if fields is None:
         return [f"a record of unknown kind {str(kind)[:40]!r}"]
-    problems = [f"{kind} record without {name}" for name, (_, required, _) in fields.items()
-                if required and name not in record]
-    for name, value in record.items():
-        if name == "record":
-            continue
+    return object_problems({k: v for k, v in record.items() if k != "record"}, fields,
+                           f"{kind} record")
+
+
+def object_problems(value: dict, fields: dict, where: str) -> list[str]:
+    """How an object breaks its fields' declaration; `where` names it in each problem."""
+    problems = [f"{where} without {name}" for name, (_, required, _) in fields.items()
+                if required and name not in value]
+    for name, item in value.items():
         if name not in fields:
-            problems.append(f"{kind} record with an undeclared field {str(name)[:40]!r}")
-        elif not (value is None and fields[name][2]) and not has_type(value, fields[name][0]):
-            problems.append(f"{kind} record's {name} is not {fields[name][0]}")
+            problems.append(f"{where} with an undeclared field {str(name)[:40]!r}")
+        elif not (item is None and fields[name][2]):
+            problems += type_problems(item, fields[name][0], f"{where}'s {name}")
     return problems
+
+
+def type_problems(value, kind: str, where: str) -> list[str]:
+    """How a value is not of a declared type: list[T] and dict[T] hold items of type T
+    (T? may be null), @name is an object of SHAPES; int and num are never a bool."""
+    if kind.startswith("@"):
+        return object_problems(value, NESTED[kind[1:]], where) if isinstance(value, dict) \
+            else [f"{where} is not an object"]
+    outer, _, inner = kind.partition("[")
+    if kind == "any" or isinstance(value, BASE_TYPES[outer]) and not (
+            isinstance(value, bool) and outer in ("int", "num")):
+        if not inner:
+            return []
+        inner, nullable = inner[:-1].rstrip("?"), inner.endswith("?]")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            shown = key if isinstance(key, int) else repr(str(key)[:40])
+            found = [] if item is None and nullable else \
+                type_problems(item, inner, f"{where}[{shown}]")
+            if found:
+                return found[:1]          # the first item that breaks it says it
+        return []
+    return [f"{where} is not {kind}"]
+
+
+def held(records: list[dict]) -> tuple[list[dict], list[str]]:
+    """The one reader of records from a file: (the records that hold their declarations,
+    one line for each that does not, which is left out). What reads the records kept
+    reads every field as its declaration types it."""
+    kept, problems = [], []
+    for record in records:
+        found = field_problems(record)
+        if found:
+            where = f"{label(record)}: " if record.get("record") in JUDGED.values() else ""
+            problems.append(f"{where}{'; '.join(found[:3])}: the record is not read")
+        else:
+            kept.append(record)
+    return kept, problems
 
 
 def label(record: dict) -> str:
     """How a line names a request: B2#1 (e1 B2#1 with engines), 'single round 1#0'
     (probe), 'alone id_repo#0' (gate)."""
     if record.get("shape"):
-        where = f"{record.get('shape')} {record.get('probe')}"
+        where = f"{show(record.get('shape'))} {show(record.get('probe'))}"
     else:
-        where = record.get("wave") or f"{record.get('item')} round {record.get('round')}"
+        where = show(record.get("wave")) if record.get("wave") else \
+            f"{show(record.get('item'))} round {show(record.get('round'))}"
     engine = record.get("engine")
-    return f"{'' if engine is None else f'e{engine} '}{where}#{record.get('index')}"
+    return f"{'' if engine is None else f'e{show(engine)} '}{where}#{show(record.get('index'))}"
 
 
 # ---------------------------------------------------------------------------
 # Any value of a record, shown safely.
 # ---------------------------------------------------------------------------
-
-def as_dict(value) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def as_list(value) -> list:
-    """A list field as a list: a lone string becomes one item, anything else nothing."""
-    if isinstance(value, list):
-        return value
-    return [value] if isinstance(value, str) else []
-
 
 def show(value, limit: int = SHOW_LIMIT) -> str:
     """Any value from a records file as one clean line: None is '-', never 'None'."""

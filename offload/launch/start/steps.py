@@ -77,14 +77,14 @@ def judged(records: str, status: int) -> dict:
     them), the cache check, what passed ('contract 10/10, paths stream 5/5') and the
     settings that added to the plan, with where they came from."""
     from tools.readback import last_verdict
-    from core.records import as_dict, parts_text, show
+    from core.records import parts_text, show
     from core.textfile import outcome, outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
     if found is None or found["summary"] is None:
         return {"verdict": outcome_of_status(status), "differences": "-",
                 "cache_check": "-", "judged": found, "counts": "", "given": ""}
     summary = found["summary"]
-    given = as_dict(as_dict(as_dict(found["run"]).get("plan")).get("given"))
+    given = found["run"]["plan"].get("given", {}) if found["run"] else {}
     return {"verdict": outcome(found["verdict"], status), "judged": found,
             "differences": "; ".join(found["decided"].differences) or "-",
             "cache_check": str(summary.get("cache_check", "-")),
@@ -200,15 +200,15 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
 
 def gate_figures(found: dict | None) -> str:
     """A gate's identifiers and worst CER as the OK and WARN lines show them."""
-    from core.records import as_dict, show
-    summary = as_dict(found and found["summary"])
-    exact = as_dict(summary.get("identifiers_exact"))
+    from core.records import show
+    summary = found["summary"] or {} if found else {}
+    exact = summary.get("identifiers_exact", {})
     alone, batched = show(exact.get("alone"), 20), show(exact.get("batched"), 20)
     cer = summary.get("worst_cer")
     shapes = f"{alone} alone and batched" if alone == batched else \
         f"{alone} alone, {batched} batched"
     return f"identifiers {shapes}, worst CER " + (
-        f"{cer:.3f}" if isinstance(cer, (int, float)) and not isinstance(cer, bool) else "n/a")
+        f"{cer:.3f}" if cer is not None else "n/a")
 
 
 def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None,

@@ -87,7 +87,22 @@ class TestTheJudge(unittest.TestCase):
                           ("waves", [{"wave": "B1", "depth": 1, "kind": "greedy"}]),
                           ("paths", [{"path": "nonsense"}]), ("chunk_tokens", None)):
             with self.subTest(name=name, bad=bad):
-                self.assertEqual(contract.read_plan(dict(plan, **{name: bad}))[0], None)
+                self.assertEqual(read_plan_held(dict(plan, **{name: bad})), None)
+
+
+def read_plan_held(plan: dict):
+    """The Plan of a run record holding `plan`, read as a file's is: held to its
+    declaration first (records.held()), then contract.read_plan(); None when not read."""
+    kept, _ = records.held([dict(run_record("r", 10), plan=plan)])
+    return contract.read_plan(kept[0]["plan"])[0] if kept else None
+
+
+def decide_held(run: dict, found: list[dict], ending):
+    """contract.decide() on records as readback gives them: held to their declarations
+    first (records.held()), those left out failing the run."""
+    kept, unread = records.held([run] + found)
+    runs = [r for r in kept if r["record"] == "run"]
+    return contract.decide(runs[-1] if runs else None, kept, ending, unread)
 
 
 class TestTheVerdict(unittest.TestCase):
@@ -95,8 +110,8 @@ class TestTheVerdict(unittest.TestCase):
     steps ended to the verdict the summary, the report and the launcher all give."""
 
     def decide(self, records, ending=None, run=None, waves=("B1", "B2", "B3", "B4")):
-        return contract.decide(run or run_record("r"), records + wave_records("r", waves),
-                               ending or contract.Ending())
+        return decide_held(run or run_record("r"), records + wave_records("r", waves),
+                           ending or contract.Ending())
 
     def test_a_run_and_its_records_make_its_verdict(self):
         passed = self.decide(contract_requests("r"))
@@ -140,11 +155,11 @@ class TestTheVerdict(unittest.TestCase):
         unwaved = self.decide(requests, waves=("B1", "B2", "B3"))
         self.assertIn("1 wave(s) without exactly one wave record: B4 engine -",
                       unwaved.problems)
-        late = contract.decide(run_record("r", deadline_s=1.0), requests + wave_records("r"),
-                               contract.Ending())
+        late = decide_held(run_record("r", deadline_s=1.0), requests + wave_records("r"),
+                           contract.Ending())
         self.assertIn("B1, B2, B3, B4 ended after the deadline (1 s)", late.problems)
-        claimed = contract.decide(run_record("r", contract=False), requests +
-                                  wave_records("r"), contract.Ending())
+        claimed = decide_held(run_record("r", contract=False), requests +
+                              wave_records("r"), contract.Ending())
         self.assertEqual(claimed.verdict, "fail")
         hostile = dict(requests[0], request_kind=[])
         self.assertEqual(self.decide([hostile] + requests[1:]).verdict, "fail",

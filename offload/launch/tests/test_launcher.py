@@ -480,7 +480,10 @@ run["plan"].update(requests_total=planned, requests_per_engine=planned)
 records = [run] + [dict(json.loads({gate!r}), index=i, request_id=f"gate-stub-{{i}}")
                    for i in range(planned)]
 records += [dict(json.loads({base!r}), **summary, requests_ok=planned, requests_total=planned),
-            dict(summary, record="gate_summary", run_id="stub")]
+            dict({{"max_typos": 0, "preambles": [], "max_cer": 0.01, "endpoint": "completions",
+                  "elapsed_s": 1.0, "records": None, "passages_ok": None, "worst_typos": None}},
+                 **summary, record="gate_summary",
+                 run_id="stub")]
 with open(sys.argv[sys.argv.index("--records") + 1], "a") as out:
     out.writelines(json.dumps(r) + "\\n" for r in records)
 sys.exit(summary["exit_code"])

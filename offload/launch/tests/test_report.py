@@ -13,13 +13,14 @@ import threading
 import unittest
 
 from support import (QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
-                     run_record, run_script, summary_record, wave_records)
+                     request_record, run_record, run_script, summary_record, wave_records)
 import tools.probe as probe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402
 import tools.report as report  # noqa: E402
 import core.runframe as runframe  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
+from core.records import ANSWER_FIELDS  # noqa: E402
 
 
 class TestReportJudgesEvidence(HelperCase):
@@ -126,7 +127,7 @@ class TestReportBelievesOnlyEvidence(HelperCase):
         self.write(dict(head, mode=[]), *requests, passed)      # judged, no traceback
         shown = run_script(QUALIFY, "report", self.records_path)
         self.assertNotIn("Traceback", shown.stderr)
-        self.assertIn("the run record's mode is", shown.stdout)
+        self.assertIn("run record's mode is not str: the record is not read", shown.stdout)
 
     def test_a_file_not_read_to_its_end_has_no_last_run(self):
         records = [{"record": "run", "run_id": "r"}]
@@ -189,9 +190,12 @@ class TestReportJudgesAgain(HelperCase):
                 edited[target] = dict(found[target], **{field: value})
                 shown = self.report(edited)
                 self.assertEqual(shown.code, 1, shown.stdout)
-                self.assertIn("B2#1: the record says ok, but", shown.stdout)
                 if rule:
+                    self.assertIn("B2#1: the record says ok, but", shown.stdout)
                     self.assertIn(rule, shown.stdout)
+                else:                 # off its declaration: the reader leaves it out
+                    self.assertIn("B2#1: request record's prompt_tokens is not int: the "
+                                  "record is not read", shown.stdout)
         self.assertEqual(self.report(found).code, 0, "the file as written passes")
 
     def test_a_usage_value_that_is_no_count_is_judged_the_same_again(self):
@@ -255,9 +259,12 @@ class TestReportPieces(unittest.TestCase):
         self.assertEqual(report.evidence_table([{"wave": "B1", "depth": 1}]), [])
 
     def test_cut_short_probe_names_its_failed_requests(self):
-        records = [{"record": "run", "run_id": "r", "mode": "probe", "plan": {}},
-                   {"record": "probe", "item": "burst3", "round": 2, "index": 1, "ok": False,
-                    "problems": ["HTTP 500"]}]
+        answer = {k: v for k, v in request_record("r", 1).items() if k in ANSWER_FIELDS}
+        records = [run_record("r", 4, mode="probe"),
+                   dict(answer, record="probe", run_id="r", item="burst3", round=2, index=1,
+                        engine=None, request_id="probe-r-burst3-2-1", request_kind="stream",
+                        ttft_s=None, total_s=0.5, http_status=500, ok=False,
+                        problems=["HTTP 500"])]
         built = report.build_report(records, [])
         self.assertEqual(built["runs"][0]["problems"], ["burst3 round 2#1: HTTP 500"])
 
@@ -446,9 +453,11 @@ class TestReportReading(unittest.TestCase):
         self.assertEqual(shown.stderr, "")
         self.assertNotIn("None", shown.stdout)
         self.assertNotIn("\x1b", shown.stdout)
-        self.assertIn("model unknown (server unknown)", shown.stdout)
-        self.assertIn("  - one problem", shown.stdout)
-        self.assertIn("engine", shown.stdout.splitlines()[2])
+        unread = [line for line in shown.stdout.splitlines()
+                  if line.endswith(": the record is not read")]
+        self.assertEqual(len(unread), 7, "each record off its declaration, said once")
+        self.assertIn("run record without format", shown.stdout)
+        self.assertIn("e1 ", unread[1], "a request record is named as it can be")
         doc = json.loads(self.report("--json").stdout)
         self.assertEqual(doc["exit_code"], 1)
 

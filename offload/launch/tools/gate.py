@@ -20,9 +20,7 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass
 
-from tools.readback import exit_status
-from core.records import as_list
-from core.runframe import (EXIT_FAIL, PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
+from core.runframe import (PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
                            number_type, whole)
 from core.transport import REDACTIONS, UsageError, clean_text, decode_json
 from core.kinds import COPY_SEED as GATE_SEED
@@ -583,8 +581,7 @@ def gate_summary_record(summary: dict, run_id: str, options: GateOptions,
     gate's figures, so the two always agree."""
     return {
         "record": "gate_summary", "run_id": run_id,
-        "verdict": summary.get("verdict", "fail"),
-        "exit_code": exit_status(summary.get("exit_code", EXIT_FAIL)),
+        "verdict": summary["verdict"], "exit_code": summary["exit_code"],
         "identifiers_exact": summary.get("identifiers_exact",
                                          {shape: f"0/{len(IDENTIFIERS)}" for shape in SHAPES}),
         "worst_cer": summary.get("worst_cer"), "passages_ok": summary.get("passages_ok"),
@@ -592,7 +589,7 @@ def gate_summary_record(summary: dict, run_id: str, options: GateOptions,
         "preambles": summary.get("preambles", []),
         "max_cer": options.max_cer, "endpoint": options.endpoint,
         "elapsed_s": summary.get("elapsed_s"),
-        "problems": as_list(summary.get("problems")),
+        "problems": summary["problems"],
         "records": records_path,
     }
 

@@ -6,7 +6,7 @@ character, a secret or a long value on an operator's terminal.
 
 from __future__ import annotations
 
-from core.records import as_dict, as_list, show
+from core.records import show
 from core.transport import finite_number
 
 
@@ -26,7 +26,7 @@ def probe_line(entry: dict) -> str:
                                        else f" e{show(entry.get('engine'))}")
     line = (f"  {where:<16} {first_and_later('TTFT', 'ttft')}; "
             f"{first_and_later('total', 'total')}")
-    cached = as_list(entry.get("cached_rounds"))
+    cached = entry.get("cached_rounds") or []
     if cached:
         line += (f"; round {', '.join(show(n) for n in cached)} served from the prefix cache, "
                  f"left out")
@@ -48,25 +48,25 @@ def gate_line(record: dict) -> str:
     tokens = f"{show(record.get('completion_tokens'))} tokens"
     if record.get("reasoning_tokens") is not None:
         tokens += f" ({show(record.get('reasoning_tokens'))} reasoning)"
-    removed = as_list(record.get("removed"))
+    removed = record.get("removed") or []
     if record.get("preamble_chars"):
         removed = removed + [f"a preamble of {show(record.get('preamble_chars'))} characters"]
     line = (f"  {where} {figure:<20} finish {show(record.get('finish_reason'))}  {tokens}"
             f"{'  removed ' + ', '.join(show(r) for r in removed) if removed else ''}  "
-            f"{'ok' if record.get('ok') is True else 'FAILED'}")
-    if record.get("ok") is not True:
-        line += "".join(f"\n      {show(p, 300)}" for p in as_list(record.get("problems")))
+            f"{'ok' if record.get('ok') else 'FAILED'}")
+    if not record.get("ok"):
+        line += "".join(f"\n      {show(p, 300)}" for p in record.get("problems") or [])
     return line
 
 
 def gate_summary_line(summary: dict) -> str:
-    exact = as_dict(summary.get("identifiers_exact"))
+    exact = summary["identifiers_exact"]
     worst = finite_number(summary.get("worst_cer"))
     line = (f"gate: {show(summary.get('verdict'))}; identifiers exact: alone "
             f"{show(exact.get('alone'))}, batched {show(exact.get('batched'))}; worst passage: "
             f"{show(summary.get('worst_typos'))} typos (allowed "
             f"{show(summary.get('max_typos'))}), CER {'-' if worst is None else f'{worst:.4f}'}")
-    preambles = as_list(summary.get("preambles"))
+    preambles = summary["preambles"]
     if preambles:
         line += (f"\n  preamble before the answer in {len(preambles)} probe(s) "
                  f"({', '.join(show(p) for p in preambles[:4])}"

@@ -13,7 +13,7 @@ import math
 
 from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, replace_ready_file
-from core.records import as_dict, as_list, field_problems, show
+from core.records import held, show
 from core.runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_REFUSED,
                            EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
@@ -162,13 +162,6 @@ def tidy(value, depth: int = 0):
     return value
 
 
-def exit_status(value) -> int | None:
-    """A summary's exit code as a process status; anything that is not one is a fail (1)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255:
-        return value
-    return EXIT_FAIL
-
-
 def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
     """A run whose id starts more than one run in the file (a run replayed, or forged)."""
     ids = [r.get("run_id") for g in groups for r in g if r["record"] == "run"]
@@ -177,34 +170,37 @@ def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
 
 
 def judge_run(records: list[dict], repeated: bool = False) -> dict:
-    """One run's records judged: contract.decide() on them with how its summary says it
-    ended, held against that claim. A summary that claims a pass or a custom plan the
-    records do not show, two summaries, counts that disagree: 'incomplete' (exit 1), as
-    is a run without a summary (killed, or still running). A custom plan exits 1 here:
-    it is not the contract's warm-up, whatever the run itself exited."""
+    """One run's records read (records.held(): one line for each that breaks its
+    declaration, which fails the run) and judged: contract.decide() on them with how its
+    summary says it ended, held against that claim. A summary that claims a pass or a
+    custom plan the records do not show, two summaries, counts that disagree: 'incomplete'
+    (exit 1), as is a run without a summary (killed, or still running). A custom plan exits
+    1 here: it is not the contract's warm-up, whatever the run itself exited."""
+    records, unread = held(records)
     runs = [r for r in records if r["record"] == "run"]
     summaries = [r for r in records if r["record"] == "summary"]
     run, summary = (runs or [None])[-1], (summaries or [None])[-1]
-    deadline = as_dict(as_dict(run).get("plan")).get("deadline_s")
-    decided = decide(run, records, ending_of(summary, deadline) or Ending("fail", EXIT_FAIL))
-    found = [f"{len(summaries)} summary records (a run has exactly one)"] \
-        if len(summaries) > 1 else []
+    deadline = run["plan"].get("deadline_s") if run else None
+    decided = decide(run, records, ending_of(summary, deadline) or Ending("fail", EXIT_FAIL),
+                     unread)
+    found = list(unread)
+    if len(summaries) > 1:
+        found.append(f"{len(summaries)} summary records (a run has exactly one)")
     if repeated:
         found.append("its run id starts another run in this file too (a run written twice)")
     if summary is not None:
-        found += field_problems(summary)[:3]
         found += summary_problems(summary, decided)
     if summary is None:
         verdict, code = "incomplete", EXIT_FAIL
-    elif found or (summary.get("verdict") in ("pass", "custom")
-                   and decided.verdict != summary.get("verdict")):
+    elif found or (summary["verdict"] in ("pass", "custom")
+                   and decided.verdict != summary["verdict"]):
         verdict, code = "incomplete", EXIT_FAIL
         found += list(decided.structural) + list(decided.problems)
     else:
         verdict = decided.verdict
         code = EXIT_FAIL if verdict == "custom" else decided.exit_code
     return {"run": run, "summary": summary, "decided": decided, "verdict": verdict,
-            "exit_code": code, "claimed": summary.get("verdict") if summary else None,
+            "exit_code": code, "claimed": summary["verdict"] if summary else None,
             "evidence_problems": list(dict.fromkeys(found)), "records": records}
 
 
@@ -212,7 +208,7 @@ def summary_problems(summary: dict, decided: Verdict) -> list[str]:
     """Where a summary disagrees with its own records: a pass with problems, counts of
     requests ok and planned that the records do not show."""
     found = []
-    if summary.get("verdict") == "pass" and as_list(summary.get("problems")):
+    if summary["verdict"] == "pass" and summary["problems"]:
         found.append("the summary claims a pass and names problems")
     for key, want, differs in (
             ("requests_ok", decided.requests_ok,
@@ -220,9 +216,7 @@ def summary_problems(summary: dict, decided: Verdict) -> list[str]:
             ("requests_total", decided.requests_total,
              "the summary counts {} planned requests; the run record {}")):
         said = summary.get(key)
-        if key in summary and (not isinstance(said, int) or isinstance(said, bool)):
-            found.append(f"the summary's {key} is not a count")
-        elif key in summary and said != want:
+        if key in summary and said != want:
             found.append(differs.format(said, want))
     if summary.get("contract") is True and decided.differences:
         found.append("the summary claims the contract's plan; the run record's plan "
@@ -258,7 +252,7 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
         return f"cannot read a run in {clean_text(records if warm is None else gate_records, 200)}"
     gate_part = None if gate is None else {
         "verdict": gate["verdict"], "records": gate_records,
-        "run_id": as_dict(gate["run"]).get("run_id")}
+        "run_id": gate["run"]["run_id"] if gate["run"] else None}
     doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
     return why or replace_ready_file(path, doc, found or {})
 
@@ -276,12 +270,10 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
     run record's deadline (`deadline`), never the summary's own."""
     if summary is None:
         return None
-    claimed = summary.get("verdict")
-    code = summary.get("exit_code")
-    if claimed not in ENDINGS or not isinstance(code, int) or isinstance(code, bool) \
-            or not 0 <= code <= 255:
+    claimed, code = summary["verdict"], summary["exit_code"]
+    if claimed not in ENDINGS or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
-    elapsed, deadline = finite_number(summary.get("elapsed_s")), finite_number(deadline)
+    elapsed, deadline = finite_number(summary["elapsed_s"]), finite_number(deadline)
     if claimed in ("pass", "custom") and (elapsed is None or deadline is None
                                           or elapsed > deadline or deadline > MAX_SECONDS):
         return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
@@ -291,4 +283,4 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
         return Ending()
     allowed = ENDING_EXITS[claimed]
     return Ending(claimed, code if code in allowed else allowed[0],
-                  tuple(str(p) for p in as_list(summary.get("problems"))))
+                  tuple(summary["problems"]))

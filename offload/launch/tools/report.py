@@ -26,9 +26,9 @@ from core.contract import batch_name, identity, read_plan
 from core.readyfile import last_gauges
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
-from core.records import JUDGED, as_dict, as_list, label, parts_text, show
+from core.records import JUDGED, label, parts_text, show
 from core.runframe import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
-from core.transport import clean_text, count_value, finite_number
+from core.transport import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
 PROG = "qualify.py report"
@@ -54,30 +54,29 @@ PICKED = {
 def build_run(records: list[dict], last: bool = True, repeated: bool = False) -> dict:
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
     the verdict judged from its evidence (readback.judge_run: contract.decide())."""
-    by_kind: dict[str, list[dict]] = {}
-    for record in records:
-        by_kind.setdefault(record["record"], []).append(record)
     judged = judge_run(records, repeated)
     run, summary, decided = judged["run"], judged["summary"], judged["decided"]
+    by_kind: dict[str, list[dict]] = {}
+    for record in judged["records"]:     # the records held to their declarations
+        by_kind.setdefault(record["record"], []).append(record)
     where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
         f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
     failed = set(decided.failed)
-    mode = as_dict(run).get("mode")
-    judged_kind = JUDGED.get(mode, "request") if isinstance(mode, str) else "request"
+    judged_kind = JUDGED.get(run["mode"], "request") if run else "request"
     if summary:
-        problems = as_list(summary.get("problems"))
+        problems = summary["problems"]
     else:                             # cut short: name what failed before the cut
         problems = [f"{label(r)}: {p}" for r in by_kind.get(judged_kind, [])
-                    if r.get("ok") is not True or identity(r) in failed
-                    for p in as_list(r.get("problems")) or ["fails its kind's rules"]]
+                    if not r["ok"] or identity(r) in failed
+                    for p in r["problems"] or ["fails its kind's rules"]]
 
     def pick(kind: str) -> list[dict]:
         """The shown fields; a judged record's `ok` is the report's own judgement (the
         record's claim beside it as `claimed_ok`)."""
         return [dict({k: r.get(k) for k in PICKED[kind]},
-                     **({"ok": identity(r) not in failed, "claimed_ok": r.get("ok")}
+                     **({"ok": identity(r) not in failed, "claimed_ok": r["ok"]}
                         if kind == judged_kind and "ok" in PICKED[kind] else {}))
                 for r in by_kind.get(kind, [])]
 
@@ -95,7 +94,7 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
         "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
         "ends": ends,
         # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
-        "sleep_state": last_gauges(records).get("sleep_state"),
+        "sleep_state": last_gauges(judged["records"]).get("sleep_state"),
     })
 
 
@@ -119,7 +118,7 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
                 "exit_code": EXIT_FAIL, "evidence": "incomplete",
                 "ends": f"{clean_text(path, 200)} was not read to its end (too large to "
                         f"read whole): its last run is not known"}
-    if not any(run["run"] is not None for run in runs):
+    if not any(r["record"] == "run" for r in records):
         return {"runs": runs, "issues": tidy(issues), "verdict": "none",
                 "exit_code": EXIT_FAIL, "evidence": "incomplete",
                 "ends": f"no warm-up run in {clean_text(path, 200)} (no run record)"}
@@ -135,12 +134,12 @@ def decisive(runs: list[dict]) -> dict:
     its line lost) make it incomplete; a last run that is not a warm-up (a probe, a gate)
     exits 1: the file holds no warm-up pass to go by."""
     last = runs[-1]
-    if last["run"] is None:
+    if last["run"] is None:         # none, or none it could read
         return dict(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
-                    ends="the file's last records belong to no run record (a run KILLed "
-                         "before writing it, or its line lost): its last attempt is not "
-                         "known to have passed")
-    mode = as_dict(last["run"]).get("mode")
+                    ends="the file's last records belong to no run record it could read (a "
+                         "run KILLed before writing it, its line lost or damaged): its last "
+                         "attempt is not known to have passed")
+    mode = last["run"]["mode"]
     if mode != "warmup" and last["exit_code"] == EXIT_PASS:
         return dict(last, exit_code=EXIT_FAIL, verdict="no warm-up",
                     ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
@@ -150,16 +149,14 @@ def decisive(runs: list[dict]) -> dict:
 
 def run_header(run: dict) -> str:
     """The run record in one line: what ran, where, against which model and server."""
-    plan = as_dict(run.get("plan"))
-    mode = run.get("mode")
-    model = (f"model {known(run.get('model'))} "
-             f"(server {known(as_dict(run.get('versions')).get('server'))})")
-    where = f"{show(run.get('run_id'))}: {show(run.get('base_url'))} {model}"
-    engines = as_list(run.get("engines")) if isinstance(run.get("engines"), list) else []
-    where += f", engines {','.join(show(e) for e in engines)}" if engines else ""
+    plan, mode = run["plan"], run["mode"]
+    model = f"model {known(run['model'])} (server {known(run['versions'].get('server'))})"
+    where = f"{show(run['run_id'])}: {show(run['base_url'])} {model}"
+    engines = run["engines"] or []
+    where += f", engines {','.join(map(str, engines))}" if engines else ""
     deadline = f"deadline {show(plan.get('deadline_s'))} s"
     if mode == "probe":
-        items = ", ".join(show(as_dict(i).get("item")) for i in as_list(plan.get("items")))
+        items = ", ".join(show(i["item"]) for i in plan.get("items", []))
         return (f"probe {where}, {show(plan.get('rounds'))} rounds of {items or '-'}, "
                 f"{show(plan.get('requests_total'))} requests, {deadline}")
     if mode == "gate":
@@ -182,21 +179,20 @@ def request_table(requests: list[dict]) -> list[str]:
                "completion_tokens", "finish_reason", "stop_reason", "latency_s", "ok"]
     heads = ["wave", "id", "status", "prompt", "cached", "completion", "finish", "stop",
              "latency", "ok"]
-    if any(r.get("engine") is not None for r in requests):
+    if any(r["engine"] is not None for r in requests):
         columns.insert(1, "engine")
         heads.insert(1, "engine")
-    rows = [heads] + [[show(r.get(c)) for c in columns] for r in requests]
+    rows = [heads] + [[show(r[c]) for c in columns] for r in requests]
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def wave_text(wave: dict) -> str:
-    where = show(wave.get("wave")) + ("" if wave.get("engine") is None
-                                      else f" e{show(wave.get('engine'))}")
-    return (f"{where:<4} depth {show(wave.get('depth'))}  skew "
-            f"{show(wave.get('release_skew_ms'))} ms  {show(wave.get('duration_s'))} s  "
-            f"{show(wave.get('released_at'))} -> {show(wave.get('last_answer_at'))}  "
-            f"{'ok' if wave.get('ok') is True else 'FAILED'}")
+    where = show(wave["wave"]) + ("" if wave["engine"] is None else f" e{wave['engine']}")
+    return (f"{where:<4} depth {show(wave['depth'])}  skew "
+            f"{show(wave['release_skew_ms'])} ms  {show(wave['duration_s'])} s  "
+            f"{show(wave['released_at'])} -> {show(wave['last_answer_at'])}  "
+            f"{'ok' if wave['ok'] else 'FAILED'}")
 
 
 def evidence_table(waves: list[dict]) -> list[str]:
@@ -205,7 +201,7 @@ def evidence_table(waves: list[dict]) -> list[str]:
     of batch shapes or graph capture; '-' where the server did not say. [] when no wave
     has any (run with --gauge-interval-ms 0): a table of '-' would say nothing. A counter
     that went down during a wave is named either way."""
-    went_down = sorted({show(k, 160) for w in waves for k in as_list(w.get("counters_went_down"))})
+    went_down = sorted({show(k, 160) for w in waves for k in w.get("counters_went_down") or []})
     notes = [f"counter went down during a wave (a restart?): {k}" for k in went_down]
     if not any(w.get(k) is not None for w in waves
                for k in ("gauge_samples", "running_max", "spec_decode", "tokens_per_step")):
@@ -214,10 +210,10 @@ def evidence_table(waves: list[dict]) -> list[str]:
              "accept rate", "mean accept len", "accept by position", "tokens/step"]
     rows = [heads]
     for wave in waves:
-        spec = as_dict(wave.get("spec_decode"))
-        positions = " ".join(show(p, 8) for p in as_list(spec.get("acceptance_by_position")))
+        spec = wave.get("spec_decode") or {}
+        positions = " ".join(show(p, 8) for p in spec.get("acceptance_by_position", []))
         running = finite_number(wave.get("running_max"))
-        rows.append([show(wave.get("wave")), show(wave.get("engine")), show(wave.get("depth")),
+        rows.append([show(wave["wave"]), show(wave.get("engine")), show(wave.get("depth")),
                      "-" if running is None else f"{running:g}",
                      show(wave.get("gauge_samples")), show(spec.get("drafted_length")),
                      show(spec.get("acceptance_rate")),
@@ -235,67 +231,65 @@ def counted_lines(counted: dict) -> list[str]:
 
     def num(value) -> str:
         return f"{value:g}" if finite_number(value) is not None else show(value)
-    more = counted.get("foreign")
-    during = ", ".join(map(show, as_list(counted.get("overlaps")))) or "-"
+    more = counted["foreign"]
+    during = ", ".join(map(show, counted["overlaps"])) or "-"
     said = "not compared (a read failed)" if more is None else "no foreign work" \
         if not more else f"FOREIGN WORK: {num(more)} more (during {during})"
-    return [f"  {show(counted.get('counter'))}: counted {num(counted.get('delta'))} "
-            f"{show(counted.get('unit'))}, the warm-up sent {num(counted.get('sent'))}: {said}"]
+    return [f"  {show(counted['counter'])}: counted {num(counted['delta'])} "
+            f"{show(counted['unit'])}, the warm-up sent {num(counted['sent'])}: {said}"]
 
 
 def overlapped(metrics: list[dict]) -> dict:
     """wave -> the sources whose operator counter saw foreign work during it."""
     found: dict = {}
     for m in metrics:
-        for wave in as_list(as_dict(m.get("counted")).get("overlaps")):
-            found.setdefault(str(wave), []).append(show(m.get("source"), 120))
+        for wave in (m["counted"] or {}).get("overlaps", []):
+            found.setdefault(wave, []).append(show(m["source"], 120))
     return found
 
 
 def format_run(run: dict) -> list[str]:
     """One run's lines, ending with its verdict line."""
-    lines = [run_header(as_dict(run["run"]))] if run["run"] else ["(no run record)"]
+    lines = [run_header(run["run"])] if run["run"] else ["(no run record it could read)"]
     if run["requests"]:
         lines += [""] + request_table(run["requests"])
     if run["waves"]:
         foreign = overlapped(run["metrics"])
         lines += [""] + [wave_text(w) + "".join(f"  foreign work on {s}" for s in
-                                                foreign.get(str(w.get("wave")), []))
+                                                foreign.get(w["wave"], []))
                          for w in run["waves"]]
         table = evidence_table(run["waves"])
         if table:
             lines += ["", "per-wave evidence (counters and gauges; not worker RPC steps, not "
                           "proof of graph capture):"] + table
     for m in run["metrics"]:
-        why = f": {show(m.get('why'), 200)}" if m.get("why") else ""
-        lines += ["", f"counter deltas from {show(m.get('source'))} ({show(m.get('state'))}"
-                      f"{why}):"]
-        lines += [f"  {show(k, 160)} {show(v)}" for k, v in as_dict(m.get("highlights")).items()]
-        lines += [f"  warning: {show(w, 300)}" for w in as_list(m.get("warnings"))]
-        lines += counted_lines(as_dict(m.get("counted")))
+        why = f": {show(m['why'], 200)}" if m["why"] else ""
+        lines += ["", f"counter deltas from {show(m['source'])} ({show(m['state'])}{why}):"]
+        lines += [f"  {show(k, 160)} {show(v)}" for k, v in m["highlights"].items()]
+        lines += [f"  warning: {show(w, 300)}" for w in m["warnings"] or []]
+        lines += counted_lines(m["counted"] or {})
     for st in run["status"]:
-        why = f": {show(st.get('why'), 200)}" if st.get("why") else ""
-        delta = as_dict(st.get("delta"))
-        moved = ", ".join(f"{show(k, 60)} {show(v)}" for k, v in list(delta.items())[:12])
-        fresh = f" (fresh by {show(st.get('fresh_by'), 80)})" if st.get("fresh_by") else ""
-        lines.append(f"status file {show(st.get('path'), 200)}: {show(st.get('state'))}{why}"
+        why = f": {show(st['why'], 200)}" if st["why"] else ""
+        moved = ", ".join(f"{show(k, 60)} {show(v)}"
+                          for k, v in list((st["delta"] or {}).items())[:12])
+        fresh = f" (fresh by {show(st['fresh_by'], 80)})" if st["fresh_by"] else ""
+        lines.append(f"status file {show(st['path'], 200)}: {show(st['state'])}{why}"
                      f"{fresh}" + (f"; deltas: {moved}" if moved else ""))
     if run["probe_summary"]:
         lines += ["", "probe (first round against the median of later rounds):"]
-        items = as_list(as_dict(run["probe_summary"]).get("items"))
-        lines += [probe_line(as_dict(i)) for i in items]
+        lines += [probe_line(i) for i in run["probe_summary"]["items"]]
     if run["gate"]:
         lines += ["", "gate (exact copies; counts and distances only):"]
-        lines += [gate_line(as_dict(r)) for r in run["gate"]]
+        lines += [gate_line(r) for r in run["gate"]]
     if run["gate_summary"]:
-        lines.append(gate_summary_line(as_dict(run["gate_summary"])))
+        lines.append(gate_summary_line(run["gate_summary"]))
     if run["problems"]:
         lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run["problems"]]
-    summary = as_dict(run["summary"])
+    summary = run["summary"] or {}
     if summary.get("time_to_warm"):
-        lines.append(time_to_warm_line(as_dict(summary["time_to_warm"])))
-    lines += [f"note: {show(n, 300)}" for n in as_list(summary.get("notes"))]
-    lines += [f"warning: {show(w, 300)}" for w in as_list(summary.get("warnings"))]
+        lines.append(time_to_warm_line(summary["time_to_warm"]))
+    lines += [f"note: {show(n, 300)}" for n in summary.get("notes", [])]
+    lines += [f"warning: {show(w, 300)}" for w in summary.get("warnings", [])]
     if run["evidence_problems"]:
         lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
                                              for p in run["evidence_problems"]]
@@ -318,7 +312,7 @@ def format_report(report: dict) -> str:
     """The whole file for a terminal: bad lines first, then each run, the last run last."""
     lines = [f"note: {show(issue, 300)}" for issue in report["issues"]]
     runs = report["runs"]
-    if not any(run["run"] for run in runs):
+    if report["verdict"] == "none":
         lines.append(f"verdict: none ({report['ends']})")
         return "\n".join(lines)
     for number, run in enumerate(runs, 1):
@@ -382,7 +376,7 @@ def report_main(argv: list[str]) -> int:
         last = _last_run(report)
         report["expect_k"] = drafted_findings(
             last.get("waves") or [], args.expect_k, args.proposer,
-            count_value(as_dict(last.get("run")).get("spec_positions")))
+            (last.get("run") or {}).get("spec_positions"))
     held = all(f["holds"] for f in report.get("expect_k", []))
     code = report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
     if args.json:
@@ -471,9 +465,9 @@ def judge_drafted(wave: dict, name: str, by_batch: dict | None, wanted: dict,
                   proposer: str) -> dict:
     """One wave record's drafted length against the k its depth (and its tails) allow."""
     where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
-    spec = as_dict(wave.get("spec_decode"))
+    spec = wave.get("spec_decode") or {}
     drafted = finite_number(spec.get("drafted_length"))
-    depth = wave.get("depth") if isinstance(wave.get("depth"), int) else 0
+    depth = wave.get("depth") or 0
     k = by_batch.get(depth) if by_batch else wanted.get(name)
     if drafted is None or k is None:
         why = f"no k for batch size {depth}" if k is None else \
