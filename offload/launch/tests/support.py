@@ -33,6 +33,7 @@ import core.contract as contract  # noqa: E402
 import qualify  # noqa: E402
 import tools.ready as ready  # noqa: E402
 import core.transport as transport  # noqa: E402
+import core.vllm_client as vllm_client  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
 from start.processes import group_alive  # noqa: E402
@@ -362,3 +363,20 @@ def summary_record(run_id: str, verdict: str, exit_code: int, **changes) -> dict
     return dict({"record": "summary", "run_id": run_id, "verdict": verdict,
                  "exit_code": exit_code, "elapsed_s": 1.0, "deadline_s": 90.0, "problems": [],
                  "records": "r.jsonl"}, **changes)
+
+
+def gate_scrubbed(message: str) -> str | None:
+    """A server's error message as a gate's record keeps it: the gate registers its
+    identifiers as secrets and each probe's prompt (Gate(), make_slot()), and the one
+    scrub of a server's message (vllm_client.extract_fields) does the rest."""
+    import tools.gate as gate
+    transport.REDACTIONS.reset()
+    try:
+        for _, identifier in gate.IDENTIFIERS:
+            transport.REDACTIONS.secret(identifier)
+        for probe in gate.PROBES:
+            transport.REDACTIONS.prompt(gate.gate_prompt(probe.reference, "chat"), tag=False)
+        body = json.dumps({"error": {"message": message}}).encode()
+        return vllm_client.extract_fields(400, body)["error"]
+    finally:
+        transport.REDACTIONS.reset()

@@ -11,7 +11,7 @@ import re
 import time
 import unittest
 
-from support import TEXT_MARKER, HelperCase, qualify
+from support import TEXT_MARKER, HelperCase, gate_scrubbed, qualify
 import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 IDENTIFIER = gate.Probe("id", "identifier", "Gullpoint-Labs/Ferry-7B_Instruct.v2")
@@ -178,11 +178,11 @@ class TestScorers(unittest.TestCase):
 
     def test_server_messages_lose_the_probe_text(self):
         ident = gate.IDENTIFIERS[3][1]
-        said = gate.scrub_probe_text(
+        said = gate_scrubbed(
             f"bad request near {ident}: 'The weather station on Gull Point was built' at 3")
         self.assertNotIn(ident, said)
         self.assertNotIn("weather station", said)
-        self.assertIn("bad request near [probe text]", said)
+        self.assertIn("bad request near [redacted]", said)
 
     def test_probes_are_the_ones_promised(self):
         self.assertEqual([p.kind for p in gate.PROBES].count("identifier"), 6)

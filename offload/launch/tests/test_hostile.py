@@ -38,8 +38,8 @@ from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received,
                      chunked, completion_doc, completion_with, error_answer, http,
                      json_answer, metrics_answer, metrics_text, model_entry, models_doc,
                      sse_answer, stream_events)
-from support import (WRAPPER, HelperCase, contract_requests, read_records, run_record,
-                     run_script, summary_record, wave_records)
+from support import (WRAPPER, HelperCase, contract_requests, gate_scrubbed, read_records,
+                     run_record, run_script, summary_record, wave_records)
 import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -1210,12 +1210,12 @@ class TestReviewFindings(HelperCase):
         passage = next(p for p in gate.PROBES if p.kind == "passage")
         start = passage.reference.index(" ") + 1
         echoed = "cannot process: " + passage.reference[start:start + 280]
-        scrubbed = gate.scrub_probe_text(echoed)
+        scrubbed = gate_scrubbed(echoed)
         words = re.findall(r"\w+", passage.reference)
         runs = {" ".join(words[i:i + 3]) for i in range(len(words) - 2)}
         shown = " ".join(re.findall(r"\w+", scrubbed))
         self.assertFalse([run for run in runs if run in shown], scrubbed)
-        self.assertTrue(scrubbed.startswith("cannot process: [probe text]"), scrubbed)
+        self.assertTrue(scrubbed.startswith("cannot process: [prompt text]"), scrubbed)
 
 
 if __name__ == "__main__":

@@ -314,32 +314,6 @@ def score_problem(probe: Probe, score: dict, max_cer: float, max_typos: int = 0
 
 # -- one response -> one record ---------------------------------------------
 
-GATE_WORDS = frozenset(w.lower() for probe in PROBES
-                       for w in re.findall(r"\w+", probe.reference))
-_ANY_WORD = re.compile(r"\w+")
-
-
-def scrub_probe_text(text: str | None) -> str | None:
-    """A server's message without our probes' text: an identifier, or a run of three or
-    more of the passages' words, becomes [probe text]."""
-    if not text:
-        return text
-    for name, identifier in IDENTIFIERS:
-        text = text.replace(identifier, "[probe text]")
-    words = list(_ANY_WORD.finditer(text))
-    spans, run = [], []
-    for match in words + [None]:
-        if match is not None and match.group().lower() in GATE_WORDS:
-            run.append(match)
-            continue
-        if len(run) >= 3:
-            spans.append((run[0].start(), run[-1].end()))
-        run = []
-    for start, end in reversed(spans):
-        text = text[:start] + "[probe text]" + text[end:]
-    return text
-
-
 def read_answer(body: bytes, endpoint: str) -> tuple[str | None, bool, str | None]:
     """(the answer, whether a reasoning part came with it, a problem) of a 200 body.
 
@@ -406,9 +380,8 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
     timing, answer = slot_timing(slot), read_slot(slot)
 
     def diagnose(fields: dict) -> str:
-        return diagnose_gate_error(fields["http_status"], scrub_probe_text(fields["error"]),
-                                   scrub_probe_text(fields["error_param"]), connection,
-                                   options.endpoint)
+        return diagnose_gate_error(fields["http_status"], fields["error"],
+                                   fields["error_param"], connection, options.endpoint)
     problems = judge(answer, COPY_KINDS[options.endpoint], options.max_tokens,
                      diagnose=diagnose)
     score = {}
