@@ -369,8 +369,8 @@ def wave_record(run: Run, name: str, kind_: Kind, depth: int, engine, mine: list
                 slots: list[Slot], finished: list[Slot], duration: float, started: float,
                 shown: list[str], seen: dict) -> dict:
     """One engine's record of a wave: its release skew, times, requests ok, evidence."""
-    sent = [s.sent_at for s in slots if s.sent_at is not None]
-    done = [s.done_at for s in slots if s.done_at is not None]
+    sent = [s.exchange.sent_at for s in slots if s.exchange.sent_at is not None]
+    done = [s.exchange.done_at for s in slots if s.exchange.done_at is not None]
     problems = judge_wave(mine, depth, engine, name) + shown
     return {"record": "wave", "run_id": run.settings.run_id, "wave": name,
             **({} if kind_.path is None else {"path": kind_.name}),

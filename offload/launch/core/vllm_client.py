@@ -391,7 +391,8 @@ class ServerProgram(Program):
         headers = {} if engine is None else {ENGINE_HEADER: str(engine)}
         payload = encode_request(self.connection.target, "POST", kind_.endpoint, body,
                                  bearer_for(kind_.endpoint, self.connection.api_key), headers)
-        return Slot(index, rid, payload, engine=engine, stream=kind_.stream)
+        return Slot(index, rid, Exchange(payload, FIRST_TEXT if kind_.stream else None),
+                    engine=engine)
 
     def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool,
                       observe_ms: float = 0) -> list[Slot] | None:
@@ -480,18 +481,14 @@ class ServerProgram(Program):
 # A batch with routing: slots over transport.exchange_batch.
 # ---------------------------------------------------------------------------
 
-@dataclass
+@dataclass(frozen=True)
 class Slot:
-    """One request of a batch: what the client thread did, in the run's clock."""
+    """One request of a batch: who it is for, and its Exchange (its bytes, and what the
+    client thread saw of them, in the run's clock)."""
     index: int
     request_id: str
-    payload: bytes
-    sent_at: float | None = None
-    done_at: float | None = None
-    response: Response | None = None
-    error: TransportError | None = None
+    exchange: Exchange
     engine: int | None = None
-    stream: bool = False                # a streamed request: note its first token
 
 
 # A server-sent event whose choice carries non-empty text: the first token has arrived.
@@ -500,12 +497,8 @@ FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 
 def release_batch(target: Target, clock, slots: list[Slot], still_running=None) -> list[Slot]:
     """Release the slots together (transport.exchange_batch); each slot as it ended."""
-    done = exchange_batch(target, clock, [
-        Exchange(slot.payload, FIRST_TEXT if slot.stream else None) for slot in slots],
-        still_running)
-    return [replace(slot, payload=slot.payload if ex.payload else b"", sent_at=ex.sent_at,
-                    done_at=ex.done_at, response=ex.response, error=ex.error)
-            for slot, ex in zip(slots, done)]
+    done = exchange_batch(target, clock, [slot.exchange for slot in slots], still_running)
+    return [replace(slot, exchange=ex) for slot, ex in zip(slots, done)]
 
 
 def bearer_for(path: str, api_key: str | None) -> str | None:
@@ -519,30 +512,31 @@ def bearer_for(path: str, api_key: str | None) -> str | None:
 # ---------------------------------------------------------------------------
 
 def release_skew_ms(slots: list[Slot]) -> float | None:
-    sent = [slot.sent_at for slot in slots if slot.sent_at is not None]
+    sent = [s.exchange.sent_at for s in slots if s.exchange.sent_at is not None]
     return round((max(sent) - min(sent)) * 1000, 3) if sent else None
 
 
 def slot_timing(slot: Slot) -> dict:
     """A finished slot's HTTP status, transport error and times: shared by every record."""
-    latency = (slot.done_at - slot.sent_at) \
-        if slot.sent_at is not None and slot.done_at is not None else None
+    ex = slot.exchange
+    latency = (ex.done_at - ex.sent_at) \
+        if ex.sent_at is not None and ex.done_at is not None else None
     return {
-        "http_status": slot.response.status if slot.response is not None else None,
-        "transport_error": None if slot.response is not None else
-        (slot.error.problem if slot.error else "no response"),
+        "http_status": ex.response.status if ex.response is not None else None,
+        "transport_error": None if ex.response is not None else
+        (ex.error.problem if ex.error else "no response"),
         "latency_s": None if latency is None else round(latency, 4),
-        "sent_at_s": None if slot.sent_at is None else round(slot.sent_at, 4),
+        "sent_at_s": None if ex.sent_at is None else round(ex.sent_at, 4),
     }
 
 
 def read_slot(slot: Slot) -> dict:
     """What one client got, as the judge reads it: the answer's fields (a stream's too,
     and whether token text arrived), or its transport error."""
-    response = slot.response
+    response = slot.exchange.response
     if response is None:
         return {"http_status": None, "transport_error": slot_timing(slot)["transport_error"]}
-    if not slot.stream:
+    if slot.exchange.watch is None:         # not streamed
         return extract_fields(response.status, response.body)
     answer = extract_stream_fields(response.status, response.body)
     if response.status == 200:

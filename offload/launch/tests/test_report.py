@@ -308,8 +308,8 @@ class TestReportPieces(unittest.TestCase):
 
     def probe_record_of(self, response: transport.Response) -> dict:
         """probe_record of one streamed request of item single that got this response."""
-        slot = vllm_client.Slot(0, "probe-r-single-r1-0", b"", sent_at=0.1, done_at=0.2,
-                                response=response, stream=True)
+        slot = vllm_client.Slot(0, "probe-r-single-r1-0", transport.Exchange(
+            b"", vllm_client.FIRST_TEXT, sent_at=0.1, done_at=0.2, response=response))
         settings = runframe.RunSettings(prog="probe", run_id="r", records_path="unused",
                                         deadline_s=90, socket_cap_s=60)
         connection = vllm_client.Connection(

@@ -386,7 +386,7 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
                      diagnose=diagnose)
     score = {}
     if not problems:
-        text, reasoned, why = read_answer(slot.response.body, options.endpoint)
+        text, reasoned, why = read_answer(slot.exchange.response.body, options.endpoint)
         if why is not None:
             problems.append(why)
         else:

@@ -220,8 +220,9 @@ def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: S
     text; judged by kinds.judge() against its kind."""
     timing, answer, kind_ = slot_timing(slot), read_slot(slot), item_kind(item)
     problems = judge(answer, kind_, probe.options.tokens, diagnose=probe.diagnose)
-    first, sent = (slot.response.watched_at if slot.response is not None else None,
-                   slot.sent_at)
+    response = slot.exchange.response
+    first, sent = (response.watched_at if response is not None else None,
+                   slot.exchange.sent_at)
     return {
         "record": "probe", "run_id": run.settings.run_id, "item": item, "round": round_no,
         "index": slot.index, "engine": slot.engine, "request_id": slot.request_id,
