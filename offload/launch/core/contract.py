@@ -22,11 +22,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from core.kinds import KINDS, Kind, answer_of, copy_problem, count, judge, kinds_of
+from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS
 from core.records import FORMAT, JUDGED, label, show
-from core.runframe import EXIT_FAIL, EXIT_PASS
-from core.transport import finite_number
+from core.runframe import EXIT_FAIL, EXIT_PASS, comma_list
+from core.transport import count_value, finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 
 B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
@@ -98,14 +98,9 @@ def batch_name(kind_: Kind, depth: int) -> str:
 
 def parse_waves(text: str) -> tuple[int, ...]:
     """'1,2,3,4' -> (1, 2, 3, 4); distinct depths of 1 to 64, the first of them 1."""
-    try:
-        depths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"wants depths separated by commas, such as 1,2,3,4; got {text!r}")
+    depths = comma_list(text, int, "distinct depths separated by commas, such as 1,2,3,4")
     if any(d < 1 or d > MAX_WAVE_DEPTH for d in depths):
         raise ValueError(f"depths must be between 1 and {MAX_WAVE_DEPTH}; got {text!r}")
-    if len(set(depths)) != len(depths):
-        raise ValueError(f"depths must be distinct; got {text!r}")
     if depths[0] != 1:
         raise ValueError(f"must start with 1 (B1, the long-prompt wave); got {text!r}")
     return depths
@@ -198,7 +193,7 @@ def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
     warnings = []
     for name, counted, what in (
             ("vllm:generation_tokens_total",
-             sum(count(r.get("completion_tokens")) or 0 for r in requests), "completion tokens"),
+             sum(count_value(r.get("completion_tokens")) or 0 for r in requests), "completion tokens"),
             ("vllm:request_success_total",
              sum(1 for r in requests if r.get("http_status") == 200), "requests answered 200")):
         delta = series_sum(deltas, name)
@@ -268,7 +263,7 @@ def unwarmed_engines(engines: list, skipped: list[int], records: list[dict]) -> 
 def b1_prompts(requests: list[dict]) -> dict:
     """Each engine's B1 prompt tokens, as its share of prefill must show them."""
     return {r["engine"]: r["prompt_tokens"] for r in requests
-            if r["request_kind"] == "long" and count(r["prompt_tokens"])}
+            if r["request_kind"] == "long" and count_value(r["prompt_tokens"])}
 
 
 def counter_problems(plan: Plan, engines: list, records: list[dict],
@@ -371,7 +366,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     engines = engines if engines and min(engines) >= 0 else [None]
     planned = recorded.get("requests_total")
     missing = [f"only {len(judged)} of {planned} requests ran"] \
-        if count(planned) is not None and len(judged) < planned else []
+        if count_value(planned) is not None and len(judged) < planned else []
     found = said_once(failed)
     if plan is not None:
         skipped = recorded.get("engines_skipped", [])
@@ -388,7 +383,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     ok = len(judged) - len(failed)
     base = dict(differences=tuple(differs), requests_ok=ok,
                 failed=tuple(identity(r) for r in failed),
-                requests_total=planned if count(planned) is not None else len(judged),
+                requests_total=planned if count_value(planned) is not None else len(judged),
                 parts=parts, structural=tuple(dict.fromkeys(structural)))
     problems = list(ending.problems) + found
     if ending.verdict == "killed" or ending.verdict == "refused" and not found + structural:
@@ -417,7 +412,7 @@ def run_problems(run: dict, judged: list[dict]) -> list[str]:
     if len(set(ids)) != len(ids):
         problems.append(f"{len(ids) - len(set(ids))} request record(s) repeat another's id")
     planned = run["plan"].get("requests_total")
-    if not (count(planned) and planned > 0):
+    if not (count_value(planned) and planned > 0):
         problems.append("the run record announces no number of requests")
     elif len(judged) > planned:
         problems.append(f"{len(judged)} request records, more than the {planned} planned")
@@ -437,7 +432,7 @@ def engine_problems(engines: list[int] | None, per_engine: int | None,
         return []
     if not engines or min(engines) < 0:
         return ["the run record's engines are not a list of engine indexes"]
-    if not count(per_engine):
+    if not count_value(per_engine):
         return ["the run record announces no number of requests per engine"]
     return [f"engine {engine}: {mine} request records, more than its {per_engine}"
             for engine in engines
@@ -536,7 +531,7 @@ def judge_record(record: dict, run: dict, plan: Plan | None) -> list[str]:
             return ["the run record's plan cannot be read"]
         return judge(answer_of(record), kind_, plan.tokens, floor=plan.b1_minimum)
     tokens = recorded.get("max_tokens" if run.get("mode") == "gate" else "tokens")
-    if not count(tokens):
+    if not count_value(tokens):
         return ["the run record's plan holds no token count to judge it by"]
     rules = judge(answer_of(record), kind_, tokens)
     if run.get("mode") == "gate" and not rules:

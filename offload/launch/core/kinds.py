@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.records import ANSWER_FIELDS
-from core.runframe import PROBLEM_LIMIT
-from core.transport import clean_text
+from core.runframe import PROBLEM_LIMIT, comma_list
+from core.transport import clean_text, count_value
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -204,7 +204,7 @@ def parse_paths(text: str) -> tuple[str, ...]:
         return ()
     if text == "all":
         return PATH_NAMES
-    names = [n.strip() for n in text.split(",")]
+    names = comma_list(text, str, "path names separated by commas")
     unknown = [n for n in names if n not in PATH_NAMES]
     if unknown:
         raise ValueError(f"unknown path {unknown[0]!r}; paths: {', '.join(PATH_NAMES)}, all "
@@ -227,12 +227,6 @@ def request_id(program: str, run_id: str, engine: int | None, *where) -> str:
 # ---------------------------------------------------------------------------
 # The judge (pure).
 # ---------------------------------------------------------------------------
-
-def count(value) -> int | None:
-    """A count as judged: a non-negative int (never a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) \
-        and value >= 0 else None
-
 
 def http_problem(answer: dict) -> str:
     """A non-200 answer named without a program's own diagnosis."""
@@ -288,10 +282,10 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
     if counted and holds.tokens == "exact" and not named:
         if completion is None:
             problems.append("usage.completion_tokens missing")
-        elif count(completion) != tokens:
+        elif count_value(completion) != tokens:
             problems.append(f"completion_tokens {said(completion)}, expected {tokens}")
     elif counted and holds.tokens == "upto" and not named:
-        if count(completion) is None or not 1 <= completion <= tokens:
+        if count_value(completion) is None or not 1 <= completion <= tokens:
             problems.append(f"completion_tokens {said(completion)}, expected 1 to {tokens} "
                             f"(structured output may end early)")
     if holds.finishes and finish not in holds.finishes:
@@ -299,7 +293,7 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
                         f"{' or '.join(repr(f) for f in holds.finishes)}")
     if holds.stop_null and stop is not None:
         problems.append(f"stop_reason {said(stop)}, expected null")
-    if holds.logprobs and not count(answer.get("logprobs_count")):
+    if holds.logprobs and not count_value(answer.get("logprobs_count")):
         problems.append("no log-probabilities in the answer")
     if holds.stream and answer.get("stream_done") is not True:
         problems.append("stream did not end with [DONE]")
@@ -320,7 +314,7 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
     problems = []
     if prompt is None:
         problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
-    elif count(prompt) is None or prompt < floor:
+    elif count_value(prompt) is None or prompt < floor:
         problems.append(f"B1 prompt_tokens {said(prompt)}, expected more than {floor - 1}")
     if cached is not None and cached != 0:
         problems.append(f"B1 cached_tokens {said(cached)}, expected 0: a cached prefix matched, "
@@ -344,7 +338,7 @@ def copy_problem(record: dict, max_cer: float, max_typos: int) -> str | None:
     `max_typos` word errors and `max_cer`. None when it holds."""
     if record.get("kind") == "identifier":
         return None if record.get("exact") is True else "not an exact copy"
-    errors, cer = count(record.get("word_errors")), record.get("cer")
+    errors, cer = count_value(record.get("word_errors")), record.get("cer")
     if errors is None or not isinstance(cer, (int, float)) or isinstance(cer, bool):
         return "no score"
     if errors > max_typos or not cer <= max_cer:

@@ -515,6 +515,18 @@ def whole(low: int, high: int):
                        f"must be a whole number from {low} to {high}", "number")
 
 
+def comma_list(text: str, item, wants: str) -> tuple:
+    """The one reader of a comma list: each part through `item`, each once; ValueError
+    saying what it `wants` when a part is not one, or says one twice."""
+    try:
+        parts = tuple(item(part.strip()) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"wants {wants}; got {clean_text(text, 80)!r}") from None
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"names one twice; got {clean_text(text, 80)!r}")
+    return parts
+
+
 def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parse_args; with --json a usage error also prints a JSON object on stdout."""
     try:

@@ -39,7 +39,7 @@ from core.locks import release_server_lock, take_server_lock
 from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from core.records import ANSWER_FIELDS
 from core.runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program,
-                           Run, argument_type, flag_or_env, late_problem, parse_or_explain,
+                           Run, argument_type, comma_list, flag_or_env, late_problem, parse_or_explain,
                            publish_usage, run_session, run_settings, seconds, textfile_of,
                            usage_error)
 from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
@@ -751,14 +751,10 @@ def parse_engines(text: str) -> tuple[int, ...] | None:
     The one parser of an engine list; ValueError says what is wrong."""
     if text.strip() == "auto":
         return None
-    try:
-        engines = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"wants auto or engine indexes separated by commas, such as 0,1; "
-                         f"got {text!r}")
-    if any(e < 0 or e > MAX_ENGINE for e in engines) or len(set(engines)) != len(engines):
-        raise ValueError(f"engine indexes must be distinct, from 0 to {MAX_ENGINE}; "
-                         f"got {text!r}")
+    engines = comma_list(text, int, "auto or distinct engine indexes separated by commas, "
+                                    "such as 0,1")
+    if any(e < 0 or e > MAX_ENGINE for e in engines):
+        raise ValueError(f"engine indexes must be from 0 to {MAX_ENGINE}; got {text!r}")
     return engines
 
 

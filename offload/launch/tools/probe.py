@@ -21,11 +21,11 @@ import textwrap
 from dataclasses import dataclass
 
 from core.contract import B1_FLOOR
-from core.kinds import KINDS, PATH_NAMES, count, judge, kinds_of, parse_paths, request_id
+from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
 from core.runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options,
                            argument_type, emit, flag_or_env, whole)
-from core.transport import UsageError, clean_text, finite_number
+from core.transport import UsageError, clean_text, count_value, finite_number
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                               add_server_options, answer_record, connection_from, read_slot,
                               server_main, slot_timing, template_kwargs_type)
@@ -190,7 +190,7 @@ def probe_summary(records: list[dict]) -> list[dict]:
     items = []
     for (item, engine), rounds in groups.items():
         cached = sorted(n for n, rs in rounds.items()       # cached_tokens > 0 reported
-                        if any(count(r.get("cached_tokens")) for r in rs))
+                        if any(count_value(r.get("cached_tokens")) for r in rs))
         per_round = {n: (_slowest([r.get("ttft_s") for r in rs]),
                          _slowest([r.get("total_s") for r in rs]))
                      for n, rs in rounds.items() if n not in cached}
