@@ -49,8 +49,8 @@ try:
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                                 ready_of, replace_ready_file, seen_asleep)
-    from core.runframe import (Run, RunSettings, add_file_option, add_run_options,
-                               argument_type, emit, flag_or_env, given_value, seconds, whole)
+    from core.cli import argument_type, emit, flag_or_env, given_value, seconds, whole
+    from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.textfile import ended_since, outcome_of_status
     from core.files import writable
     from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS
 from core.records import FORMAT, JUDGED, label, show
-from core.runframe import EXIT_FAIL, EXIT_PASS, comma_list
+from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.transport import count_value, finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 

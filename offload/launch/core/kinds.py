@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.records import ANSWER_FIELDS
-from core.runframe import PROBLEM_LIMIT, comma_list
+from core.cli import comma_list
+from core.runframe import PROBLEM_LIMIT
 from core.transport import clean_text, count_value
 
 COMPLETIONS = "/v1/completions"

@@ -16,7 +16,8 @@ import socket
 import stat
 import tempfile
 
-from core.runframe import EXIT_REFUSED, EXIT_USAGE, Fatal
+from core.cli import EXIT_REFUSED, EXIT_USAGE
+from core.runframe import Fatal
 from core.transport import Target, clean_text
 
 

@@ -31,17 +31,10 @@ from dataclasses import dataclass, field
 from core.records import FORMAT, field_problems, parts_text
 from core.textfile import outcome, publish, publish_outcome, result_samples
 from core.files import writable
-from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize,
-                            sanitize_text, start_quiet)
+from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_REFUSED, EXIT_USAGE, emit, printable,
+                      sanitize_lines, seconds, silence)
+from core.transport import CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text, start_quiet
 
-EXIT_PASS = 0
-EXIT_FAIL = 1
-EXIT_USAGE = 2
-EXIT_REFUSED = 3
-EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
-EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
-EXIT_HARD_BOUND = 124               # TERM from warmup_serve.sh's hard bound (timeout's status)
-MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
 PROBLEM_LIMIT = 300                  # one problem string, cut
 
 
@@ -423,45 +416,6 @@ class Printer:
         return not self.thread.is_alive()
 
 
-def sanitize_lines(text: str) -> str:
-    """The terminal sink's rule: each line of ours through transport.sanitize_text."""
-    return "\n".join(sanitize_text(line) for line in text.split("\n"))
-
-
-def printable(text: str, stream) -> str:
-    """The text as the stream can encode it (an ASCII terminal gets '?', never an error)."""
-    encoding = getattr(stream, "encoding", None) or "utf-8"
-    try:
-        text.encode(encoding)
-        return text
-    except (UnicodeEncodeError, LookupError):
-        return text.encode(encoding, "replace").decode(encoding, "replace")
-
-
-def emit(text: str, stream=None) -> bool:
-    """Print from the main thread when no run is in flight (reports, plans); a reader that
-    went away (`| head -1`) ends the printing quietly. False when it did."""
-    stream = sys.stdout if stream is None else stream
-    if stream is None:                  # the descriptor was closed at start (1>&-)
-        return False
-    try:
-        print(printable(sanitize_lines(text), stream), file=stream, flush=True)
-        return True
-    except (OSError, ValueError):
-        silence(stream)
-        return False
-
-
-def silence(stream) -> None:
-    """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, stream.fileno())
-        os.close(devnull)
-    except (OSError, ValueError, AttributeError):
-        pass
-
-
 def verdict_line(summary: dict, records_path: str) -> str:
     """The terminal's last lines: the verdict with each part's count ('PASS (exit 0):
     contract 10/10, paths stream 5/5 in 3.21 s'; a custom plan named with what made it),
@@ -488,44 +442,6 @@ def verdict_line(summary: dict, records_path: str) -> str:
 # ---------------------------------------------------------------------------
 # The command line shared by every program.
 # ---------------------------------------------------------------------------
-
-def number_type(convert, fits, wants: str, name: str):
-    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = None
-        if value is None or not fits(value):
-            raise argparse.ArgumentTypeError(f"{wants}, got {text!r}")
-        return value
-    parse.__name__ = name
-    return parse
-
-
-def seconds(high: float = MAX_SECONDS):
-    """An argparse type: a number of seconds in (0, high]."""
-    return number_type(float, lambda v: 0 < v <= high, f"must be a number of seconds greater "
-                       f"than 0 and at most {high:g}", "seconds")
-
-
-def whole(low: int, high: int):
-    """An argparse type: a whole number in [low, high]."""
-    return number_type(int, lambda v: low <= v <= high,
-                       f"must be a whole number from {low} to {high}", "number")
-
-
-def comma_list(text: str, item, wants: str) -> tuple:
-    """The one reader of a comma list: each part through `item`, each once; ValueError
-    saying what it `wants` when a part is not one, or says one twice."""
-    try:
-        parts = tuple(item(part.strip()) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"wants {wants}; got {clean_text(text, 80)!r}") from None
-    if len(set(parts)) != len(parts):
-        raise ValueError(f"names one twice; got {clean_text(text, 80)!r}")
-    return parts
-
 
 def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parse_args; with --json a usage error also prints a JSON object on stdout."""
@@ -611,38 +527,6 @@ def add_file_option(parser: argparse.ArgumentParser, flag: str, variable: str,
     """An option naming a file the run writes, its default from an environment variable."""
     parser.add_argument(flag, metavar="PATH", default=os.environ.get(variable) or None,
                         help=f"{help_text} (default: ${variable})")
-
-
-def argument_type(parse):
-    """An argparse type over a parser that raises ValueError."""
-    def checked(text: str):
-        try:
-            return parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc))
-    checked.__name__ = parse.__name__
-    return checked
-
-
-def flag_or_env(flag, name: str, parse, default):
-    """An option's value: the flag's, else the environment variable's (parsed, and named
-    when bad), else the default."""
-    return given_value(flag, "", name, parse, default)[0]
-
-
-def given_value(flag, option: str, variable: str, parse, default) -> tuple:
-    """(value, where it came from): the flag's ('--waves on the command line'), else the
-    environment variable's, parsed and named when bad ('WARMUP_WAVES=1,2 from the
-    environment'), else (default, None)."""
-    if flag is not None:
-        return flag, f"{option} on the command line"
-    text = os.environ.get(variable)
-    if not text:
-        return default, None
-    try:
-        return parse(text), f"{variable}={clean_text(text, 40)} from the environment"
-    except (ValueError, argparse.ArgumentTypeError) as exc:
-        raise UsageError(f"{variable}: {exc}")
 
 
 def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:

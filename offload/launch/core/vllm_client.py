@@ -38,10 +38,10 @@ from core.contract import ENGINE_HEADER, Ending, decide
 from core.locks import release_server_lock, take_server_lock
 from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from core.records import ANSWER_FIELDS
-from core.runframe import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, Fatal, Program,
-                           Run, argument_type, comma_list, flag_or_env, late_problem, parse_or_explain,
-                           publish_usage, run_session, run_settings, seconds, textfile_of,
-                           usage_error)
+from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
+                      comma_list, flag_or_env, seconds)
+from core.runframe import (Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
+                           run_session, run_settings, textfile_of, usage_error)
 from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
                             TransportError, UsageError, __version__, base_url_from,
                             clean_text, count_value, decode_json, describe, encode_request,

@@ -77,7 +77,7 @@ class Log:
         try:
             print(text, file=stream, flush=True)
         except (OSError, ValueError):
-            from core.runframe import silence
+            from core.cli import silence
             silence(stream)
 
     def error(self, text: str) -> None:

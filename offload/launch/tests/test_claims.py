@@ -23,8 +23,8 @@ import unittest
 
 from support import FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
 import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
+import core.cli as cli  # noqa: E402
 import core.kinds as kinds  # noqa: E402
-import core.runframe as runframe  # noqa: E402
 import core.transport as transport  # noqa: E402
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
@@ -49,15 +49,15 @@ def table_codes(markdown: str, heading: str) -> set[int]:
 def code_constants() -> set[int]:
     """What the helper and its wrapper can exit with, from the code."""
     signals = {128 + getattr(signal, name) for name in ("SIGHUP", "SIGINT", "SIGTERM")}
-    return {runframe.EXIT_PASS, runframe.EXIT_FAIL, runframe.EXIT_USAGE, runframe.EXIT_REFUSED,
-            runframe.EXIT_INTERRUPTED, runframe.EXIT_TERMINATED, 124, 137} | signals
+    return {cli.EXIT_PASS, cli.EXIT_FAIL, cli.EXIT_USAGE, cli.EXIT_REFUSED,
+            cli.EXIT_INTERRUPTED, cli.EXIT_TERMINATED, 124, 137} | signals
 
 
 class TestDocumentsMatchTheCode(unittest.TestCase):
     def test_exit_code_tables_match_the_constants(self):
         expected = code_constants()
-        self.assertEqual(runframe.EXIT_TERMINATED, 128 + signal.SIGTERM)
-        self.assertEqual(runframe.EXIT_INTERRUPTED, 128 + signal.SIGINT)
+        self.assertEqual(cli.EXIT_TERMINATED, 128 + signal.SIGTERM)
+        self.assertEqual(cli.EXIT_INTERRUPTED, 128 + signal.SIGINT)
         contract_codes = table_codes(read(CONTRACT), "## 9. Exit status")
         self.assertEqual(contract_codes - {128}, expected)     # "128 + N" names the rule
         epilog = warmup.EPILOG[warmup.EPILOG.index("exit status:"):]

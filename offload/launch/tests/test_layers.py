@@ -19,6 +19,7 @@ from support import LAUNCH, PACKAGES, copy_product, product_files
 LAYERS = {
     "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
     "core.transport": 0, "start.server_command": 0, "tools.procfs": 0, "core.files": 0.05,
+    "core.cli": 0.1,
     "start.processes": 0.1, "start.settings": 0.1, "start.supervisor": 0.2,
     "core.records": 0.2,
     "core.textfile": 0.5,
@@ -142,7 +143,7 @@ class TestLayers(unittest.TestCase):
         ours = (loaded & set(LAYERS)) | {"qualify"}      # qualify runs as __main__
         self.assertLessEqual(ours, {"qualify", "tools", "tools.ready", "tools.procfs",
                                     "core", "core.transport", "core.vllm_metrics",
-                                    "core.readyfile", "core.files"}, ours)
+                                    "core.readyfile", "core.files", "core.cli"}, ours)
 
     def test_no_import_cycle(self):
         graph = {name: local_imports(path) for name, path in modules().items()}

@@ -20,8 +20,8 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass
 
-from core.runframe import (PROBLEM_LIMIT, Run, RunSettings, add_run_options, emit,
-                           number_type, whole)
+from core.cli import emit, number_type, whole
+from core.runframe import PROBLEM_LIMIT, Run, RunSettings, add_run_options
 from core.transport import REDACTIONS, UsageError, clean_text, decode_json
 from core.kinds import COPY_SEED as GATE_SEED
 from core.kinds import COPY_STOP, KINDS, copy_problem, judge, request_id

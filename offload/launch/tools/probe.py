@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from core.contract import B1_FLOOR
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
-from core.runframe import (EXIT_USAGE, Fatal, Run, RunSettings, add_run_options,
-                           argument_type, emit, flag_or_env, whole)
+from core.cli import EXIT_USAGE, argument_type, emit, flag_or_env, whole
+from core.runframe import Fatal, Run, RunSettings, add_run_options
 from core.transport import UsageError, clean_text, count_value, finite_number
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                               add_server_options, answer_record, connection_from, read_slot,

@@ -14,8 +14,8 @@ import math
 from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, replace_ready_file
 from core.records import held, show
-from core.runframe import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_REFUSED,
-                           EXIT_TERMINATED, MAX_SECONDS)
+from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_REFUSED,
+                      EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
 from core.transport import clean_text, decode_json, finite_number
 

@@ -18,42 +18,22 @@ import sys
 import time
 import urllib.parse
 
-from core.readyfile import (iso_time, mark_ready_file, read_ready_file, served_counts)
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
+from core.readyfile import iso_time, mark_ready_file, read_ready_file, served_counts
 from core.files import open_regular
 from core.transport import (Clock, TransportError, UsageError, base_url_from, clean_text,
-                            fetch, finite_number, parse_base_url, sanitize_text)
+                            fetch, finite_number, parse_base_url)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                                served_by_engine, sleep_states)
 from tools.procfs import port_owners
 
 PROG = "qualify.py"
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2      # runframe's, kept here: a probe loads less
 
 
 def served_models(samples: list) -> set[str]:
     """The model names on vllm:* series (their model_name label)."""
     return {labels["model_name"] for name, labels, _ in samples
             if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
-
-
-def emit(line: str, stream=None) -> None:
-    """One line of ours, sanitized, to a stream that may have gone away."""
-    try:
-        print(sanitize_text(line), file=stream or sys.stdout, flush=True)
-    except (OSError, ValueError):
-        pass
-
-
-def timeout_type(text: str) -> float:
-    """An argparse type: seconds in (0, 60]."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 60:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds greater than 0 and "
-                                         f"at most 60, got {text!r}")
-    return value
 
 
 # ---------------------------------------------------------------------------
@@ -105,7 +85,7 @@ def check_parser(command: str, description: str, epilog: str, base_url_default: 
     parser.add_argument("--base-url", metavar="URL", default=None,
                         help=f"the server's address (default: $WARMUP_BASE_URL, else "
                              f"{base_url_default})")
-    parser.add_argument("--timeout-s", metavar="S", type=timeout_type, default=2.0,
+    parser.add_argument("--timeout-s", metavar="S", type=seconds(60.0), default=2.0,
                         help=f"the longest {timeout_what} may take (default: %(default)g)")
     return parser
 

@@ -1,0 +1,133 @@
+"""The command line every program shares: exit codes, one line out, number and list
+types, a setting from its flag or its variable.
+
+The leaf under the run frame and the readiness probe (transport <- cli <- runframe,
+tools/ready): what a program's command line needs and nothing of a run. Standard library
+only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from core.transport import UsageError, clean_text, sanitize_text
+
+EXIT_PASS = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_REFUSED = 3
+EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
+EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
+EXIT_HARD_BOUND = 124               # TERM from warmup_serve.sh's hard bound (timeout's status)
+MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
+
+
+def sanitize_lines(text: str) -> str:
+    """The terminal sink's rule: each line of ours through transport.sanitize_text."""
+    return "\n".join(sanitize_text(line) for line in text.split("\n"))
+
+
+def printable(text: str, stream) -> str:
+    """The text as the stream can encode it (an ASCII terminal gets '?', never an error)."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    try:
+        text.encode(encoding)
+        return text
+    except (UnicodeEncodeError, LookupError):
+        return text.encode(encoding, "replace").decode(encoding, "replace")
+
+
+def emit(text: str, stream=None) -> bool:
+    """Print from the main thread when no run is in flight (reports, plans); a reader that
+    went away (`| head -1`) ends the printing quietly. False when it did."""
+    stream = sys.stdout if stream is None else stream
+    if stream is None:                  # the descriptor was closed at start (1>&-)
+        return False
+    try:
+        print(printable(sanitize_lines(text), stream), file=stream, flush=True)
+        return True
+    except (OSError, ValueError):
+        silence(stream)
+        return False
+
+
+def silence(stream) -> None:
+    """Point a dead stream's descriptor at /dev/null, so the interpreter's exit is quiet."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def number_type(convert, fits, wants: str, name: str):
+    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = None
+        if value is None or not fits(value):
+            raise argparse.ArgumentTypeError(f"{wants}, got {text!r}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def seconds(high: float = MAX_SECONDS):
+    """An argparse type: a number of seconds in (0, high]."""
+    return number_type(float, lambda v: 0 < v <= high, f"must be a number of seconds greater "
+                       f"than 0 and at most {high:g}", "seconds")
+
+
+def whole(low: int, high: int):
+    """An argparse type: a whole number in [low, high]."""
+    return number_type(int, lambda v: low <= v <= high,
+                       f"must be a whole number from {low} to {high}", "number")
+
+
+def comma_list(text: str, item, wants: str) -> tuple:
+    """The one reader of a comma list: each part through `item`, each once; ValueError
+    saying what it `wants` when a part is not one, or says one twice."""
+    try:
+        parts = tuple(item(part.strip()) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"wants {wants}; got {clean_text(text, 80)!r}") from None
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"names one twice; got {clean_text(text, 80)!r}")
+    return parts
+
+
+def argument_type(parse):
+    """An argparse type over a parser that raises ValueError."""
+    def checked(text: str):
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc))
+    checked.__name__ = parse.__name__
+    return checked
+
+
+def flag_or_env(flag, name: str, parse, default):
+    """An option's value: the flag's, else the environment variable's (parsed, and named
+    when bad), else the default."""
+    return given_value(flag, "", name, parse, default)[0]
+
+
+def given_value(flag, option: str, variable: str, parse, default) -> tuple:
+    """(value, where it came from): the flag's ('--waves on the command line'), else the
+    environment variable's, parsed and named when bad ('WARMUP_WAVES=1,2 from the
+    environment'), else (default, None)."""
+    if flag is not None:
+        return flag, f"{option} on the command line"
+    text = os.environ.get(variable)
+    if not text:
+        return default, None
+    try:
+        return parse(text), f"{variable}={clean_text(text, 40)} from the environment"
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise UsageError(f"{variable}: {exc}")
