@@ -16,7 +16,6 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's packages
-STUCK_OUTPUT: list = []                # set when our output's reader stopped reading
 MODULES = ("start.processes", "start.server_command", "start.settings", "start.supervisor",
            "start.server", "start.steps", "tools.procfs", "tools.readback", "tools.ready",
            "core.readyfile", "core.textfile", "core.vllm_client")
@@ -52,12 +51,13 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     except Exit as exc:
         return exc.code
     finally:
-        if log.writer is not None and not log.writer.flush(2.0):
-            STUCK_OUTPUT.append(True)     # nobody reads our output: leave without it
+        if log.writer is not None:
+            log.writer.flush(2.0)         # nobody reading: the exit below leaves without it
 
 
 if __name__ == "__main__":
     code = main()
-    if STUCK_OUTPUT:
-        os._exit(code)                    # flushing would wait on a reader forever
-    sys.exit(code)
+    frame = sys.modules.get("core.runframe")      # absent only when the folder is not whole
+    if frame is None:
+        sys.exit(code)
+    frame.script_exit(code)              # a stdout nobody reads cannot hold the exit

@@ -9,7 +9,7 @@ to the summary, and an optional record written right after the summary.
                                    program.steps(run), write one summary, return its code
   conclude()                       how the steps ended (normally, Fatal, a signal, a
                                    defect) -> the summary record
-  Run.write() / Printer.say()      the two sinks: every string in a record or a terminal
+  Run.write() / LineWriter.say()   the two sinks: every string in a record or a terminal
                                    line passes transport.sanitize there, once
 
 Standard library only.
@@ -194,7 +194,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
         if settings.textfile:
             publish_usage(program.mode, settings.textfile)
         return EXIT_USAGE
-    printer = Printer(sys.stderr if settings.json else sys.stdout)
+    printer = LineWriter(sys.stderr if settings.json else sys.stdout)
     if settings.textfile:                 # begun: a run KILLed from here on says so
         publish_result(settings, program.mode, {"verdict": "running"}, [], printer.say)
     run = Run(settings, program, Clock.start(settings.deadline_s, settings.socket_cap_s),
@@ -228,8 +228,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
         if settings.json:
             printer.say(json.dumps(run.final_record or summary), stream=sys.stdout,
                         written=True)
-    if not printer.close(max(min(run.clock.remaining(), 1.0), 0.2)):
-        _stuck_output.set()          # the terminal stopped reading: exit without waiting on it
+    printer.flush(max(min(run.clock.remaining(), 1.0), 0.2))  # a stuck one: script_exit()
     return summary["exit_code"] if summary is not None else EXIT_FAIL
 
 
@@ -378,42 +377,65 @@ def append_record(stream, record: dict) -> None:
     stream.flush()
 
 
-class Printer:
-    """Human lines go out through a daemon thread, so a terminal that stops reading can
-    never hold the run, and a closed one (`| head -1`) ends the printing, not the run."""
+class LineWriter:
+    """Lines to streams through one daemon thread and a queue bounded in bytes: a stream
+    nobody reads drops lines (counted), never holds the caller, never fills memory; one
+    whose reader went away (`| head -1`) gets no more and is silenced, and the run goes
+    on. A run's terminal lines, and under start.sh --supervise every line it prints."""
 
-    def __init__(self, stream):
-        self.stream = stream
-        self.lines: queue.Queue = queue.Queue()
-        self.closed: set = set()            # ids of streams whose reader went away
-        self.thread = threading.Thread(target=self._drain, name="printer", daemon=True)
+    def __init__(self, stream=None, max_bytes: int = 4 << 20):
+        self.stream = stream                  # where say() writes unless told otherwise
+        self.max_bytes, self.queued, self.dropped = max_bytes, 0, 0
+        self.printing = False                 # a line taken and not yet printed
+        self.closed: set = set()              # ids of streams whose reader went away
+        self.lines: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="lines", daemon=True)
         start_quiet(self.thread)
 
     def say(self, line: str, stream=None, written: bool = False) -> None:
-        """Queue one line (it may hold line breaks of ours), sanitized here: the terminal
+        """Queue one line of ours (it may hold line breaks), sanitized here: the terminal
         sink. `written`: a record as Run.write wrote it (sanitized there), printed whole
         as --json's one JSON object, never cut."""
-        self.lines.put((line if written else sanitize_lines(line),
-                        self.stream if stream is None else stream))
+        self.put(line if written else sanitize_lines(line),
+                 self.stream if stream is None else stream)
 
-    def _drain(self) -> None:
-        while True:
-            line, stream = self.lines.get()
-            if line is None:
+    def put(self, text: str, stream) -> None:
+        """Queue text as it is (a stream None, closed at start, gets nothing)."""
+        if stream is None:
+            return
+        with self.lock:
+            if self.queued + len(text) > self.max_bytes:
+                self.dropped += 1
                 return
-            if stream is None or id(stream) in self.closed:
-                continue                    # closed at start (2>&-), or its reader went away
-            try:
-                print(printable(line, stream), file=stream, flush=True)
-            except (OSError, ValueError):
-                self.closed.add(id(stream))  # keep running; print no more to this stream
-                silence(stream)
+            self.queued += len(text)
+        self.lines.put((text, stream))
 
-    def close(self, wait_s: float) -> bool:
-        """Wait up to `wait_s` for the lines to go out; False when the terminal is stuck."""
-        self.lines.put((None, None))
-        self.thread.join(wait_s)
-        return not self.thread.is_alive()
+    def _run(self) -> None:
+        while True:
+            text, stream = self.lines.get()
+            with self.lock:
+                self.queued -= len(text)
+                self.printing = id(stream) not in self.closed
+            if not self.printing:
+                continue
+            try:
+                print(printable(text, stream), file=stream, flush=True)
+            except (OSError, ValueError):
+                self.closed.add(id(stream))   # print no more to it; the logs keep it all
+                silence(stream)
+            self.printing = False
+
+    def flush(self, wait_s: float) -> bool:
+        """Wait up to wait_s for the lines to go out; False when a line is still waiting
+        or being printed (nobody reads): script_exit() then leaves without flushing the
+        streams, or the interpreter's exit would wait on them."""
+        deadline = time.monotonic() + wait_s
+        while (self.queued or self.printing) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if self.queued or self.printing:
+            _stuck_output.set()               # script_exit() leaves without them
+        return not (self.queued or self.printing)
 
 
 def verdict_line(summary: dict, records_path: str) -> str:

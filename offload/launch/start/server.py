@@ -25,7 +25,8 @@ from core.transport import clean_text
 from start.processes import group_alive, process_alive
 from start.server_command import commanded_model, redacted_command
 from start.settings import Settings, os_reason
-from start.supervisor import LineWriter, ServerProcess, first_error, size_of
+from core.runframe import LineWriter
+from start.supervisor import ServerProcess, first_error, size_of
 from tools.procfs import foreign_holders, port_owners
 
 TAIL_LINES = 20
@@ -51,7 +52,7 @@ class Log:
 
     def __init__(self, folder: str):
         self.path = os.path.join(folder, "start.log")
-        self.writer = None                # a supervisor.LineWriter under --supervise
+        self.writer = None                # a runframe.LineWriter under --supervise
         self.lost = ""                    # why start.log could not be written, once said
 
     def __call__(self, text: str, stream=None) -> None:

@@ -17,7 +17,6 @@ Below the launcher, beside processes.py. Standard library only.
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import subprocess
@@ -26,11 +25,11 @@ import time
 
 from start.processes import group_alive, signalable
 from core.files import open_own, open_regular
+from core.runframe import LineWriter
 from core.transport import sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces
-QUEUE_BYTES = 4 << 20                 # what waits for a slow reader; past it, lines dropped
 ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s\]])(?:ERROR|CRITICAL)\s|"
                          r"(?i:out of memory|OutOfMemory|\bOOM\b|CUDA error)")
 
@@ -38,49 +37,6 @@ ERROR_LINES = re.compile(r"Traceback \(most recent call last\)|(?:^|[\s\]])(?:ER
 def shell_status(returncode: int) -> int:
     """A child's return code as a shell shows it: the exit code, or 128 + the signal."""
     return returncode if returncode >= 0 else 128 - returncode
-
-
-class LineWriter:
-    """Lines to streams through one daemon thread and a queue bounded in bytes: a stream
-    nobody reads drops lines (counted), never holds the caller, never fills memory. Under
-    --supervise every line the launcher and the server print goes through one."""
-
-    def __init__(self, max_bytes: int = QUEUE_BYTES):
-        self.max_bytes, self.queued, self.dropped = max_bytes, 0, 0
-        self.printing = False             # a print under way (it may never return)
-        self.lines: queue.SimpleQueue = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._run, name="lines", daemon=True)
-        self.thread.start()
-
-    def put(self, text: str, stream) -> None:
-        with self.lock:
-            if self.queued + len(text) > self.max_bytes:
-                self.dropped += 1
-                return
-            self.queued += len(text)
-        self.lines.put((text, stream))
-
-    def _run(self) -> None:
-        while True:
-            text, stream = self.lines.get()
-            with self.lock:
-                self.queued -= len(text)
-            self.printing = True
-            try:
-                print(text, file=stream, flush=True)
-            except (OSError, ValueError):
-                pass                      # the reader went away: the log files keep it all
-            self.printing = False
-
-    def flush(self, wait_s: float) -> bool:
-        """Wait up to wait_s for the queue to drain (it may not: nobody reads); False when
-        a line is still waiting or being printed: then the process must leave without
-        flushing its streams (os._exit), or the interpreter's exit would wait on them."""
-        deadline = time.monotonic() + wait_s
-        while (self.queued or self.printing) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return not (self.queued or self.printing)
 
 
 class OutputPump:

@@ -20,10 +20,10 @@ LAYERS = {
     "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
     "core.transport": 0, "start.server_command": 0, "tools.procfs": 0, "core.files": 0.05,
     "core.cli": 0.1,
-    "start.processes": 0.1, "start.settings": 0.1, "start.supervisor": 0.2,
+    "start.processes": 0.1, "start.settings": 0.1,
     "core.records": 0.2,
     "core.textfile": 0.5,
-    "core.runframe": 1, "core.locks": 1.5,
+    "core.runframe": 1, "start.supervisor": 1.1, "core.locks": 1.5,
     "core.prompts": 2,
     "core.kinds": 2.2,
     "core.vllm_metrics": 2.5,

@@ -117,9 +117,9 @@ class TestSinks(unittest.TestCase):
         self.assertIn("[redacted]", written)
         self.assertIn("[prompt text]", written)
         out = io.StringIO()
-        printer = runframe.Printer(out)
+        printer = runframe.LineWriter(out)
         printer.say(f"line one {dirty}\n  - second {dirty}")
-        self.assertTrue(printer.close(5))
+        self.assertTrue(printer.flush(5))
         shown = out.getvalue()
         self.assertEqual(shown.count("\n"), 2, "our own line break is kept, theirs are not")
         for bad in ("\x1b", "s3cr3t", "alpha beta", "\u202e"):
