@@ -321,9 +321,14 @@ def hard_bound_reached() -> bool:
         return False
 
 
+def records_name(kind: str, stamp: str) -> str:
+    """How a records file is named: <kind>-<stamp>.jsonl (a run id, or start.sh's second)."""
+    return f"{kind}-{stamp}.jsonl"
+
+
 def default_records_path(run_id: str, kind: str = "warmup") -> str:
     directory = os.environ.get("WARMUP_RECORDS_DIR") or "warmup-records"
-    return os.path.join(directory, f"{kind}-{run_id}.jsonl")
+    return os.path.join(directory, records_name(kind, run_id))
 
 
 def open_records(path: str, append: bool = False):

@@ -25,6 +25,7 @@ import time
 from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                             seen_asleep)
 from core.files import open_own
+from core.runframe import records_name
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, Log, Server,
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
@@ -92,7 +93,7 @@ def judged(records: str, status: int) -> dict:
             "given": ", ".join(show(v, 120) for v in given.values())}
 
 
-def records_named(path: str) -> str:
+def records_line(path: str) -> str:
     """A records file as a WARN line names it: only one that exists."""
     return f"records: {path}" if os.path.isfile(path) and os.path.getsize(path) else \
         "no records file (the step ended before writing one)"
@@ -121,7 +122,7 @@ def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "
 
 def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
     """The warm-up through warmup_serve.sh, and what its records show."""
-    records = os.path.join(settings.log_dir, f"warmup-{when}.jsonl")
+    records = os.path.join(settings.log_dir, records_name("warmup", when))
     started, offset = time.monotonic(), size_of(server.server_log)
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
@@ -138,7 +139,7 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
 
 def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     """The quality gate under its hard bound, and what its records show."""
-    records = os.path.join(settings.log_dir, f"gate-{when}.jsonl")
+    records = os.path.join(settings.log_dir, records_name("gate", when))
     started = time.monotonic()
     log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
         f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
@@ -161,10 +162,10 @@ def run_stamp(folder: str) -> str:
     second = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     for n in range(1000):
         when = f"{second}_{n}" if n else second
-        if os.path.lexists(os.path.join(folder, f"gate-{when}.jsonl")):
+        if os.path.lexists(os.path.join(folder, records_name("gate", when))):
             continue
         try:
-            os.close(os.open(os.path.join(folder, f"warmup-{when}.jsonl"),
+            os.close(os.open(os.path.join(folder, records_name("warmup", when)),
                              os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
             return when
         except FileExistsError:
@@ -239,7 +240,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     custom = f"; custom plan: {run['differences']}" if run["differences"] != "-" else ""
     if run["status"] == 0 and run["verdict"] == "custom":
         log(f"WARN: warm-up passed a custom plan, not the contract's: {run['differences']}; "
-            f"no ready file; {records_named(run['records'])} — {inspect}")
+            f"no ready file; {records_line(run['records'])} — {inspect}")
         return dict(run, passed=False)
     warm = run["status"] == 0 and run["verdict"] == "pass"
     gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
@@ -247,7 +248,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
         raise server.gone("during the warm-up and gate" if gate else "during the warm-up")
     if not warm:
         log(f"WARN: warm-up failed (exit {run['status']}, verdict {run['verdict']}{custom}); "
-            f"{records_named(run['records'])} — {inspect}")
+            f"{records_line(run['records'])} — {inspect}")
         return dict(run, passed=False)
     records = f"records: {run['records']}"
     if gate:
@@ -388,7 +389,7 @@ def rewarm(settings: Settings, log: Log) -> int:
         return exc.code
     finally:
         prune_records(settings.log_dir, int(settings.keep),
-                      (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+                      (records_name("warmup", when), records_name("gate", when)))
 
 
 def rewarm_lock(folder: str) -> int | None:
@@ -463,7 +464,7 @@ def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> 
         warm_up_and_report(settings, server, log, env, when)
     finally:
         removed = prune_records(settings.log_dir, int(settings.keep),
-                                (f"warmup-{when}.jsonl", f"gate-{when}.jsonl"))
+                                (records_name("warmup", when), records_name("gate", when)))
         if removed:
             log(f"removed {len(removed)} records file(s) older than the last "
                 f"{settings.keep} runs (--keep): {', '.join(removed)}")
