@@ -99,11 +99,11 @@ class Server(ServerProcess):
         """Launch the command; under --supervise its output also reaches our own, and
         server.log is rotated at START_LOG_MAX_BYTES."""
         self.log_offset = size_of(self.server_log)
-        supervised = self.settings.supervise == "1"
+        supervised = self.settings.supervise
         if supervised:
             self.log.writer = LineWriter()
         self.launch(self.settings.command, sys.stdout if supervised else None,
-                    int(self.settings.log_max_bytes) if supervised else 0, self.log.writer)
+                    self.settings.log_max_bytes if supervised else 0, self.log.writer)
         if self.pid:                      # the pid, and the address a probe reads
             for name, text in (("server.pid", f"{self.pid}\n"),
                                ("server.url", f"{self.settings.target.display}\n")):
@@ -118,7 +118,7 @@ class Server(ServerProcess):
 
     def stop_group(self, grace_s: int | None = None) -> None:
         """TERM the group, KILL it after START_STOP_GRACE_S (or what is left of it)."""
-        self.stop(int(self.settings.stop_grace_s) if grace_s is None else grace_s, self.log)
+        self.stop(self.settings.stop_grace_s if grace_s is None else grace_s, self.log)
 
     def show_error(self) -> None:
         """This start's first error in server.log (a Traceback, an ERROR line, an
@@ -185,13 +185,13 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
 def wait_ready(settings: Settings, server: Server, log: Log) -> float:
     """Poll /health until 200 (when: the Unix time returned); Exit(1) when the server is
     gone or the guard expires."""
-    url, guard = settings.target.display, int(settings.guard_s)
+    url, guard = settings.target.display, settings.guard_s
     said = time.monotonic()
     while True:
         if not server.alive():
             raise server.gone(f"before {url}/health answered 200")
         left = guard - (time.monotonic() - server.launched_at)
-        if time.monotonic() - said >= int(settings.say_s):
+        if time.monotonic() - said >= settings.say_s:
             said = time.monotonic()
             log(f"waiting for {url}/health: {server.since_launch()} s of the {guard} s start "
                 f"guard; server process group {server.pid} is running")
@@ -209,7 +209,7 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
             refuse_a_foreign_answer(settings, server, log)
             log(f"ready after {server.since_launch()} s ({url}/health = 200)")
             return healthy_at
-        time.sleep(max(min(float(settings.poll_s), left), 0))
+        time.sleep(max(min(settings.poll_s, left), 0))
 
 
 def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> None:
@@ -305,7 +305,7 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
         f"the server; start.sh ends when the server does")
     told, killed, watched = 0, False, time.monotonic()
-    grace = int(settings.stop_grace_s)
+    grace = settings.stop_grace_s
     while True:
         server.reap()
         if settings.ready_file and not asked and time.monotonic() - watched >= SLEEP_WATCH_S:

@@ -159,9 +159,14 @@ class Settings:
                 raise Usage(f"unknown option '{arg}' (the server command goes after --)")
 
     def check(self) -> None:
-        """Every value checked, the folders tried; Usage naming the first bad one."""
+        """Every value checked, then typed once (whole numbers int, seconds float, the
+        switches bool), the folders tried; Usage naming the first bad one."""
         if self.problem:
             raise Usage(self.problem)
+        for name in ("warmup", "gate", "supervise"):
+            if getattr(self, name) not in ("0", "1"):
+                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
+            setattr(self, name, getattr(self, name) == "1")
         if self.rewarm:
             check_rewarm(self)
         elif not self.command:
@@ -177,12 +182,12 @@ class Settings:
         check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
         check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
                     prefix="must be ")
-        for name in ("warmup", "gate", "supervise"):
-            if getattr(self, name) not in ("0", "1"):
-                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
         if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
             raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
                         f"got '{self.gate_hard_s}'")
+        for name in ("guard_s", "say_s", "stop_grace_s", "keep", "log_max_bytes"):
+            setattr(self, name, int(getattr(self, name)))
+        self.poll_s, self.gate_hard_s = float(self.poll_s), float(self.gate_hard_s)
         if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:
             self.base_url = command_url(self.command)     # the port, said once
             self.source["base_url"] = "the server command's --port and --host"
@@ -263,8 +268,8 @@ def check_ready_place(option: str, path: str) -> None:
 def check_rewarm(settings: Settings) -> None:
     """Usage when --rewarm comes with what only a start takes."""
     for given, what in ((settings.command, "a server command"),
-                        (settings.supervise == "1", "--supervise"),
-                        (settings.warmup == "0", "--no-warmup")):
+                        (settings.supervise, "--supervise"),
+                        (not settings.warmup, "--no-warmup")):
         if given:
             raise Usage(f"--rewarm takes no {what}: it warms the server LOG_DIR/server.pid "
                         f"names again, as it runs")

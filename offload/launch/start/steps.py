@@ -142,8 +142,8 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     records = os.path.join(settings.log_dir, records_name("gate", when))
     started = time.monotonic()
     log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
-        f"{settings.target.display}) (hard bound {settings.gate_hard_s} s)")
-    status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", settings.gate_hard_s,
+        f"{settings.target.display}) (hard bound {settings.gate_hard_s:g} s)")
+    status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", f"{settings.gate_hard_s:f}",
                         sys.executable, QUALIFY, "gate", "--records", records], env)
     gate = judged(records, status)
     if not (gate["judged"] or {}).get("summary"):
@@ -243,7 +243,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
             f"no ready file; {records_line(run['records'])} — {inspect}")
         return dict(run, passed=False)
     warm = run["status"] == 0 and run["verdict"] == "pass"
-    gate = run_gate(settings, log, env, when) if warm and settings.gate == "1" else None
+    gate = run_gate(settings, log, env, when) if warm and settings.gate else None
     if not server.alive():
         raise server.gone("during the warm-up and gate" if gate else "during the warm-up")
     if not warm:
@@ -328,9 +328,9 @@ def start(settings: Settings, log: Log) -> int:
             publish_outcome(settings, "warmup", ended[0], ended[1], log)
         if ended is not None and server.pid and settings.ready_file:
             drop_ready_file(settings.ready_file)
-    if settings.textfile and settings.warmup == "1" and os.path.isfile(settings.textfile):
+    if settings.textfile and settings.warmup and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
-    if settings.supervise == "1":
+    if settings.supervise:
         return supervise(settings, server, log)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -388,7 +388,7 @@ def rewarm(settings: Settings, log: Log) -> int:
         end_rewarm(settings, log, found, None)
         return exc.code
     finally:
-        prune_records(settings.log_dir, int(settings.keep),
+        prune_records(settings.log_dir, settings.keep,
                       (records_name("warmup", when), records_name("gate", when)))
 
 
@@ -410,7 +410,7 @@ def publish_starting(settings: Settings, log: Log) -> None:
     """Before a start or a re-warm: the textfile says 'starting' (the gate's too, with
     --gate), so no older success stays standing."""
     publish_outcome(settings, "warmup", 0, "starting", log)
-    if settings.gate == "1":
+    if settings.gate:
         publish_outcome(settings, "gate", 0, "starting", log)
 
 
@@ -455,7 +455,7 @@ def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> 
     if chunk or settings.command_chunk():       # for a re-warm (--rewarm) of this server
         with open_own(os.path.join(settings.log_dir, "server.chunk"), "w") as handle:
             handle.write(env["WARMUP_CHUNK_TOKENS"] + "\n")
-    if settings.warmup == "0":
+    if not settings.warmup:
         log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         publish_outcome(settings, "warmup", 0, "not_warmed", log)
         return
@@ -463,7 +463,7 @@ def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> 
     try:
         warm_up_and_report(settings, server, log, env, when)
     finally:
-        removed = prune_records(settings.log_dir, int(settings.keep),
+        removed = prune_records(settings.log_dir, settings.keep,
                                 (records_name("warmup", when), records_name("gate", when)))
         if removed:
             log(f"removed {len(removed)} records file(s) older than the last "
