@@ -49,7 +49,8 @@ try:
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                                 ready_of, replace_ready_file, seen_asleep)
-    from core.cli import argument_type, emit, flag_or_env, given_value, seconds, whole
+    from core.cli import (EXIT_HARD_BOUND, argument_type, emit, flag_or_env, given_value,
+                          seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.textfile import ended_since, outcome_of_status
     from core.files import writable
@@ -77,6 +78,7 @@ MAX_WAVE_SERIES = 2000                # counter series one wave record holds at 
 DEFAULT_DEADLINE_S = 90.0
 DEFAULT_HARD_S = 95.0
 MAX_HARD_S = 86400.0                  # warmup_serve.sh's bound too (its epoch sum stays exact)
+KILL_AFTER_S = 5                      # warmup_serve.sh's KILL after the bound's TERM
 
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
@@ -781,14 +783,32 @@ def deadline_for(flag: float | None) -> float:
     return deadline
 
 
-def publish_ending(argv: list[str], status: int, began: float) -> None:
+def publish_ending(argv: list[str], status: int, began: float, bound: float) -> None:
     """What warmup_serve.sh knows and the helper did not publish, in the textfile the
     command line or WARMUP_TEXTFILE names: a usage error found before the helper could
     start, or an ending by a signal or the bound (the helper KILLed, or TERMed before it
-    could write), unless the textfile holds an ending published since `began`."""
+    could write), unless the textfile holds an ending published since `began`. Once the
+    helper ran (`bound`, when the hard bound fell, not 0), prints how it ended when it did
+    not end by itself, for the wrapper to say."""
     textfile = runframe.textfile_of(argv)
     if textfile and not ended_since(textfile, "offload_warmup", began):
         runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
+    said = ending_said(status, bound, os.environ.get("WARMUP_HARD_S", ""), time.time())
+    if bound and said:
+        emit(said)
+
+
+def ending_said(status: int, bound: float, hard: str, now: float) -> str | None:
+    """How the helper ended when it did not end by itself (pure): the bound's TERM (124)
+    or KILL (137 once the bound and its grace have passed), or a signal from elsewhere
+    (the OOM killer, an operator's kill -9) that timeout passes on as 128+N."""
+    if status == EXIT_HARD_BOUND:
+        return f"warm-up ended by the hard bound (TERM at {hard} s, exit 124)"
+    if status == 137 and now >= bound + KILL_AFTER_S:
+        return f"warm-up killed by the hard bound (KILL at {hard}+{KILL_AFTER_S} s, exit 137)"
+    if 128 < status < 160:
+        return f"warm-up killed by signal {status - 128} (not the hard bound; exit {status})"
+    return None
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,

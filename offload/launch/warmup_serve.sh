@@ -26,26 +26,30 @@ began_us=0   # when this script began (epoch microseconds)
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_ending(sys.argv[3:], int(sys.argv[1]), int(sys.argv[2]) / 1e6)'
+warmup.publish_ending(sys.argv[4:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
+                      int(sys.argv[3]) / 1e6)'
 
 # Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
-# PUBLISH_S (the helper's interpreter may be what hung); then return. Arguments: the
-# status, then the helper's arguments.
+# PUBLISH_S (the helper's interpreter may be what hung), and say how the helper ended
+# when it did not end by itself (the bound's TERM or KILL, a signal: warmup.ending_said);
+# then return. Arguments: the status, then the helper's arguments.
 publish_ending() {
-  local status="$1"
+  local status="$1" said=""
   shift
   command -v python3 >/dev/null || return 0
-  timeout --kill-after=1s "${PUBLISH_S}" python3 -I -S -c "${PUBLISH}" "${HERE}" \
-    "${status}" "${began_us}" "$@" 2>/dev/null || true
+  said="$(timeout --kill-after=1s "${PUBLISH_S}" python3 -I -S -c "${PUBLISH}" "${HERE}" \
+    "${status}" "${began_us}" "${bound_us}" "$@" 2>/dev/null)" || true
+  [[ -z "${said}" ]] || echo "warmup_serve.sh: ${said}" >&2
 }
 
 # End before the helper starts: the message, the ending published (no stale success
-# stays), then exit with the status. Arguments: the status, the message, then the
-# helper's arguments.
+# stays; nothing said of the bound: bound_us 0), then exit with the status. Arguments:
+# the status, the message, then the helper's arguments.
 stop_early() {
   local status="$1" message="$2"
   shift 2
   echo "warmup_serve.sh: ${message}" >&2
+  bound_us=0
   publish_ending "${status}" "$@"
   exit "${status}"
 }
@@ -62,12 +66,6 @@ wait_status() {
   return "${status}"
 }
 
-# Now, in whole epoch microseconds (EPOCHREALTIME's separator is the locale's: . or ,).
-now_us() {
-  local now="${EPOCHREALTIME}"
-  echo "${now//[.,]/}"
-}
-
 # Seconds (digits, maybe a fraction) as whole microseconds.
 micros() {
   local whole="${1%%.*}" fraction=""
@@ -79,7 +77,7 @@ micros() {
 # What is left of the hard bound, as timeout takes it (seconds); false when nothing is
 # (timeout would read 0 as no bound at all).
 left_s() {
-  local left=$((bound_us - $(now_us)))
+  local left=$((bound_us - ${EPOCHREALTIME//[.,]/}))
   ((left > 0)) || return 1
   printf '%d.%06d' "$((left / 1000000))" "$((left % 1000000))"
 }
@@ -103,23 +101,6 @@ runs_python() {
   [[ "${said}" == "True" ]]
 }
 
-# Say how the helper ended when it did not end by itself: the bound's TERM (124) or KILL
-# (137 once the bound and its grace have passed), or a signal from elsewhere (the OOM
-# killer, an operator's kill -9) that timeout passes on as 128+N.
-# Arguments: $1, the status; $2, the hard bound as given.
-say_ending() {
-  if [[ "$1" == 124 ]]; then
-    echo "warmup_serve.sh: warm-up ended by the hard bound (TERM at $2 s, exit 124)" >&2
-  elif [[ "$1" == 137 ]] &&
-    (($(now_us) >= bound_us + KILL_AFTER_S * 1000000)); then
-    echo "warmup_serve.sh: warm-up killed by the hard bound" \
-      "(KILL at $2+${KILL_AFTER_S} s, exit 137)" >&2
-  elif (($1 > 128 && $1 < 160)); then
-    echo "warmup_serve.sh: warm-up killed by signal $(($1 - 128)) (not the hard bound;" \
-      "exit $1)" >&2
-  fi
-}
-
 # Forward a signal to the helper's timeout (which passes it on to the helper), or
 # remember it until timeout runs. Ctrl-C stays an INT (exit 130), a hangup a HUP (129).
 # Globals: child, pending, forwarded. Arguments: $1, the signal's name.
@@ -134,7 +115,7 @@ forward_signal() {
 
 main() {
   local hard="${WARMUP_HARD_S:-95}" python="${WARMUP_PYTHON:-python3}" status=0
-  began_us="$(now_us)"
+  began_us="${EPOCHREALTIME//[.,]/}" # in whole microseconds (the separator: . or ,)
   # At least 1 s (timeout treats 0 as no bound; less runs nothing), at most a day; a
   # leading zero is decimal (10#), never octal: 08 is 8 seconds.
   if ! [[ "${hard}" =~ ^[0-9]{1,5}([.][0-9]+)?$ ]] || ((10#${hard%%.*} < 1)) ||
@@ -146,13 +127,13 @@ main() {
   # The trap is set BEFORE anything starts: a TERM before the helper exists is
   # remembered and forwarded as soon as it does (timeout runs in its own process group,
   # so only the trap reaches it).
-  trap 'forward_signal TERM' TERM
-  trap 'forward_signal INT' INT
-  trap 'forward_signal HUP' HUP
+  local signal
+  # shellcheck disable=SC2064  # the signal's name is meant to be expanded now
+  for signal in TERM INT HUP; do trap "forward_signal ${signal}" "${signal}"; done
   runs_python "${python}" || status=$?
-  local hung="a hung interpreter (a stuck mount, a broken site-packages?); nothing was sent"
-  ((status != 124 && status != 137)) ||
-    stop_early 124 "'${python}' did not answer within the hard bound (${hard} s): ${hung}" "$@"
+  ((status != 124 && status != 137)) || stop_early 124 "'${python}' did not answer within \
+the hard bound (${hard} s): a hung interpreter (a stuck mount, a broken site-packages?); \
+nothing was sent" "$@"
   [[ -z "${pending}" ]] || stop_early "$((128 + $(kill -l "${pending}")))" \
     "${pending} received before the warm-up began; nothing was sent" "$@"
   ((status == 0)) || stop_early 2 "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
@@ -172,7 +153,6 @@ main() {
   # A signal that reached timeout while it was still starting the helper can leave the
   # helper behind it (in timeout's process group): pass the signal on to what is left.
   [[ -z "${forwarded}" ]] || kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
-  say_ending "${status}" "${hard}"
   ((status == 0)) || publish_ending "${status}" "$@"
   return "${status}"
 }
