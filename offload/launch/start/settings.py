@@ -193,7 +193,7 @@ class Settings:
             self.source["base_url"] = "the server command's --port and --host"
         if not re.match(r"https?://", self.base_url):
             raise Usage(f"{self.source['base_url']} must start with http:// or https://")
-        self._check_log_dir()
+        check_log_dir(self)
         if self.ready_file:
             check_ready_place(self.source["ready_file"], self.ready_file)
         if self.textfile:
@@ -207,30 +207,6 @@ class Settings:
         why = address_problem(self.target, self.command)
         if why:
             raise Usage(why)
-
-    def _check_log_dir(self) -> None:
-        try:
-            os.makedirs(self.log_dir, exist_ok=True)
-        except OSError as exc:
-            raise Usage(f"cannot create {self.source['log_dir']} '{self.log_dir}' "
-                        f"({os_reason(exc)}); choose a writable folder") from None
-        for name in ("start.log", "server.log", "server.pid", "server.url", "server.chunk"):
-            path = os.path.join(self.log_dir, name)
-            if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
-                raise Usage(f"{self.source['log_dir']} '{self.log_dir}': {name} is not a "
-                            f"regular file (a link, FIFO or device: start.sh never writes "
-                            f"through one); remove it or choose another folder")
-        try:
-            with open(os.path.join(self.log_dir, "start.log"), "a"):
-                pass
-        except OSError as exc:
-            raise Usage(f"cannot write start.log in {self.source['log_dir']} "
-                        f"'{self.log_dir}' ({os_reason(exc)}); choose a writable "
-                        f"folder") from None
-        server_log = os.path.join(self.log_dir, "server.log")
-        if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
-            raise Usage(f"cannot write server.log in {self.source['log_dir']} "
-                        f"'{self.log_dir}'; choose a writable folder")
 
     def command_chunk(self) -> str:
         """The prefill chunk the server command gives (its last --max-num-batched-tokens,
@@ -249,6 +225,33 @@ class Settings:
         if chunk:
             env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
         return env
+
+
+def check_log_dir(settings: Settings) -> None:
+    """Usage unless the log folder can be made, holds no link or FIFO where start.sh
+    writes, and start.log and server.log can be written."""
+    try:
+        os.makedirs(settings.log_dir, exist_ok=True)
+    except OSError as exc:
+        raise Usage(f"cannot create {settings.source['log_dir']} '{settings.log_dir}' "
+                    f"({os_reason(exc)}); choose a writable folder") from None
+    for name in ("start.log", "server.log", "server.pid", "server.url", "server.chunk"):
+        path = os.path.join(settings.log_dir, name)
+        if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+            raise Usage(f"{settings.source['log_dir']} '{settings.log_dir}': {name} is not a "
+                        f"regular file (a link, FIFO or device: start.sh never writes "
+                        f"through one); remove it or choose another folder")
+    try:
+        with open(os.path.join(settings.log_dir, "start.log"), "a"):
+            pass
+    except OSError as exc:
+        raise Usage(f"cannot write start.log in {settings.source['log_dir']} "
+                    f"'{settings.log_dir}' ({os_reason(exc)}); choose a writable "
+                    f"folder") from None
+    server_log = os.path.join(settings.log_dir, "server.log")
+    if os.path.exists(server_log) and not os.access(server_log, os.W_OK):
+        raise Usage(f"cannot write server.log in {settings.source['log_dir']} "
+                    f"'{settings.log_dir}'; choose a writable folder")
 
 
 def check_ready_place(option: str, path: str) -> None:
