@@ -49,8 +49,7 @@ try:
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                                 ready_of, replace_ready_file, seen_asleep)
-    from core.cli import (EXIT_HARD_BOUND, argument_type, emit, flag_or_env, given_value,
-                          seconds, whole)
+    from core.cli import EXIT_HARD_BOUND, Setting, emit, given_value, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.textfile import ended_since, outcome_of_status
     from core.files import writable
@@ -231,13 +230,6 @@ class WarmUp(ServerProgram):
                                             plan.priority, plan.template_kwargs))
         return slots
 
-
-
-def foreign_work_type(text: str) -> str:
-    """WARMUP_FOREIGN_WORK: evidence or fail."""
-    if text not in ("evidence", "fail"):
-        raise ValueError(f"must be evidence or fail, got {clean_text(text, 40)!r}")
-    return text
 
 
 def counted_type(text: str) -> tuple:
@@ -429,15 +421,6 @@ def start_line(warm: WarmUp, run: Run) -> str:
             + (f"; environment: {read}" if read else ""))
 
 
-# Every WARMUP_* variable the warm-up reads (WARMUP_HARD_BOUND_AT is the wrapper's own).
-READ_VARIABLES = ("WARMUP_BASE_URL", "WARMUP_MODEL", "WARMUP_ENGINES", "WARMUP_WAVES",
-                  "WARMUP_TOKENS", "WARMUP_PRIORITY", "WARMUP_PATHS", "WARMUP_CHUNK_TOKENS",
-                  "WARMUP_DEADLINE_S", "WARMUP_HARD_S", "WARMUP_RECORDS_DIR",
-                  "WARMUP_TEXTFILE", "WARMUP_READY_FILE", "WARMUP_LOCK_DIR",
-                  "WARMUP_HEALTHY_AT", "WARMUP_METRICS_COUNTER", "WARMUP_FOREIGN_WORK",
-                  "WARMUP_STATUS_FILE", "WARMUP_PYTHON")
-
-
 def environment_read(base_url: str, given: str) -> str:
     """Each WARMUP_* variable set in the environment and not already named as given, with
     its value ('WARMUP_HARD_S=60, WARMUP_TEXTFILE=/x.prom'; the base URL without
@@ -537,19 +520,65 @@ def evidence_text(seen: dict, depth: int) -> str:
 # The command line.
 # ---------------------------------------------------------------------------
 
-EPILOG = ENVIRONMENT_HELP + """\
-  WARMUP_TOKENS       default for --tokens (not 32: a custom plan)
-  WARMUP_WAVES        default for --waves (not 1,2,3,4: a custom plan)
-  WARMUP_PRIORITY     default for --priority (not 20: a custom plan)
-  WARMUP_PATHS        default for --paths (extra requests, named on the verdict line)
+PRIORITY = whole(-(1 << 31), (1 << 31) - 1)
+
+
+def foreign_work_type(text: str) -> str:
+    """--foreign-work, WARMUP_FOREIGN_WORK: evidence or fail."""
+    if text not in ("evidence", "fail"):
+        raise ValueError(f"must be evidence or fail, got {clean_text(text, 40)!r}")
+    return text
+
+
+# The warm-up's settings that a flag or its WARMUP_* variable give: the parser's options,
+# the help's list of variables and the first line's "given" are made from this table.
+# The first four change the plan or add requests: each one given is named with where.
+SETTINGS = (
+    Setting("--waves", "WARMUP_WAVES", parse_waves, REVIEWED.waves,
+            "client concurrency of each wave, in order: distinct depths of 1 to 64, the "
+            "first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; not 1,2,3,4 is a custom plan",
+            shown="1,2,3,4", metavar="1,2,3,4", note="not 1,2,3,4: a custom plan"),
+    Setting("--tokens", "WARMUP_TOKENS", whole(2, 4096), REVIEWED.tokens,
+            "completion tokens per request: max_tokens = min_tokens, 2 to 4096; not 32 is "
+            "a custom plan", note="not 32: a custom plan"),
+    Setting("--priority", "WARMUP_PRIORITY", PRIORITY, REVIEWED.priority,
+            "request priority; with --scheduling-policy priority, real traffic at 0 goes "
+            "first; not 20 is a custom plan", note="not 20: a custom plan"),
+    Setting("--paths", "WARMUP_PATHS", parse_paths, (),
+            f"after the waves, warm other request kinds, each at depth 1 and at the deepest "
+            f"wave's, on every engine: {', '.join(PATH_NAMES)}, all or none",
+            shown="none: the contract's ten requests only", metavar="LIST",
+            note="extra requests, named on the verdict line"),
+    Setting("--chunk-tokens", "WARMUP_CHUNK_TOKENS", whole(1, MAX_LONG_PROMPT_TOKENS - 1),
+            4096, "the server's prefill chunk (its --max-num-batched-tokens): B1 must be "
+            "longer, so that the chunked prefill really runs; B1 is sized past it when "
+            "--b1-tokens is not", note="set by start.sh"),
+    Setting("--foreign-work", "WARMUP_FOREIGN_WORK", foreign_work_type, "fail",
+            "what foreign work on a --metrics-counter does: fail (the run fails, as does a "
+            "counter that cannot be compared: a series that went down, NaN, a read that "
+            "failed) or evidence (a warning in the records and the report; the run may "
+            "pass); recorded in the plan", metavar="evidence|fail"),
+    Setting("--metrics-counter", "WARMUP_METRICS_COUNTER", counted_type, (),
+            "an operator's counter of the work an endpoint saw (a proxy's requests, or with "
+            ":tokens its prompt and completion tokens), read as each wave is released and "
+            "after the last: more than the warm-up sent is foreign work, named with the "
+            "waves it overlaps", shown="none", metavar="URL=NAME[:tokens]", many=True),
+    Setting("--status-file", "WARMUP_STATUS_FILE", str, (),
+            "a JSON status file another process rewrites on a timer; its numeric deltas "
+            "over the warm-up are recorded (invalid when pid or session changed, unverified "
+            "when it has neither)", shown="none", metavar="PATH", many=True),
+)
+PLANNED = SETTINGS[:4]
+# Every WARMUP_* variable the warm-up reads (WARMUP_HARD_BOUND_AT is the wrapper's own).
+READ_VARIABLES = ("WARMUP_BASE_URL", "WARMUP_MODEL", "WARMUP_ENGINES") + tuple(
+    s.variable for s in SETTINGS) + (
+    "WARMUP_DEADLINE_S", "WARMUP_HARD_S", "WARMUP_RECORDS_DIR", "WARMUP_TEXTFILE",
+    "WARMUP_READY_FILE", "WARMUP_LOCK_DIR", "WARMUP_HEALTHY_AT", "WARMUP_PYTHON")
+
+EPILOG = ENVIRONMENT_HELP + "\n".join(s.listed() for s in SETTINGS) + """
   WARMUP_DEADLINE_S   default for --deadline-s
-  WARMUP_CHUNK_TOKENS default for --chunk-tokens (start.sh sets it from the server
-                      command's --max-num-batched-tokens)
   WARMUP_READY_FILE   default for --ready-file (a re-warm: a ready file there gives
                       the base URL and the chunk when they are not given)
-  WARMUP_METRICS_COUNTER, WARMUP_STATUS_FILE  defaults for --metrics-counter and
-                      --status-file (several: separated by spaces)
-  WARMUP_FOREIGN_WORK default for --foreign-work
   WARMUP_HEALTHY_AT   when /health first answered 200 (Unix time; start.sh sets it): the
                       summary's time_to_warm then has all three phases
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
@@ -592,39 +621,17 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                     "operator to inspect. After a start: qualify.py report|probe|gate.")
     add_server_options(parser)
     add_run_options(parser, deadline_s=None)
-    parser.add_argument("--tokens", metavar="N", type=whole(2, 4096), default=None,
-                        help="completion tokens per request: max_tokens = min_tokens, 2 to "
-                             "4096; not 32 is a custom plan (default: $WARMUP_TOKENS, else 32)")
-    parser.add_argument("--priority", metavar="N", type=PRIORITY, default=None,
-                        help="request priority; with --scheduling-policy priority, real "
-                             "traffic at 0 goes first; not 20 is a custom plan (default: "
-                             "$WARMUP_PRIORITY, else 20)")
-    parser.add_argument("--waves", type=argument_type(parse_waves), default=None, metavar="1,2,3,4",
-                        help="client concurrency of each wave, in order: distinct depths of 1 "
-                             "to 64, the first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; "
-                             "not 1,2,3,4 is a custom plan (default: $WARMUP_WAVES, "
-                             "else 1,2,3,4)")
+    for setting in SETTINGS:
+        setting.add_to(parser)
     parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR, MAX_LONG_PROMPT_TOKENS),
                         default=None,
                         help="target size of B1's long prompt in tokens, more than 4096 (and "
                              "more than --chunk-tokens) and at most 1048576, capped by the "
                              "context; counted with the server's /tokenize when it has one "
                              "(default: 5000, or past --chunk-tokens when that is larger)")
-    parser.add_argument("--paths", metavar="LIST", type=argument_type(parse_paths),
-                        default=None,
-                        help="after the waves, warm other request kinds, each at depth 1 and "
-                             "at the deepest wave's, on every engine: "
-                             f"{', '.join(PATH_NAMES)}, all or none (default: $WARMUP_PATHS, "
-                             "else none: the contract's ten requests only)")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds of "
                              "--paths, e.g. '{\"enable_thinking\": false}'")
-    parser.add_argument("--chunk-tokens", metavar="N", type=whole(1, MAX_LONG_PROMPT_TOKENS - 1),
-                        default=None,
-                        help="the server's prefill chunk (its --max-num-batched-tokens): B1 "
-                             "must be longer, so that the chunked prefill really runs; B1 is "
-                             "sized past it when --b1-tokens is not (default: "
-                             "$WARMUP_CHUNK_TOKENS, else 4096)")
     parser.add_argument("--gauge-interval-ms", metavar="MS", type=whole(0, 25), default=20,
                         help="per-wave evidence: read the request gauges this often while a "
                              "wave runs (the depth observed), and the counters after each "
@@ -635,23 +642,6 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "deltas over the warm-up are recorded only, never compared with "
                              "what the warm-up sent: name a counter there with "
                              "--metrics-counter to have it compared; repeatable")
-    parser.add_argument("--metrics-counter", action="append", default=[],
-                        metavar="URL=NAME[:tokens]", type=argument_type(counted_type),
-                        help="an operator's counter of the work an endpoint saw (a proxy's "
-                             "requests, or with :tokens its prompt and completion tokens), "
-                             "read as each wave is released and after the last: more than the "
-                             "warm-up sent is foreign work, named with the waves it overlaps; "
-                             "repeatable")
-    parser.add_argument("--foreign-work", choices=("evidence", "fail"), default=None,
-                        help="what foreign work on a --metrics-counter does: fail (the run "
-                             "fails, as does a counter that cannot be compared: a series that "
-                             "went down, NaN, a read that failed) or evidence (a warning in "
-                             "the records and the report; the run may pass); recorded in the "
-                             "plan (default: $WARMUP_FOREIGN_WORK, else fail)")
-    parser.add_argument("--status-file", action="append", default=[], metavar="PATH",
-                        help="a JSON status file another process rewrites on a timer; its "
-                             "numeric deltas over the warm-up are recorded (invalid when pid "
-                             "or session changed, unverified when it has neither); repeatable")
     parser.add_argument("--status-time-field", metavar="NAME", default="timestamp",
                         help="the field a status file's writer stamps on each rewrite: a "
                              "snapshot is fresh when it moves (the file's modification time "
@@ -672,15 +662,11 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     return parser
 
 
-PRIORITY = whole(-(1 << 31), (1 << 31) - 1)
-
-
 def build_warmup(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmUp, its dry run); UsageError naming a bad value."""
     settings = replace(settings, deadline_s=deadline_for(args.deadline_s))
-    chunk, chunk_source = given_value(args.chunk_tokens, "--chunk-tokens",
-                                      "WARMUP_CHUNK_TOKENS",
-                                      whole(1, MAX_LONG_PROMPT_TOKENS - 1), 4096)
+    values = {s.dest: s.value(args) for s in SETTINGS}   # name -> (value, where from)
+    chunk, chunk_source = values["chunk_tokens"]
     if args.b1_tokens is not None and args.b1_tokens <= chunk:
         raise UsageError(f"--b1-tokens {args.b1_tokens} is not more than the prefill chunk "
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
@@ -691,19 +677,8 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         chunk, chunk_source = vouched["chunk_tokens"], "the ready file"   # a re-warm
     if vouched and not args.base_url and not os.environ.get("WARMUP_BASE_URL"):
         args.base_url = vouched["base_url"]          # the server it vouches for
-    given = {}
-
-    def planned(name, flag, variable, parse, default):
-        value, source = given_value(getattr(args, name), flag, variable, parse, default)
-        if source:
-            given[name] = source
-        return value
-    plan = Plan(waves=planned("waves", "--waves", "WARMUP_WAVES", parse_waves, REVIEWED.waves),
-                tokens=planned("tokens", "--tokens", "WARMUP_TOKENS", whole(2, 4096),
-                               REVIEWED.tokens),
-                priority=planned("priority", "--priority", "WARMUP_PRIORITY", PRIORITY,
-                                 REVIEWED.priority),
-                paths=planned("paths", "--paths", "WARMUP_PATHS", parse_paths, ()),
+    given = {s.dest: values[s.dest][1] for s in PLANNED if values[s.dest][1]}
+    plan = Plan(**{s.dest: values[s.dest][0] for s in PLANNED},
                 b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
                 chunk_tokens=chunk, chunk_source=chunk_source,
                 template_kwargs=args.chat_template_kwargs)
@@ -712,16 +687,13 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         given["engines"] = "--engines on the command line" if hasattr(args, "engines") \
             else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
     plan = replace(plan, given=tuple(given.items()))
-    counted = tuple(args.metrics_counter or flag_or_env(
-        None, "WARMUP_METRICS_COUNTER", lambda t: [counted_type(c) for c in t.split()], ()))
+    counted = values["metrics_counter"][0]
     urls = [parse_url(url, "--metrics-url") for url in args.metrics_url]
     evidence = EvidenceOptions(
         metrics_targets=tuple(urls + [t for t, _, _ in counted
                                       if t.display not in {u.display for u in urls}]),
-        counted=counted, foreign_work=flag_or_env(args.foreign_work, "WARMUP_FOREIGN_WORK",
-                                                  foreign_work_type, "fail"),
-        status_files=tuple(args.status_file or flag_or_env(
-            None, "WARMUP_STATUS_FILE", str.split, ())), status_wait_s=args.status_wait_s,
+        counted=counted, foreign_work=values["foreign_work"][0],
+        status_files=values["status_file"][0], status_wait_s=args.status_wait_s,
         status_time_field=args.status_time_field,
         healthy_at=given_value(None, "", "WARMUP_HEALTHY_AT", unix_time, None)[0])
     if args.ready_file:

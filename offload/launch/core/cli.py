@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 from core.transport import UsageError, clean_text, sanitize_text
 
@@ -131,3 +132,44 @@ def given_value(flag, option: str, variable: str, parse, default) -> tuple:
         return parse(text), f"{variable}={clean_text(text, 40)} from the environment"
     except (ValueError, argparse.ArgumentTypeError) as exc:
         raise UsageError(f"{variable}: {exc}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One option and the variable that gives its default: what the parser's option, the
+    help's list of variables and where a value came from are all made from."""
+    flag: str
+    variable: str
+    parse: object                       # text -> value; ValueError when it is not one
+    default: object
+    help: str                           # what it does; "(default: ...)" is made here
+    shown: str = ""                     # the default as the help says it (else the value)
+    metavar: str = "N"
+    note: str = ""                      # said beside the variable in the help's list
+    many: bool = False                  # repeatable; the variable's items split by spaces
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        default = f"${self.variable}, else {self.shown or self.default}"
+        parser.add_argument(self.flag, metavar=self.metavar, type=argument_type(self.parse),
+                            default=None, action="append" if self.many else "store",
+                            help=f"{self.help}{'; repeatable' if self.many else ''} "
+                                 f"(default: {default})")
+
+    def listed(self) -> str:
+        """Its line in the help's list of variables."""
+        note = "; ".join(filter(None, (self.note, "several: separated by spaces"
+                                       if self.many else "")))
+        return f"  {self.variable:<19} default for {self.flag}" + (f" ({note})" if note else "")
+
+    def value(self, args: argparse.Namespace) -> tuple:
+        """(value, where it came from: the flag, the variable with its value, or None for
+        the default); a repeatable one's value is a tuple."""
+        given = getattr(args, self.dest)
+        if not self.many:
+            return given_value(given, self.flag, self.variable, self.parse, self.default)
+        return given_value(tuple(given) if given else None, self.flag, self.variable,
+                           lambda text: tuple(map(self.parse, text.split())), self.default)
