@@ -5,9 +5,9 @@
                        check_identity() (pure: the ready file against what /metrics says)
   mark_stopping(), watch_sleep()   the launcher's marks (start.sh --supervise)
 
-What a Kubernetes exec readiness probe runs every few seconds: over core's transport,
-vllm_metrics and readyfile and tools/procfs only (qualify.py loads a command's module when
-that command runs). The ready file itself is core/readyfile.py's. Standard library only.
+What a Kubernetes exec readiness probe runs every few seconds: over core's transport, cli,
+files, vllm_metrics and readyfile and tools/procfs only (qualify.py loads a command's
+module when that command runs). The ready file itself is core/readyfile.py's. Standard library only.
 """
 
 from __future__ import annotations
