@@ -294,9 +294,8 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
                          f"with what the warm-up sent ({show(counted['why'])})")
     main = next((r for r in records if r["record"] == "metrics"), {})
     deltas = main["deltas"] if main.get("state") == "complete" else {}
-    if deltas:
-        problems += main.get("problems", [])        # a restart it saw
-        problems += cross_check(deltas, requests)[0]
+    if deltas:                        # foreign work, or a restart it saw
+        problems += cross_check(deltas, requests, down=main.get("went_down", []))[0]
     else:                             # each engine's share from its wave records, then
         deltas = {}
         for series in waves.values():

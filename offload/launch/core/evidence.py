@@ -203,9 +203,9 @@ class Evidence:
                      for k, v in after.items()])
                 record["served"] = self.served
                 self.main_deltas = None if why else deltas
-                found, record["warnings"] = ([], []) if why else \
-                    cross_check(deltas, tally.requests, down=went_down(before, after))
-                record["problems"] = found
+                record["went_down"] = [] if why else went_down(before, after)
+                record["problems"], record["warnings"] = ([], []) if why else \
+                    cross_check(deltas, tally.requests, down=record["went_down"])
                 tally.warnings += record["warnings"]
                 if why:
                     tally.warnings.append(f"counter deltas incomplete: {record['why']}")

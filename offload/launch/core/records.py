@@ -45,7 +45,8 @@ DECLARED = {
             "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
             "~gauge_reads_failed:int? ~spec_decode:@spec? ~tokens_per_step:num?",
     "metrics": "run_id:str source:str state:str why:str? meaning:str deltas:dict "
-               "highlights:dict ~warnings:list[str] ~problems:list[str] ~engines:list[@share] "
+               "highlights:dict ~warnings:list[str] ~problems:list[str] ~went_down:list[str] "
+               "~engines:list[@share] "
                "~served:dict? ~counted:@counted",
     "status": "run_id:str path:str state:str why:str? delta:dict? ~fresh_by:str?",
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "

@@ -165,6 +165,22 @@ class TestTheVerdict(unittest.TestCase):
         self.assertEqual(self.decide([hostile] + requests[1:]).verdict, "fail",
                          "a value of the wrong type fails closed, without a traceback")
 
+    def test_a_restart_is_judged_from_the_metrics_record_s_data_not_its_text(self):
+        deltas = {'vllm:generation_tokens_total{engine="0"}': 320.0,
+                  'vllm:request_success_total{engine="0"}': 10.0}
+        metrics = {"record": "metrics", "run_id": "r", "source": "http://h/metrics",
+                   "state": "complete", "why": None, "meaning": "m", "deltas": deltas,
+                   "highlights": {}, "problems": [], "went_down": []}
+        self.assertEqual(self.decide(contract_requests("r") + [metrics]).verdict, "pass")
+        down = dict(metrics, went_down=['vllm:prompt_tokens_total{engine="0"}'])
+        said = self.decide(contract_requests("r") + [down])
+        self.assertEqual(said.verdict, "fail")
+        self.assertIn("the warm-up: vllm:prompt_tokens_total{engine=\"0\"} went down: the "
+                      "server restarted, and what was warmed before is gone", said.problems)
+        text = dict(metrics, problems=["the warm-up: something went down"])
+        self.assertEqual(self.decide(contract_requests("r") + [text]).verdict, "pass",
+                         "a record's stored problem text is the writer's, never judged")
+
     def test_a_custom_plan_is_custom_and_extras_are_counted(self):
         plan = contract.plan_record(contract.Plan(paths=("stream",)))
         run = run_record("r", 15, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
