@@ -151,20 +151,20 @@ class WarmUp(ServerProgram):
         return recorded_plan(self)
 
     def summary_fields(self, run: Run) -> dict:
-        """The summary's counts, highlighted counters and, per engine, speculative
-        acceptance over the whole run (null without speculative counters)."""
+        """The summary's counts and parts (the verdict's), highlighted counters and, per
+        engine, speculative acceptance over the whole run (null without speculative
+        counters)."""
         deltas = self.evidence.main_deltas
         spec = None if deltas is None else {
             "all" if e is None else str(e): spec_figures(engine_deltas(deltas, e))
             for e in self.server.engines}
-        found = differences(self.plan, self.engines_skipped())
+        found = list(self.verdict.differences)
         fields = dict(super().summary_fields(run), counters=self.evidence.highlights,
                       spec_decode=spec, contract=not found, plan_differences=found,
                       cache_check=cache_check(self.tally.requests),
                       time_to_warm=time_to_warm(self.server.process_start, self.healthy_at,
-                                                time.time()))
-        if self.verdict is not None:
-            fields["parts"] = [list(part) for part in self.verdict.parts]
+                                                time.time()),
+                      parts=[list(part) for part in self.verdict.parts])
         if self.plan.paths:
             fields["paths"] = path_results(self.tally.requests, kinds_of(self.plan.paths))
         return fields

@@ -26,6 +26,7 @@ from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS
 from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
+from core.runframe import Ending
 from core.transport import count_value, finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 
@@ -313,16 +314,6 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
 # ---------------------------------------------------------------------------
 # The verdict.
 # ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Ending:
-    """How a run's steps ended, as only the run knows it: ran to their end ('pass'), or
-    stopped ('fail', 'refused', 'killed') with an exit code; and the problems no record
-    shows (a deadline passed, a connection lost, a guard's refusal, a signal)."""
-    verdict: str = "pass"
-    exit_code: int = EXIT_PASS
-    problems: tuple = ()
-
 
 @dataclass(frozen=True)
 class Verdict:

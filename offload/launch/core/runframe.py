@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from core.records import FORMAT, field_problems, parts_text
 from core.textfile import outcome, publish, publish_outcome, result_samples
 from core.files import writable
-from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_REFUSED, EXIT_USAGE, emit, printable,
-                      sanitize_lines, seconds, silence)
+from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
+                      printable, sanitize_lines, seconds, silence)
 from core.transport import CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text, start_quiet
 
 PROBLEM_LIMIT = 300                  # one problem string, cut
@@ -74,6 +74,16 @@ class RunSettings:
     append: bool = False                  # records after an earlier run's in the same file
 
 
+@dataclass(frozen=True)
+class Ending:
+    """How a run's steps ended, as only the run knows it: ran to their end ('pass'), or
+    stopped ('fail', 'refused', 'killed') with an exit code; and the problems no record
+    shows (a deadline passed, a connection lost, a guard's refusal, a signal)."""
+    verdict: str = "pass"
+    exit_code: int = EXIT_PASS
+    problems: tuple = ()
+
+
 class Program:
     """What a program plugs into the run frame; override what it needs."""
 
@@ -87,13 +97,8 @@ class Program:
         """The run record's fields beside record, run_id, mode, started_at and pid."""
         return {}
 
-    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
-        """The verdict, exit code and problems of a run whose steps ended by themselves
-        (`extra`: a Fatal's problem)."""
-        raise NotImplementedError
-
-    def problems(self) -> list[str]:
-        """What went wrong so far: said in a summary the program did not judge itself."""
+    def judge(self, run: Run, ending: Ending) -> tuple[str, int, list[str]]:
+        """The verdict, exit code and problems of the run, however its steps ended."""
         raise NotImplementedError
 
     def summary_fields(self, run: Run) -> dict:
@@ -245,42 +250,38 @@ def conclude(run: Run) -> dict:
     """Run the steps; turn how they ended (normally, Fatal, a signal, a bug) into a summary."""
     try:
         run.program.steps(run)
-        return summarize(run)
+        return summarize(run, Ending())
     except Fatal as exc:
-        if exc.exit_code == EXIT_FAIL:
-            return summarize(run, extra=[exc.problem])
+        if exc.exit_code == EXIT_FAIL:    # judged as steps that ended, with this problem
+            return summarize(run, Ending(problems=(exc.problem,)))
         verdict = "refused" if exc.exit_code == EXIT_REFUSED else "fail"   # or usage: 2
-        return summarize(run, (verdict, exc.exit_code, [exc.problem]))
+        return summarize(run, Ending(verdict, exc.exit_code, (exc.problem,)))
     except Terminated as exc:
         if exc.signum == signal.SIGTERM and hard_bound_reached():
-            return summarize(run, ("killed", EXIT_HARD_BOUND, [
+            return summarize(run, Ending("killed", EXIT_HARD_BOUND, (
                 f"ended by warmup_serve.sh's hard bound (TERM at "
-                f"{os.environ.get('WARMUP_HARD_S', '?')} s){killed_where(run)}"]))
-        return summarize(run, ("killed", 128 + exc.signum, [killed_problem(run, exc.signum)]))
+                f"{os.environ.get('WARMUP_HARD_S', '?')} s){killed_where(run)}",)))
+        return summarize(run, Ending("killed", 128 + exc.signum,
+                                     (killed_problem(run, exc.signum),)))
     except RecordsError:
         raise
     except Exception as exc:             # a defect or an input nobody planned for
         if run.settings.debug:
             import traceback
             traceback.print_exc()
-        return summarize(run, ("fail", EXIT_FAIL, [
+        return summarize(run, Ending("fail", EXIT_FAIL, (
             f"internal error{killed_where(run)}: {type(exc).__name__}: "
-            f"{clean_text(str(exc), 200)} (run with --debug for the traceback)"]))
+            f"{clean_text(str(exc), 200)} (run with --debug for the traceback)",)))
 
 
-def summarize(run: Run, forced: tuple[str, int, list[str]] | None = None,
-              extra: list[str] = ()) -> dict:
-    """Write the summary record: the program's verdict, or `forced` (verdict, exit code,
-    problems) after a configuration error, a signal or a defect; returns it."""
+def summarize(run: Run, ending: Ending) -> dict:
+    """Write the summary record: the program's verdict on the run, however its steps
+    ended (normally, a Fatal, a signal, a defect); returns it."""
     _terminating.set()               # one summary: a signal from now on is ignored
     elapsed = run.clock.elapsed()
     program = run.program
     run.write_run_record()            # first: the verdict is judged from the run's records
-    if forced is None:
-        verdict, exit_code, problems = program.judge(run, list(extra))
-    else:
-        verdict, exit_code, more = forced
-        problems = program.problems() + list(more)
+    verdict, exit_code, problems = program.judge(run, ending)
     summary = {
         "record": "summary", "run_id": run.settings.run_id, "verdict": verdict,
         "exit_code": exit_code, **program.summary_fields(run),

@@ -34,13 +34,13 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from core.contract import ENGINE_HEADER, Ending, decide
+from core.contract import ENGINE_HEADER, decide
 from core.locks import release_server_lock, take_server_lock
 from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from core.records import ANSWER_FIELDS
 from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
                       comma_list, flag_or_env, seconds)
-from core.runframe import (Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
+from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
                            run_session, run_settings, textfile_of, usage_error)
 from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
                             TransportError, UsageError, __version__, base_url_from,
@@ -451,21 +451,26 @@ class ServerProgram(Program):
             "api_key_set": bool(self.connection.api_key),
         }
 
-    def judge(self, run: Run, extra: list[str]) -> tuple[str, int, list[str]]:
-        """contract.decide() on the records this run wrote, with how its steps ended."""
-        problems = tuple(self.tally.problems + list(extra) + late_problem(run))
+    def judge(self, run: Run, ending: Ending) -> tuple[str, int, list[str]]:
+        """contract.decide() on the records this run wrote, with how its steps ended:
+        steps that ended by themselves (their problems, a guard's refusal, late), or
+        stopped (a refusal, a usage error, a signal, a defect) after what was said so far."""
+        said = tuple(self.tally.problems)
         refusal = tuple(self.guard.refusal)
-        ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems else \
-            Ending("refused", EXIT_REFUSED, refusal) if refusal else Ending(problems=problems)
+        if ending.verdict != "pass":
+            ending = replace(ending, problems=said + refusal + ending.problems)
+        else:
+            problems = said + ending.problems + tuple(late_problem(run))
+            ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems \
+                else Ending("refused", EXIT_REFUSED, refusal) if refusal \
+                else Ending(problems=problems)
         self.verdict = decide(run.run_record, run.written, ending)
         return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
-    def problems(self) -> list[str]:
-        return self.tally.problems + self.guard.refusal
-
     def summary_fields(self, run: Run) -> dict:
+        """The counts of the verdict judge() made (contract.decide()) and what was said."""
         tally = self.tally
-        return {"requests_ok": sum(r["ok"] for r in tally.requests),
+        return {"requests_ok": self.verdict.requests_ok,
                 "requests_total": self.planned(), "requests_ran": len(tally.requests),
                 "notes": tally.notes, "warnings": tally.warnings,
                 "settled_s": self.guard.settled_s}
