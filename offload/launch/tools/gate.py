@@ -590,7 +590,7 @@ how a passage is scored:
   the first line that begins with its first four words; the preamble is counted
   (preamble_chars) and named in the summary, never scored.
 
-exit status: 0 pass, 1 fail, 2 usage or configuration error, 3 refused by a guard.
+exit status: warmup.py --help's table (CONTRACT.md section 9).
 --json prints the gate_summary record on stdout as one JSON object: verdict, exit_code,
 identifiers_exact ({"alone": "6/6", "batched": "6/6"}), worst_typos and worst_cer
 (numbers or null), preambles, problems; the human lines go to stderr.

@@ -236,11 +236,9 @@ def probe_record(run: Run, probe: WarmthProbe, item: str, round_no: int, slot: S
 PROBE_EPILOG = ENVIRONMENT_HELP + """\
   WARMUP_PATHS        default for --paths
 
-exit status:
-  0    every streamed request was answered completely (usage, [DONE], its tokens), in
-       time; says nothing about warmth: the ratios are measurements, not a verdict
-  1    a request failed, or late; 2 usage or configuration error; 3 refused by a guard;
-  129/130/143  SIGHUP / SIGINT / SIGTERM: a 'killed' summary was written first
+exit status: warmup.py --help's table (CONTRACT.md section 9); 0 here says every streamed
+request was answered completely (usage, [DONE], its tokens), in time, and nothing about
+warmth: the ratios are measurements, not a verdict.
 """
 
 
