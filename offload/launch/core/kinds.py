@@ -20,8 +20,7 @@ from dataclasses import dataclass
 
 from core.records import ANSWER_FIELDS
 from core.cli import comma_list
-from core.runframe import PROBLEM_LIMIT
-from core.transport import clean_text, count_value
+from core.transport import count_value
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -244,14 +243,13 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
     none cached where reported. `diagnose(answer)` names a non-200 answer.
     """
     if answer.get("transport_error"):
-        return [clean_text(str(answer["transport_error"]), PROBLEM_LIMIT)]
+        return [answer["transport_error"]]
     status = answer.get("http_status")
     if status != 200:
         said = (diagnose or http_problem)(answer) if status is not None else "no response"
-        return [clean_text(said if kind_.path is None else f"{kind_.name} rejected: {said}",
-                           PROBLEM_LIMIT)]
+        return [said if kind_.path is None else f"{kind_.name} rejected: {said}"]
     if answer.get("body_error"):
-        return [clean_text(str(answer["body_error"]), PROBLEM_LIMIT)]
+        return [answer["body_error"]]
     holds, problems = kind_.holds, []
     choices = answer.get("n_choices")
     if choices != 1:
@@ -266,7 +264,7 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
     problems += held_problems(answer, holds, tokens)
     if holds.long_prompt and answer.get("usage"):
         problems += long_prompt_problems(answer, floor or 0)
-    return [clean_text(str(p), PROBLEM_LIMIT) for p in problems]
+    return problems
 
 
 def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:

@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from core.cli import emit, number_type, whole
-from core.runframe import PROBLEM_LIMIT, Run, RunSettings, add_run_options
+from core.runframe import Run, RunSettings, add_run_options
 from core.transport import REDACTIONS, UsageError, clean_text, decode_json
 from core.kinds import COPY_SEED as GATE_SEED
 from core.kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
@@ -406,7 +406,7 @@ def gate_record(run: Run, connection: Connection, probe: Probe, index: int, shap
         "removed": score.get("removed", []),
         "latency_s": timing["latency_s"], "sent_at_s": timing["sent_at_s"],
         "ok": not problems,
-        "problems": [clean_text(p, PROBLEM_LIMIT) for p in problems],
+        "problems": problems,
     }
 
 
