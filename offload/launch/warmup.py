@@ -483,12 +483,13 @@ def judge_wave(requests: list[dict], depth: int, engine: int | None = None,
 
 
 def wave_line(name: str, engine: int | None, wave_requests: list[dict], skew: float | None,
-              duration: float, first: bool, seen: dict | None = None) -> str:
+              duration: float, long_prompt: bool, seen: dict | None = None) -> str:
+    """One engine's line of a wave: requests ok, skew, time; B1's prompt size and cache."""
     ok = sum(r["ok"] for r in wave_requests)
     where = name if engine is None else f"{name} e{engine}"
     shown_skew = "-" if skew is None else f"{skew:.1f}"
     line = f"{where:<4} {ok}/{len(wave_requests)} ok  skew {shown_skew} ms  {duration:.2f} s"
-    if first and wave_requests:
+    if long_prompt and wave_requests:
         cached = wave_requests[0]["cached_tokens"]
         line += (f"  prompt {wave_requests[0]['prompt_tokens']}"
                  f"  cached {'n/a' if cached is None else cached}")
@@ -550,7 +551,7 @@ SETTINGS = (
             shown="none: the contract's ten requests only", metavar="LIST",
             note="extra requests, named on the verdict line"),
     Setting("--chunk-tokens", "WARMUP_CHUNK_TOKENS", whole(1, MAX_LONG_PROMPT_TOKENS - 1),
-            4096, "the server's prefill chunk (its --max-num-batched-tokens): B1 must be "
+            REVIEWED.chunk_tokens, "the server's prefill chunk (its --max-num-batched-tokens): B1 must be "
             "longer, so that the chunked prefill really runs; B1 is sized past it when "
             "--b1-tokens is not", note="set by start.sh"),
     Setting("--foreign-work", "WARMUP_FOREIGN_WORK", foreign_work_type, "fail",

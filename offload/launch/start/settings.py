@@ -10,6 +10,7 @@ import errno
 import os
 import re
 
+from core.transport import DEFAULT_BASE_URL
 from start.server_command import address_problem, command_url, flag_value, tokens_value
 
 WHOLE = r"[1-9][0-9]{0,%d}"
@@ -101,7 +102,7 @@ class Settings:
     """start.sh's settings, checked; the server command after --."""
 
     DEFAULTS = {                          # setting: (its variable, its default)
-        "base_url": ("START_BASE_URL", "http://127.0.0.1:8000"),
+        "base_url": ("START_BASE_URL", DEFAULT_BASE_URL),
         "guard_s": ("START_GUARD_S", "600"), "log_dir": ("START_LOG_DIR", "./logs"),
         "ready_file": ("START_READY_FILE", ""), "textfile": ("START_TEXTFILE", ""),
         "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),

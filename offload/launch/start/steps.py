@@ -295,15 +295,11 @@ def start(settings: Settings, log: Log) -> int:
         refuse_a_running_server(settings, log)
         chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
                    "the server command's --max-num-batched-tokens")
-        if settings.ready_file:        # a start it launches vouches anew (a refused one not)
-            try:
-                os.remove(settings.ready_file)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                ended = 2, "usage"
-                return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed "
-                                   f"({exc.strerror})")
+        removed, why = drop_ready_file(settings.ready_file) if settings.ready_file else \
+            (None, "")                 # a start it launches vouches anew (a refused one not)
+        if removed is False:
+            ended = 2, "usage"
+            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed ({why})")
         interrupt_while_starting()
         launch_and_warm(settings, server, log, env)
     except Interrupted as signalled:

@@ -21,8 +21,8 @@ import urllib.parse
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
 from core.readyfile import iso_time, mark_ready_file, read_ready_file, served_counts
 from core.files import open_regular
-from core.transport import (Clock, TransportError, UsageError, base_url_from, clean_text,
-                            fetch, finite_number, parse_base_url)
+from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
+                            clean_text, fetch, finite_number, parse_base_url)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                                served_by_engine, sleep_states)
 from tools.procfs import port_owners
@@ -99,7 +99,7 @@ def health_main(argv: list[str]) -> int:
                   "never shown.",
         "exit status: 0 HTTP 200; 1 another HTTP answer; 2 usage error (a bad URL);\n"
         "3 no HTTP answer at all (nothing listening, no answer in time, or no --url-file "
-        "yet)", "http://127.0.0.1:8000", "the request")
+        "yet)", DEFAULT_BASE_URL, "the request")
     parser.add_argument("--url-file", metavar="PATH",
                         help="the file start.sh writes the server's address to at launch "
                              "(LOG_DIR/server.url): what a Kubernetes probe reads, as it does "
