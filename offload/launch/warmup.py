@@ -49,7 +49,8 @@ try:
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                                 ready_of, replace_ready_file, seen_asleep)
-    from core.cli import EXIT_HARD_BOUND, Setting, emit, given_value, seconds, whole
+    from core.cli import (EXIT_HARD_BOUND, EXIT_HARD_KILLED, Setting, emit, given_value,
+                          seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.textfile import ended_since, outcome_of_status
     from core.files import writable
@@ -777,7 +778,7 @@ def ending_said(status: int, bound: float, hard: str, now: float) -> str | None:
     (the OOM killer, an operator's kill -9) that timeout passes on as 128+N."""
     if status == EXIT_HARD_BOUND:
         return f"warm-up ended by the hard bound (TERM at {hard} s, exit 124)"
-    if status == 137 and now >= bound + KILL_AFTER_S:
+    if status == EXIT_HARD_KILLED and now >= bound + KILL_AFTER_S:
         return f"warm-up killed by the hard bound (KILL at {hard}+{KILL_AFTER_S} s, exit 137)"
     if 128 < status < 160:
         return f"warm-up killed by signal {status - 128} (not the hard bound; exit {status})"

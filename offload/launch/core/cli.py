@@ -22,6 +22,7 @@ EXIT_REFUSED = 3
 EXIT_INTERRUPTED = 130              # SIGINT (Ctrl-C): 128 + 2
 EXIT_TERMINATED = 143               # SIGTERM: 128 + 15
 EXIT_HARD_BOUND = 124               # TERM from warmup_serve.sh's hard bound (timeout's status)
+EXIT_HARD_KILLED = 137              # its KILL, or any other KILL: 128 + 9
 MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
 
 

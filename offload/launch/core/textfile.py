@@ -16,6 +16,7 @@ import math
 import os
 import time
 
+from core.cli import EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_REFUSED, EXIT_USAGE
 from core.files import open_regular, write_atomically
 from core.transport import json_number, parse_prometheus
 
@@ -39,8 +40,9 @@ def outcome_of_status(status: int) -> str:
     """The name of a step that left no summary, from its exit status alone: 2 usage, 3
     refused, a signal's status (124, 137, 128+N) killed, anything else a failure (exit 0
     without a summary too: nothing ran)."""
-    return {2: "usage", 3: "refused"}.get(status, "killed" if status in (124, 137) or
-                                          128 < status < 160 else "fail")
+    return {EXIT_USAGE: "usage", EXIT_REFUSED: "refused"}.get(
+        status, "killed" if status in (EXIT_HARD_BOUND, EXIT_HARD_KILLED) or
+        128 < status < 160 else "fail")
 
 
 def result_samples(prefix: str, summary: dict, ended_at: float) -> list[tuple]:

@@ -275,7 +275,7 @@ def interrupt_while_starting() -> None:
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        name, code = ("TERM", 143) if signum == signal.SIGTERM else ("INT", 130)
+        name, code = ("TERM" if signum == signal.SIGTERM else "INT"), 128 + signum
         raise Interrupted(code, name)
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

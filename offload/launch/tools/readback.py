@@ -14,8 +14,8 @@ import math
 from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, replace_ready_file
 from core.records import held, show
-from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_INTERRUPTED, EXIT_REFUSED,
-                      EXIT_TERMINATED, MAX_SECONDS)
+from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
+                      EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
 from core.transport import clean_text, decode_json, finite_number
 
@@ -260,7 +260,8 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
 # The exit statuses an ending read from a file may have: a file cannot give a failed run
 # exit 0 (nor 2, report's own 'cannot be read').
 ENDING_EXITS = {"fail": (EXIT_FAIL,), "refused": (EXIT_REFUSED,),
-                "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND, 137)}
+                "killed": (EXIT_TERMINATED, EXIT_INTERRUPTED, 129, EXIT_HARD_BOUND,
+                           EXIT_HARD_KILLED)}
 
 
 def ending_of(summary: dict | None, deadline) -> Ending | None:
