@@ -114,12 +114,6 @@ def argument_type(parse):
     return checked
 
 
-def flag_or_env(flag, name: str, parse, default):
-    """An option's value: the flag's, else the environment variable's (parsed, and named
-    when bad), else the default."""
-    return given_value(flag, "", name, parse, default)[0]
-
-
 def given_value(flag, option: str, variable: str, parse, default) -> tuple:
     """(value, where it came from): the flag's ('--waves on the command line'), else the
     environment variable's, parsed and named when bad ('WARMUP_WAVES=1,2 from the

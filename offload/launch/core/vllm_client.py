@@ -39,7 +39,7 @@ from core.locks import release_server_lock, take_server_lock
 from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
 from core.records import ANSWER_FIELDS
 from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
-                      comma_list, flag_or_env, seconds)
+                      comma_list, given_value, seconds)
 from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
                            run_session, run_settings, textfile_of, usage_error)
 from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
@@ -847,7 +847,7 @@ def connection_from(args: argparse.Namespace) -> Connection:
                          f"printable ASCII")
     target = base_url_from(args.base_url)
     engines = args.engines if hasattr(args, "engines") else \
-        flag_or_env(None, "WARMUP_ENGINES", parse_engines, None)     # --engines auto wins
+        given_value(None, "", "WARMUP_ENGINES", parse_engines, None)[0]   # --engines auto wins
     return Connection(target=target, api_key=api_key, api_key_env=args.api_key_env,
                       model=args.model or env.get("WARMUP_MODEL") or None, engines=engines,
                       settle_s=args.settle_s)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from core.contract import B1_FLOOR
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
-from core.cli import EXIT_USAGE, argument_type, emit, flag_or_env, whole
+from core.cli import EXIT_USAGE, argument_type, emit, given_value, whole
 from core.runframe import Fatal, Run, RunSettings, add_run_options
 from core.transport import UsageError, clean_text, count_value, finite_number
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -291,9 +291,9 @@ def build_probe(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmthProbe, its dry run); UsageError naming a bad value."""
     if args.long_tokens and args.long_tokens < B1_FLOOR:
         raise UsageError(f"--long-tokens must be more than {B1_FLOOR - 1}")
+    paths, _ = given_value(args.paths, "--paths", "WARMUP_PATHS", parse_paths, ())
     options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
-                           tokens=args.tokens, priority=args.priority,
-                           paths=flag_or_env(args.paths, "WARMUP_PATHS", parse_paths, ()),
+                           tokens=args.tokens, priority=args.priority, paths=paths,
                            template_kwargs=args.chat_template_kwargs)
     connection = connection_from(args)
 
