@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
 
 from core.transport import UsageError, clean_text, sanitize_text
 
@@ -129,19 +128,20 @@ def given_value(flag, option: str, variable: str, parse, default) -> tuple:
         raise UsageError(f"{variable}: {exc}")
 
 
-@dataclass(frozen=True)
 class Setting:
     """One option and the variable that gives its default: what the parser's option, the
-    help's list of variables and where a value came from are all made from."""
-    flag: str
-    variable: str
-    parse: object                       # text -> value; ValueError when it is not one
-    default: object
-    help: str                           # what it does; "(default: ...)" is made here
-    shown: str = ""                     # the default as the help says it (else the value)
-    metavar: str = "N"
-    note: str = ""                      # said beside the variable in the help's list
-    many: bool = False                  # repeatable; the variable's items split by spaces
+    help's list of variables and where a value came from are all made from. (A plain
+    class: the readiness probe loads this module, and dataclasses costs it 8 ms.)"""
+
+    def __init__(self, flag: str, variable: str, parse, default, help_text: str, *,
+                 shown: str = "", metavar: str = "N", note: str = "", many: bool = False):
+        self.flag, self.variable = flag, variable
+        self.parse = parse                # text -> value; ValueError when it is not one
+        self.default, self.help = default, help_text   # "(default: ...)" is made here
+        self.shown = shown                # the default as the help says it (else the value)
+        self.metavar = metavar
+        self.note = note                  # said beside the variable in the help's list
+        self.many = many                  # repeatable; the variable's items split by spaces
 
     @property
     def dest(self) -> str:
