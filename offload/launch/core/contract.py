@@ -366,6 +366,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
+            found += said_failed(records)
         found += late_waves(recorded.get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if differs and parts:                 # a custom plan's waves are its own, not the contract's
@@ -435,10 +436,11 @@ def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: li
     kind and index), nothing else, the plan's count the one announced, and once every
     request is there, each batch's wave record on every engine."""
     want = planned_requests(plan, engines)
+    planned_set = set(want)
     problems = [] if planned == len(want) else [
         f"the run record announces {show(planned)} requests; its plan sends {len(want)}"]
     found = Counter(place(r) for r in judged)
-    extra = [p for p in found if p not in want]
+    extra = [p for p in found if p not in planned_set]
     repeated = [p for p, n in found.items() if n > 1]
     if extra:
         problems.append(f"{len(extra)} request record(s) not in the plan (wave, kind or "
@@ -469,12 +471,23 @@ def claim_problems(recorded: dict, differs: list) -> list[str]:
     return []
 
 
+def said_failed(records: list[dict]) -> list[str]:
+    """What the run's own records say went wrong, which no pass holds: a guard read that
+    refused, a wave record that failed."""
+    said = [f"the guard refused before {show(r['wave'])}, yet the run claims a pass"
+            for r in records if r["record"] == "gauges" and not r["ok"]]
+    for wave in (r for r in records if r["record"] == "wave" and not r["ok"]):
+        engine = "" if wave["engine"] is None else f" engine {wave['engine']}"
+        said.append(f"{show(wave['wave'])}{engine}: its wave record says it failed")
+    return said
+
+
 def late_waves(deadline: float | None, records: list[dict]) -> list[str]:
     """Waves that ended after the run's recorded deadline."""
     if deadline is None:
         return []
     late = [show(wave["wave"]) for wave in records if wave["record"] == "wave"
-            and wave["started_at_s"] + wave["duration_s"] > deadline]
+            and not wave["started_at_s"] + wave["duration_s"] <= deadline]   # NaN: late
     return [f"{', '.join(dict.fromkeys(late))} ended after the deadline ({deadline:g} s)"] \
         if late else []
 

@@ -115,6 +115,7 @@ RECORDS = {kind: parse_fields(spec) for kind, spec in DECLARED.items()}
 NESTED = {name: parse_fields(spec) for name, spec in SHAPES.items()}
 ANSWER_FIELDS = tuple(parse_fields(_ANSWER))   # what every record of a request keeps of its answer
 JUDGED = {"warmup": "request", "probe": "probe", "gate": "gate"}    # mode -> its records
+BIGGEST = 1 << 63                     # an int or num field holds a 64-bit integer at most
 BASE_TYPES = {"str": str, "int": int, "num": (int, float), "bool": bool, "list": list,
               "dict": dict}
 
@@ -149,6 +150,8 @@ def type_problems(value, kind: str, where: str) -> list[str]:
         return object_problems(value, NESTED[kind[1:]], where) if isinstance(value, dict) \
             else [f"{where} is not an object"]
     outer, _, inner = kind.partition("[")
+    if outer in ("int", "num") and isinstance(value, int) and not -BIGGEST <= value < BIGGEST:
+        return [f"{where} is not {kind} (an integer past 64 bits)"]
     if kind == "any" or isinstance(value, BASE_TYPES[outer]) and not (
             isinstance(value, bool) and outer in ("int", "num")):
         if not inner:

@@ -228,8 +228,8 @@ def series_sum(deltas: dict, name: str, engine: int | None = None) -> float | No
     """The sum of one metric's deltas (over labels; one engine's only, when given); None
     when absent or any of them is unknown."""
     values = [v for k, v in engine_deltas(deltas, engine).items() if series_name(k) == name]
-    if not values or any(not isinstance(v, (int, float)) for v in values):
-        return None
+    if not values or any(finite_number(v) is None for v in values):
+        return None                   # a value no sum may use: NaN, text, a bool, 10**400
     return sum(values)
 
 

@@ -8,8 +8,8 @@ import os
 import re
 import unittest
 
-from support import (LAUNCH, HelperCase, contract_requests, request_record, run_record,
-                     summary_record, wave_records)
+from support import (LAUNCH, HelperCase, contract_requests, read_records, request_record,
+                     run_record, summary_record, wave_records)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import start.steps as steps  # noqa: E402
@@ -181,6 +181,27 @@ class TestTheVerdict(unittest.TestCase):
         self.assertEqual(self.decide(contract_requests("r") + [text]).verdict, "pass",
                          "a record's stored problem text is the writer's, never judged")
 
+    def test_what_the_records_say_failed_is_no_pass(self):
+        refused = {"record": "gauges", "run_id": "r", "wave": "B3", "at_s": 1.0, "ok": False,
+                   "samples": [], "fresh_engines": [], "settle_s": None,
+                   "problems": ["vllm:num_requests_running is 1"]}
+        said = self.decide(contract_requests("r") + [refused])
+        self.assertEqual(said.verdict, "fail")
+        self.assertIn("the guard refused before B3, yet the run claims a pass", said.problems)
+        waves = wave_records("r")
+        waves[1] = dict(waves[1], ok=False)
+        said = contract.decide(run_record("r"), contract_requests("r") + waves,
+                               contract.Ending())
+        self.assertIn("B2: its wave record says it failed", said.problems)
+        refusal = self.decide(contract_requests("r")[:3] + [refused],
+                              contract.Ending("refused", 3, ("refused before B3",)))
+        self.assertEqual(refusal.verdict, "refused", "a refused run's records say so")
+
+    def test_a_summary_s_pass_with_a_failing_exit_code_is_not_read_as_a_pass(self):
+        said = readback.ending_of(summary_record("r", "pass", 1), 90.0)
+        self.assertEqual((said.verdict, said.exit_code), ("fail", 1))
+        self.assertIn("verdict pass and exit code 1 disagree", said.problems[0])
+
     def test_a_custom_plan_is_custom_and_extras_are_counted(self):
         plan = contract.plan_record(contract.Plan(paths=("stream",)))
         run = run_record("r", 15, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
@@ -282,6 +303,17 @@ class TestCustomPlan(HelperCase):
         self.assertIn("the records are not a warm-up's (mode probe)", line)
         self.assertFalse(os.path.exists(ready_file))
 
+    def test_records_after_the_last_run_make_no_ready_file(self):
+        server = self.start_fake()
+        self.assertEqual(self.run_helper(server).code, 0)
+        found, _ = read_records(self.records_path)
+        stray = dict(next(r for r in found if r["record"] == "gauges"), run_id="other")
+        with open(self.records_path, "a") as handle:      # as the report judges the file
+            handle.write(json.dumps(stray) + "\n")
+        ready_file = os.path.join(self.tmp, "ready")
+        self.assertIsNotNone(readback.ready_from_records(ready_file, self.records_path))
+        self.assertFalse(os.path.exists(ready_file))
+
     def test_json_is_one_whole_object_however_long(self):
         server = self.start_fake(engines=2)
         result = self.run_helper(server, "--json", "--paths", "stream")
@@ -347,6 +379,10 @@ class TestRecordsSchema(unittest.TestCase):
         self.assertEqual(records.field_problems(request_record("r", 0)), [])
         self.assertEqual(records.field_problems(run_record("r", 1)), [])
         self.assertEqual(records.field_problems(summary_record("r", "pass", 0)), [])
+        wave = wave_records("r")[0]
+        self.assertEqual(records.field_problems(dict(wave, duration_s=10 ** 400)),
+                         ["wave record's duration_s is not num (an integer past 64 bits)"],
+                         "valid JSON no float can hold: no sum or format may meet it")
         said = records.field_problems(dict(request_record("r", 0), ok="yes", extra=1))
         self.assertEqual(said, ["request record's ok is not bool",
                                 "request record with an undeclared field 'extra'"])

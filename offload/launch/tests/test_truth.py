@@ -29,7 +29,7 @@ BUSY = {"gauge_values": {("vllm:num_requests_running", "0"): 2.0}}
 HOSTILE = [None, True, False, 0, 1, -1, 3, 143, 2 ** 70, 1e308, -0.5, "", "pass", "0", "1",
            "B1", "long", [], [0], [1], [[0]], [None], {}, {"0": 1}, {"engine": "1"},
            "x" * 300, "\x1b[2J", float("nan"), "²", "١", "1e3", -0.0, {"engine": "²"},
-           {"0": "١"}]
+           {"0": "١"}, 10 ** 400, -10 ** 400]
 
 
 class TruthCase(HelperCase):

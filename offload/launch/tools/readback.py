@@ -15,7 +15,7 @@ from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, replace_ready_file
 from core.records import held, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
-                      EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
+                      EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
 from core.transport import clean_text, decode_json, finite_number
 
@@ -226,7 +226,8 @@ def summary_problems(summary: dict, decided: Verdict) -> list[str]:
 
 def last_verdict(path: str, run_id: str | None = None) -> dict | None:
     """The last run of a records file (of run `run_id` where given) judged, or None when
-    the file cannot be read or holds no run record."""
+    the file cannot be read, or its last records belong to no run record (as the report
+    says: its last attempt is not known)."""
     try:
         records, _ = load_records(path)
     except OSError:
@@ -234,8 +235,9 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
     if run_id is not None:
         records = [r for r in records if r.get("run_id") == run_id]
     groups = split_runs(records)
-    runs = [group for group in groups if any(r["record"] == "run" for r in group)]
-    return judge_run(runs[-1], repeated_run(runs[-1], groups)) if runs else None
+    if not groups or not any(r["record"] == "run" for r in groups[-1]):
+        return None
+    return judge_run(groups[-1], repeated_run(groups[-1], groups))
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
@@ -274,6 +276,9 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
     claimed, code = summary["verdict"], summary["exit_code"]
     if claimed not in ENDINGS or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
+    if claimed in ("pass", "custom") and code != EXIT_PASS:
+        return Ending("fail", EXIT_FAIL, (f"the summary's verdict {claimed} and exit code "
+                                          f"{code} disagree",))
     elapsed, deadline = finite_number(summary["elapsed_s"]), finite_number(deadline)
     if claimed in ("pass", "custom") and (elapsed is None or deadline is None
                                           or elapsed > deadline or deadline > MAX_SECONDS):
