@@ -181,21 +181,6 @@ class TestWrapperPublishes(HelperCase):
         self.assertNotIn("by the hard bound", err)
         self.assertEqual(verdict_of(self.textfile), "killed", "not 'running' for ever")
 
-    def test_a_helper_held_past_the_bound_is_said_and_published(self):
-        python = os.path.join(self.tmp, "python")         # checks pass, then it hangs
-        with open(python, "w") as handle:
-            handle.write(f"#!/bin/sh\ncase \"$*\" in *version_info*) exec "
-                         f"{sys.executable} \"$@\";; esac\nexec sleep 60\n")
-        os.chmod(python, 0o755)
-        result = subprocess.run(["bash", WRAPPER, "--records", self.records_path],
-                                capture_output=True, text=True, timeout=60,
-                                env=dict(os.environ, WARMUP_PYTHON=python, WARMUP_HARD_S="1",
-                                         WARMUP_TEXTFILE=self.textfile))
-        self.assertEqual(result.returncode, 124, result.stderr)
-        self.assertIn("warmup_serve.sh: warm-up ended by the hard bound (TERM at 1 s, exit "
-                      "124)", result.stderr)
-        self.assertEqual(verdict_of(self.textfile), "killed")
-
     def test_how_a_helper_ended_is_said_only_when_it_did_not_end_by_itself(self):
         said = [warmup.ending_said(status, 100.0, "95", now) for status, now in
                 ((0, 200.0), (1, 200.0), (124, 96.0), (137, 101.0), (137, 106.0),

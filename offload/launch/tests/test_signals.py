@@ -53,6 +53,15 @@ class TestTheHardBoundComesFirst(HelperCase):
         self.assertIn("did not answer within the hard bound (2 s)", result.stderr)
         self.assertEqual(verdict_of(self.textfile), "killed")
 
+    def test_a_helper_held_past_the_bound_is_said_and_published(self):
+        held = shim(self.tmp, "held-python", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
+                                             'exec sleep 60')     # checked, then it hangs
+        result = self.wrapper({"WARMUP_PYTHON": held, "WARMUP_HARD_S": "1"})
+        self.assertEqual(result.code, 124, result.stderr)
+        self.assertIn("warmup_serve.sh: warm-up ended by the hard bound (TERM at 1 s, exit "
+                      "124)", result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "killed")
+
     def test_a_tiny_bound_is_refused_and_published(self):
         result = self.wrapper({"WARMUP_HARD_S": "0.01"}, "--dry-run")
         self.assertEqual(result.code, 2, result.stderr)
