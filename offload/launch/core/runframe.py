@@ -396,6 +396,7 @@ class LineWriter:
         self.closed: set = set()              # ids of streams whose reader went away
         self.lines: queue.SimpleQueue = queue.SimpleQueue()
         self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)    # told when a line is done with
         self.thread = threading.Thread(target=self._run, name="lines", daemon=True)
         start_quiet(self.thread)
 
@@ -423,25 +424,27 @@ class LineWriter:
             with self.lock:
                 self.queued -= len(text)
                 self.printing = id(stream) not in self.closed
-            if not self.printing:
-                continue
-            try:
-                print(printable(text, stream), file=stream, flush=True)
-            except (OSError, ValueError):
-                self.closed.add(id(stream))   # print no more to it; the logs keep it all
-                silence(stream)
-            self.printing = False
+            if self.printing:
+                try:
+                    print(printable(text, stream), file=stream, flush=True)
+                except (OSError, ValueError):
+                    self.closed.add(id(stream))   # print no more to it; the logs keep it all
+                    silence(stream)
+            with self.lock:
+                self.printing = False
+                self.idle.notify_all()
 
     def flush(self, wait_s: float) -> bool:
         """Wait up to wait_s for the lines to go out; False when a line is still waiting
         or being printed (nobody reads): script_exit() then leaves without flushing the
         streams, or the interpreter's exit would wait on them."""
-        deadline = time.monotonic() + wait_s
-        while (self.queued or self.printing) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if self.queued or self.printing:
-            _stuck_output.set()               # script_exit() leaves without them
-        return not (self.queued or self.printing)
+        with self.lock:
+            drained = self.idle.wait_for(lambda: not (self.queued or self.printing), wait_s)
+        if drained:                           # the last flush says how the output is:
+            _stuck_output.clear()
+        else:                                 # stuck, and script_exit() leaves without it
+            _stuck_output.set()
+        return drained
 
 
 def verdict_line(summary: dict, records_path: str) -> str:
