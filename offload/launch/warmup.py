@@ -78,7 +78,6 @@ MAX_WAVE_SERIES = 2000                # counter series one wave record holds at 
 DEFAULT_DEADLINE_S = 90.0
 DEFAULT_HARD_S = 95.0
 MAX_HARD_S = 86400.0                  # warmup_serve.sh's bound too (its epoch sum stays exact)
-KILL_AFTER_S = 5                      # warmup_serve.sh's KILL after the bound's TERM
 
 
 def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
@@ -552,9 +551,9 @@ SETTINGS = (
             shown="none: the contract's ten requests only", metavar="LIST",
             note="extra requests, named on the verdict line"),
     Setting("--chunk-tokens", "WARMUP_CHUNK_TOKENS", whole(1, MAX_LONG_PROMPT_TOKENS - 1),
-            REVIEWED.chunk_tokens, "the server's prefill chunk (its --max-num-batched-tokens): B1 must be "
-            "longer, so that the chunked prefill really runs; B1 is sized past it when "
-            "--b1-tokens is not", note="set by start.sh"),
+            REVIEWED.chunk_tokens, "the server's prefill chunk (its "
+            "--max-num-batched-tokens): B1 must be longer, so that the chunked prefill "
+            "really runs; B1 is sized past it when --b1-tokens is not", note="set by start.sh"),
     Setting("--foreign-work", "WARMUP_FOREIGN_WORK", foreign_work_type, "fail",
             "what foreign work on a --metrics-counter does: fail (the run fails, as does a "
             "counter that cannot be compared: a series that went down, NaN, a read that "
@@ -757,29 +756,31 @@ def deadline_for(flag: float | None) -> float:
     return deadline
 
 
-def publish_ending(argv: list[str], status: int, began: float, bound: float) -> None:
+def publish_ending(argv: list[str], status: int, began: float, bound: float,
+                   grace: int) -> None:
     """What warmup_serve.sh knows and the helper did not publish, in the textfile the
     command line or WARMUP_TEXTFILE names: a usage error found before the helper could
     start, or an ending by a signal or the bound (the helper KILLed, or TERMed before it
     could write), unless the textfile holds an ending published since `began`. Once the
-    helper ran (`bound`, when the hard bound fell, not 0), prints how it ended when it did
-    not end by itself, for the wrapper to say."""
+    helper ran (`bound`, when the hard bound fell, not 0; `grace`, the wrapper's seconds
+    from its TERM to its KILL), prints how it ended when it did not end by itself, for the
+    wrapper to say."""
     textfile = runframe.textfile_of(argv)
     if textfile and not ended_since(textfile, "offload_warmup", began):
         runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
-    said = ending_said(status, bound, os.environ.get("WARMUP_HARD_S", ""), time.time())
+    said = ending_said(status, bound, grace, os.environ.get("WARMUP_HARD_S", ""), time.time())
     if bound and said:
         emit(said)
 
 
-def ending_said(status: int, bound: float, hard: str, now: float) -> str | None:
+def ending_said(status: int, bound: float, grace: int, hard: str, now: float) -> str | None:
     """How the helper ended when it did not end by itself (pure): the bound's TERM (124)
     or KILL (137 once the bound and its grace have passed), or a signal from elsewhere
     (the OOM killer, an operator's kill -9) that timeout passes on as 128+N."""
     if status == EXIT_HARD_BOUND:
         return f"warm-up ended by the hard bound (TERM at {hard} s, exit 124)"
-    if status == EXIT_HARD_KILLED and now >= bound + KILL_AFTER_S:
-        return f"warm-up killed by the hard bound (KILL at {hard}+{KILL_AFTER_S} s, exit 137)"
+    if status == EXIT_HARD_KILLED and now >= bound + grace:
+        return f"warm-up killed by the hard bound (KILL at {hard}+{grace} s, exit 137)"
     if 128 < status < 160:
         return f"warm-up killed by signal {status - 128} (not the hard bound; exit {status})"
     return None

@@ -26,8 +26,8 @@ began_us=0   # when this script began (epoch microseconds)
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_ending(sys.argv[4:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
-                      int(sys.argv[3]) / 1e6)'
+warmup.publish_ending(sys.argv[5:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
+                      int(sys.argv[3]) / 1e6, int(sys.argv[4]))'
 
 # Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
 # PUBLISH_S (the helper's interpreter may be what hung), and say how the helper ended
@@ -38,7 +38,7 @@ publish_ending() {
   shift
   command -v python3 >/dev/null || return 0
   said="$(timeout --kill-after=1s "${PUBLISH_S}" python3 -I -S -c "${PUBLISH}" "${HERE}" \
-    "${status}" "${began_us}" "${bound_us}" "$@" 2>/dev/null)" || true
+    "${status}" "${began_us}" "${bound_us}" "${KILL_AFTER_S}" "$@" 2>/dev/null)" || true
   [[ -z "${said}" ]] || echo "warmup_serve.sh: ${said}" >&2
 }
 

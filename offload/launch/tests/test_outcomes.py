@@ -182,7 +182,7 @@ class TestWrapperPublishes(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "killed", "not 'running' for ever")
 
     def test_how_a_helper_ended_is_said_only_when_it_did_not_end_by_itself(self):
-        said = [warmup.ending_said(status, 100.0, "95", now) for status, now in
+        said = [warmup.ending_said(status, 100.0, 5, "95", now) for status, now in
                 ((0, 200.0), (1, 200.0), (124, 96.0), (137, 101.0), (137, 106.0),
                  (143, 50.0))]
         self.assertEqual(said, [None, None,
