@@ -5,19 +5,19 @@
 
 Most tests wait on sockets and processes (a fake server, start.sh, the wrapper), not on
 the CPU, so a 2-core machine runs several classes at once. Each class runs in its own
-`python3 -m unittest` process (as `python3 -m unittest discover -s offload/launch/tests`
-would run it alone), bounded in time; a class whose process fails shows its whole
-output. The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
+process, forked from this one once it has imported the test modules (as
+`python3 -m unittest NAME` would run it alone, without paying Python's start and the
+imports again), bounded in time; a class whose process fails shows its whole output. The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
 "tests: N passed, N failed". Standard library only.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import os
 import re
-import subprocess
+import select
+import signal
 import sys
 import time
 import unittest
@@ -50,25 +50,83 @@ def test_classes(pattern: str) -> list[str]:
     return sorted(found, key=lambda name: (not found[name], -count.get(name, 0), name))
 
 
-def run_class(name: str) -> tuple[str, int, dict, str, float]:
-    """(name, exit status, counts, output, seconds) of one class in its own process."""
-    started = time.monotonic()
-    try:
-        done = subprocess.run([sys.executable, "-m", "unittest", "-v", name], cwd=TESTS,
-                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, timeout=CLASS_BOUND_S)
-        code, output = done.returncode, done.stdout.decode("utf-8", "replace")
-    except subprocess.TimeoutExpired as exc:
-        code = 124
-        output = (exc.stdout or b"").decode("utf-8", "replace") + \
-            f"\n{name}: still running after {CLASS_BOUND_S} s: ended\n"
-    ran = RAN.findall(output)
-    counts = {"ran": int(ran[-1]) if ran else 0}
-    for key, value in COUNTS.findall(output.rpartition("\nRan ")[2]):
-        counts[key] = counts.get(key, 0) + int(value)
-    if code != 0 and not counts.get("failures") and not counts.get("errors"):
-        counts["errors"] = 1                 # the process itself failed (an import, a kill)
-    return name, code, counts, output, time.monotonic() - started
+def run_class(name: str) -> int:
+    """In a forked child: run one class, its output on stdout; the exit status to leave with."""
+    sys.stdout = sys.stderr = open(1, "w", encoding="utf-8", errors="replace",
+                                   closefd=False, buffering=1)
+    os.chdir(TESTS)                     # where `python3 -m unittest NAME` would run it
+    suite = unittest.defaultTestLoader.loadTestsFromName(name)
+    result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
+    sys.stdout.flush()
+    return 0 if result.wasSuccessful() else 1
+
+
+class Child:
+    """One class's process: forked from this one, so the test modules it imported are
+    not imported again (a fresh `python3 -m unittest` paid ~0.1 s of CPU a class)."""
+
+    def __init__(self, name: str):
+        self.name, self.output, self.started = name, bytearray(), time.monotonic()
+        read_end, write_end = os.pipe()
+        sys.stdout.flush()
+        self.pid = os.fork()
+        if self.pid == 0:                                    # the child
+            code = 1
+            try:
+                os.close(read_end)
+                os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                os.dup2(write_end, 1)
+                os.dup2(write_end, 2)
+                code = run_class(name)
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        self.fd = read_end
+
+    def result(self, status: int) -> tuple[str, int, dict, str, float]:
+        """(name, exit status, counts, output, seconds) once the child has ended."""
+        code = os.waitstatus_to_exitcode(status)
+        output = self.output.decode("utf-8", "replace")
+        if code < 0 and time.monotonic() - self.started >= CLASS_BOUND_S:
+            code, output = 124, output + f"\n{self.name}: still running after " \
+                                         f"{CLASS_BOUND_S} s: ended\n"
+        ran = RAN.findall(output)
+        counts = {"ran": int(ran[-1]) if ran else 0}
+        for key, value in COUNTS.findall(output.rpartition("\nRan ")[2]):
+            counts[key] = counts.get(key, 0) + int(value)
+        if code != 0 and not counts.get("failures") and not counts.get("errors"):
+            counts["errors"] = 1             # the process itself failed (an import, a kill)
+        return self.name, code, counts, output, time.monotonic() - self.started
+
+
+def run_all(classes: list[str], jobs: int):
+    """Each class's result as it ends, `jobs` children at a time; one thread, no pool
+    (a child forked beside other threads could inherit a lock one of them held). A child
+    has ended when it is reaped, not when its pipe closes: a process it left behind may
+    hold the pipe open."""
+    waiting, running = list(classes), {}
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            child = Child(waiting.pop(0))
+            running[child.fd] = child
+        ready, _, _ = select.select(list(running), [], [], 0.2)
+        for fd in ready:
+            running[fd].output += os.read(fd, 65536)
+        for fd, child in list(running.items()):
+            pid, status = os.waitpid(child.pid, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() - child.started > CLASS_BOUND_S:
+                    os.kill(child.pid, signal.SIGKILL)
+                continue
+            os.set_blocking(fd, False)
+            try:
+                while chunk := os.read(fd, 65536):
+                    child.output += chunk
+            except BlockingIOError:
+                pass                          # a process it left holds the pipe: no more
+            os.close(fd)
+            del running[fd]
+            yield child.result(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,18 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     totals: dict[str, int] = {}
     failed_classes = []
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        running = [pool.submit(run_class, name) for name in classes]
-        for future in concurrent.futures.as_completed(running):
-            name, code, counts, output, took = future.result()
-            for key, value in counts.items():
-                totals[key] = totals.get(key, 0) + value
-            bad = counts.get("failures", 0) + counts.get("errors", 0)
-            print(f"{'ok  ' if code == 0 else 'FAIL'} {name} ({counts['ran']} tests, "
-                  f"{took:.1f} s)", flush=True)
-            if code != 0 or bad:
-                failed_classes.append(name)
-                print(output, flush=True)
+    for name, code, counts, output, took in run_all(classes, args.jobs):
+        for key, value in counts.items():
+            totals[key] = totals.get(key, 0) + value
+        bad = counts.get("failures", 0) + counts.get("errors", 0)
+        print(f"{'ok  ' if code == 0 else 'FAIL'} {name} ({counts['ran']} tests, "
+              f"{took:.1f} s)", flush=True)
+        if code != 0 or bad:
+            failed_classes.append(name)
+            print(output, flush=True)
     ran, failed = totals.get("ran", 0), totals.get("failures", 0) + totals.get("errors", 0)
     print("-" * 70)
     print(f"Ran {ran} tests in {time.monotonic() - started:.3f}s\n")

@@ -630,7 +630,7 @@ class TestProcesses(HelperCase):
                 self.wait_for_completions(server, 3)      # B1, and B2 hanging
                 proc.send_signal(signum)
                 _, err = proc.communicate(timeout=20)
-                self.assertEqual(proc.returncode, code, err)
+                self.assertEqual(proc.returncode, code, (err, open(records).read() if os.path.exists(records) else None))
                 summary = [r for r in read_records(records)[0] if r["record"] == "summary"]
                 self.assertEqual([(s["verdict"], s["exit_code"]) for s in summary],
                                  [("killed", code)])
