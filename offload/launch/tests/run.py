@@ -7,7 +7,8 @@ Most tests wait on sockets and processes (a fake server, start.sh, the wrapper),
 the CPU, so a 2-core machine runs several classes at once. Each class runs in its own
 process, forked from this one once it has imported the test modules (as
 `python3 -m unittest NAME` would run it alone, without paying Python's start and the
-imports again), bounded in time; a class whose process fails shows its whole output. The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
+imports again), bounded in time; a class whose process fails shows its whole output.
+The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
 "tests: N passed, N failed". Standard library only.
 """
 

@@ -25,6 +25,10 @@ QUALIFY = os.path.join(LAUNCH, "qualify.py")
 WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 START = os.path.join(REPO, "start.sh")
 FAKE = os.path.join(TESTS, "fake_vllm.py")
+# How a test runs a Python program: as the wrapper runs the helper, without site (the
+# product and the fake are standard library only), which also spares each of several
+# hundred processes the site-packages' start-up (.pth files that import packages).
+PYTHON = (sys.executable, "-S")
 
 if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)
@@ -159,7 +163,7 @@ class HelperCase(unittest.TestCase):
 
     def start_helper_process(self, server: FakeServer, *args: str) -> subprocess.Popen:
         """The helper as a real process against `server`; killed and reaped at cleanup."""
-        proc = subprocess.Popen([sys.executable, WARMUP, "--base-url", server.url,
+        proc = subprocess.Popen([*PYTHON, WARMUP, "--base-url", server.url,
                                  "--records", self.records_path, "--append", *args],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addCleanup(proc.communicate)      # cleanups run last-first: kill, then reap
@@ -270,7 +274,7 @@ class StartCase(HelperCase):
             return int(handle.read())
 
     def fake(self, *args: str) -> list[str]:
-        return [sys.executable, FAKE, "--port", str(self.port), "--latency-s", "0.01", *args]
+        return [*PYTHON, FAKE, "--port", str(self.port), "--latency-s", "0.01", *args]
 
     def start(self, *args: str, server: list[str], env: dict | None = None, timeout=90,
               script: str = START):

@@ -21,7 +21,7 @@ import tempfile
 import time
 import unittest
 
-from support import FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
+from support import PYTHON, FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
 import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import core.cli as cli  # noqa: E402
 import core.kinds as kinds  # noqa: E402
@@ -225,7 +225,7 @@ class TestMessages(HelperCase):
             busy.bind(("127.0.0.1", 0))
             busy.listen()
             port = busy.getsockname()[1]
-            proc = subprocess.run([sys.executable, FAKE, "--port", str(port)],
+            proc = subprocess.run([*PYTHON, FAKE, "--port", str(port)],
                                   capture_output=True, text=True, timeout=30)
         self.assertEqual(proc.returncode, 2)
         self.assertNotIn("Traceback", proc.stderr)

@@ -8,12 +8,11 @@ import fcntl
 import os
 import re
 import subprocess
-import sys
 import time
 import unittest
 from unittest import mock
 
-from support import QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
+from support import PYTHON, QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
 import core.evidence as evidence  # noqa: E402
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.report as report  # noqa: E402
@@ -148,7 +147,7 @@ class TestWaveEvidence(HelperCase):
         self.assertIn("per-wave evidence", self.report_text())
 
     def report_text(self) -> str:
-        return subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
+        return subprocess.run([*PYTHON, QUALIFY, "report", self.records_path],
                               capture_output=True, text=True, timeout=30).stdout
 
 
@@ -315,7 +314,7 @@ class TestEvidenceDecides(HelperCase):
                 self.wait_for_completions(server, 1)
             records_path = os.path.join(self.tmp, f"r{n}.jsonl")
             procs.append((subprocess.Popen(
-                [sys.executable, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
+                [*PYTHON, WARMUP, "--base-url", server.url.replace("127.0.0.1", host),
                  "--records", records_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True), records_path))
         codes = []

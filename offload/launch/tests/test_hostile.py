@@ -38,7 +38,7 @@ from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received,
                      chunked, completion_doc, completion_with, error_answer, http,
                      json_answer, metrics_answer, metrics_text, model_entry, models_doc,
                      sse_answer, stream_events)
-from support import (WRAPPER, HelperCase, contract_requests, gate_scrubbed, read_records,
+from support import (PYTHON, WRAPPER, HelperCase, contract_requests, gate_scrubbed, read_records,
                      run_record, run_script, summary_record, wave_records)
 import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
 
@@ -147,7 +147,7 @@ def spawn(argv: list[str], env: dict, stdout, stderr, redirect: str = "") -> sub
     """python3 argv under `ulimit -v` (bash execs python, so the pid is the helper's);
     `redirect` is a bash redirection for the helper (such as '>&-')."""
     command = ["bash", "-c", f'ulimit -v {AS_LIMIT >> 10} && exec "$@" {redirect}', "bash",
-               sys.executable, *argv]
+               *PYTHON, *argv]
     # glibc reserves 64 MiB of address space per malloc arena, up to 8 per core, as threads
     # allocate: 64 clients could reach the cap on reservations alone (seen as an abort,
     # 'libgcc_s.so.1 must be installed for pthread_exit to work', in 1 of ~10 runs). The
@@ -1057,7 +1057,7 @@ class TestReviewFindings(HelperCase):
 
     def helper(self, url: str, *args, env: dict | None = None, records: str | None = None,
                command: list | None = None, **popen) -> subprocess.CompletedProcess:
-        argv = (command or [sys.executable, WARMUP]) + [
+        argv = (command or [*PYTHON, WARMUP]) + [
             "--base-url", url, "--records", records or self.records_path,
             "--deadline-s", "3", *args]
         popen.setdefault("stderr", subprocess.PIPE)
@@ -1094,7 +1094,7 @@ class TestReviewFindings(HelperCase):
     def test_a_records_path_that_is_not_utf8_still_gets_its_summary(self):
         server = self.hostile({})
         path = os.fsencode(self.tmp) + b"/r\xff.jsonl"
-        proc = subprocess.run([sys.executable, WARMUP, "--base-url", server.url, "--records",
+        proc = subprocess.run([*PYTHON, WARMUP, "--base-url", server.url, "--records",
                                path, "--deadline-s", "3"], capture_output=True, timeout=30)
         self.assert_one_summary(proc, 0, path.decode("utf-8", "surrogateescape"))
 
@@ -1106,7 +1106,7 @@ class TestReviewFindings(HelperCase):
         with open(self.records_path, "w", encoding="utf-8") as handle:
             handle.write("\n".join([run, *requests, json.dumps(summary_record("a", "pass", 0))])
                          + "\n")
-        proc = subprocess.run([sys.executable, QUALIFY, "report", self.records_path],
+        proc = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path],
                               capture_output=True, text=True, timeout=30)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertNotIn("Traceback", proc.stderr)
@@ -1116,7 +1116,7 @@ class TestReviewFindings(HelperCase):
         fifo = os.path.join(self.tmp, "fifo")
         os.mkfifo(fifo)
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, QUALIFY, "report", fifo], capture_output=True,
+        proc = subprocess.run([*PYTHON, QUALIFY, "report", fifo], capture_output=True,
                               text=True, timeout=30)
         self.assertEqual(proc.returncode, 2)
         self.assertIn("is not a regular file", proc.stderr)
@@ -1191,7 +1191,7 @@ class TestReviewFindings(HelperCase):
         self.assertNotIn("Sec", shown)
 
     def test_a_password_is_not_quoted_by_a_url_error(self):
-        proc = subprocess.run([sys.executable, WARMUP, "--base-url",
+        proc = subprocess.run([*PYTHON, WARMUP, "--base-url",
                                "http://admin:Hunter2secret/x@127.0.0.1:9", "--dry-run"],
                               capture_output=True, text=True, timeout=30)
         self.assertEqual(proc.returncode, 2)

@@ -21,7 +21,7 @@ import time
 import unittest
 
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
-from support import (FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase,
+from support import (PYTHON, FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase,
                      SilentServer, StartCase, copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
 import launcher  # noqa: E402
@@ -909,8 +909,8 @@ class TestOneAddress(StartCase):
     def test_a_port_or_host_other_than_the_base_url_s_is_a_usage_error(self):
         other = str(free_port())
         for server, said in (
-                ([sys.executable, FAKE, "--port", other], f"the server command --port {other}"),
-                ([sys.executable, FAKE, f"--port={self.port}", "--host", "10.1.2.3"],
+                ([*PYTHON, FAKE, "--port", other], f"the server command --port {other}"),
+                ([*PYTHON, FAKE, f"--port={self.port}", "--host", "10.1.2.3"],
                  "names host 127.0.0.1, the server command --host 10.1.2.3")):
             with self.subTest(said=said):
                 result = self.refused("--base-url", self.url, "--log-dir", self.logs, "--",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 from fake_vllm import TEXT_MARKER
-from support import QUALIFY, HelperCase
+from support import PYTHON, QUALIFY, HelperCase
 import core.kinds as kinds  # noqa: E402  (support puts offload/launch on sys.path)
 
 
@@ -65,7 +64,7 @@ class TestPaths(HelperCase):
         self.assertEqual(result.summary["requests_total"], 2 * (10 + 4 * 5))
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["requests_per_engine"], plan["requests_total"]), (30, 60))
-        shown = subprocess.run([sys.executable, QUALIFY, "report", self.records_path,
+        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path,
                                 "--json"], capture_output=True, text=True, timeout=30)
         doc = json.loads(shown.stdout)
         self.assertEqual((shown.returncode, doc["verdict"], doc["evidence"]),

@@ -7,12 +7,11 @@ import io
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 import unittest
 
-from support import QUALIFY, HelperCase, qualify
+from support import PYTHON, QUALIFY, HelperCase, qualify
 import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import core.runframe as runframe  # noqa: E402
 import core.transport as transport  # noqa: E402
@@ -285,7 +284,7 @@ class TestQualificationRuns(HelperCase):
         self.assertIsNone(states[stale]["delta"])
 
     def report(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, QUALIFY, "report", *args], capture_output=True,
+        return subprocess.run([*PYTHON, QUALIFY, "report", *args], capture_output=True,
                               text=True, timeout=30)
 
     def test_report_of_a_full_run(self):
@@ -398,13 +397,13 @@ class TestOneOptionGrammar(unittest.TestCase):
 
     def test_an_abbreviated_option_is_a_usage_error_everywhere(self):
         from support import START, WARMUP
-        cases = [([sys.executable, WARMUP, "--chunk", "4096", "--dry-run"], "--chunk"),
-                 ([sys.executable, QUALIFY, "report", "--jso", "x.jsonl"], "--jso"),
-                 ([sys.executable, QUALIFY, "probe", "--round", "2", "--dry-run"], "--round"),
-                 ([sys.executable, QUALIFY, "gate", "--max-tok", "9", "--dry-run"],
+        cases = [([*PYTHON, WARMUP, "--chunk", "4096", "--dry-run"], "--chunk"),
+                 ([*PYTHON, QUALIFY, "report", "--jso", "x.jsonl"], "--jso"),
+                 ([*PYTHON, QUALIFY, "probe", "--round", "2", "--dry-run"], "--round"),
+                 ([*PYTHON, QUALIFY, "gate", "--max-tok", "9", "--dry-run"],
                   "--max-tok"),
-                 ([sys.executable, QUALIFY, "ready", "--ready", "f"], "--ready"),
-                 ([sys.executable, QUALIFY, "health", "--time", "1"], "--time"),
+                 ([*PYTHON, QUALIFY, "ready", "--ready", "f"], "--ready"),
+                 ([*PYTHON, QUALIFY, "health", "--time", "1"], "--time"),
                  (["bash", START, "--supe", "--", "true"], "--supe")]
         for command, option in cases:
             with self.subTest(command=command[1:3]):

@@ -8,11 +8,10 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import unittest
 
-from support import (FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
+from support import (PYTHON, FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
                      read_records, run_script)
 import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.ready as readiness  # noqa: E402
@@ -29,7 +28,7 @@ except ImportError:                      # installed by .ci/run for this check o
 
 def ready(path: str, *args: str, timeout: float = 30,
           env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", path, *args],
+    return subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", path, *args],
                           capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, **(env or {})))
 
@@ -60,13 +59,13 @@ def families(text: str) -> dict:
 class TestReadyStaysTrue(StartCase):
     def start_fake_on_port(self) -> subprocess.Popen:
         """A fake server on this test's port, as a restarted server would be."""
-        proc = subprocess.Popen([sys.executable, FAKE, "--port", str(self.port)],
+        proc = subprocess.Popen([*PYTHON, FAKE, "--port", str(self.port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(proc.wait, 10)
         self.addCleanup(proc.kill)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if subprocess.run([sys.executable, QUALIFY, "health", "--base-url", self.url],
+            if subprocess.run([*PYTHON, QUALIFY, "health", "--base-url", self.url],
                               capture_output=True, timeout=30).returncode == 0:
                 return proc
             time.sleep(0.1)
@@ -382,7 +381,7 @@ class TestTextfile(HelperCase):
         server = self.start_fake()
         self.assertEqual(self.run_helper(server, "--textfile", textfile).code, 0)
         os.remove(self.records_path)
-        gate = subprocess.run([sys.executable, QUALIFY, "gate", "--base-url", server.url,
+        gate = subprocess.run([*PYTHON, QUALIFY, "gate", "--base-url", server.url,
                                "--records", self.records_path, "--textfile", textfile],
                               capture_output=True, text=True, timeout=120)
         self.assertEqual(gate.returncode, 0, gate.stderr)
@@ -479,7 +478,7 @@ class TestNodeExporter(HelperCase):
         broken = self.start_fake(fault="one_token", fault_match="-B2-")
         self.assertEqual(self.run_helper(broken, "--textfile", warm).code, 1, "a failed run")
         for command, name in (("gate", "gate.prom"), ("probe", "probe.prom")):
-            done = subprocess.run([sys.executable, QUALIFY, command, "--base-url", server.url,
+            done = subprocess.run([*PYTHON, QUALIFY, command, "--base-url", server.url,
                                    "--records", os.path.join(self.tmp, f"{command}.jsonl"),
                                    "--textfile", os.path.join(folder, name)],
                                   capture_output=True, text=True, timeout=120)

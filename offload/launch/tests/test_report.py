@@ -7,12 +7,11 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import unittest
 
-from support import (QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
+from support import (PYTHON, QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
                      request_record, run_record, run_script, summary_record, wave_records)
 import tools.probe as probe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402
@@ -25,7 +24,7 @@ from core.records import ANSWER_FIELDS  # noqa: E402
 
 class TestReportJudgesEvidence(HelperCase):
     def report(self, path: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, QUALIFY, "report", path, *args],
+        return subprocess.run([*PYTHON, QUALIFY, "report", path, *args],
                               capture_output=True, text=True, timeout=30)
 
     def passing_records(self) -> list[str]:
@@ -389,7 +388,7 @@ class TestReportReading(unittest.TestCase):
                 handle.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
 
     def report(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, QUALIFY, "report", self.path, *args],
+        return subprocess.run([*PYTHON, QUALIFY, "report", self.path, *args],
                               capture_output=True, text=True, timeout=30, **kwargs)
 
     def test_reads_past_bad_lines_and_names_them(self):
@@ -467,7 +466,7 @@ class TestReportReading(unittest.TestCase):
         self.assertEqual(shown.returncode, 1)
         self.assertIn("no warm-up run in", shown.stdout)
         self.assertEqual(json.loads(self.report("--json").stdout)["runs"], [])
-        gone = subprocess.run([sys.executable, QUALIFY, "report", self.path + ".nope"],
+        gone = subprocess.run([*PYTHON, QUALIFY, "report", self.path + ".nope"],
                               capture_output=True, text=True, timeout=30)
         self.assertEqual(gone.returncode, 2)
         self.assertEqual(len(gone.stderr.strip().splitlines()), 1)
@@ -489,7 +488,7 @@ class TestReportReading(unittest.TestCase):
             resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
         def report(path):
-            return subprocess.run([sys.executable, QUALIFY, "report", path],
+            return subprocess.run([*PYTHON, QUALIFY, "report", path],
                                   capture_output=True, text=True, timeout=60,
                                   preexec_fn=limit_memory)
         shown = report("/dev/zero")                     # a device, not a records file

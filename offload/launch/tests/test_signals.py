@@ -13,7 +13,7 @@ import time
 import unittest
 from unittest import mock
 
-from support import (QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
+from support import (FAKE, PYTHON, QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
                      read_records)
 from test_outcomes import stale_success, verdict_of
 import core.readyfile as readyfile  # noqa: E402
@@ -134,7 +134,7 @@ class TestStartClearsFirst(StartCase):
         self.addCleanup(other.wait)
         self.addCleanup(other.kill)
         deadline = time.monotonic() + 20
-        while subprocess.run([sys.executable, QUALIFY, "health", "--base-url", self.url],
+        while subprocess.run([*PYTHON, QUALIFY, "health", "--base-url", self.url],
                              capture_output=True).returncode and time.monotonic() < deadline:
             time.sleep(0.1)
         answered = self.start("--textfile", self.textfile, server=self.fake())
@@ -165,7 +165,7 @@ class TestStartClearsFirst(StartCase):
     def test_a_command_that_names_another_model_is_not_warmed(self):
         # What the command launches serves another model than the command names (a proxy
         # in front of an old server would): ERROR before any warm-up.
-        other = shim(self.tmp, "serve-old", f'exec {sys.executable} {self.fake()[1]} '
+        other = shim(self.tmp, "serve-old", f'exec {sys.executable} {FAKE} '
                                             f'--port {self.port} --latency-s 0.01 --model old')
         result = self.start("--ready-file", self.ready, "--textfile", self.textfile,
                             server=["bash", other, "--model", "new"])
@@ -210,7 +210,7 @@ class TestStartClearsFirst(StartCase):
         self.assertEqual(verdict_of(self.textfile), "pass")
         with open(self.ready) as handle:
             self.assertEqual(json.load(handle)["server_pgid"], self.server_pid())
-        self.assertEqual(subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file",
+        self.assertEqual(subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file",
                                          self.ready], capture_output=True).returncode, 0)
 
     def test_re_warms_at_once_one_runs_and_a_refused_one_clears_the_gate_too(self):
@@ -236,7 +236,7 @@ class TestStartClearsFirst(StartCase):
             self.assertTrue(json.load(handle).get("slept_at"))
         subprocess.run(["curl", "-s", "-X", "POST", self.url + "/wake_up"],
                        capture_output=True, timeout=10)
-        woken = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready],
+        woken = subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready],
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(woken.returncode, 1)
         self.assertIn("slept since its warm-up", woken.stderr)
@@ -263,7 +263,7 @@ class TestStartClearsFirst(StartCase):
         self.assertIn("marked: a re-warm runs, not ready", busy.stdout)
         self.assertIn("left as it was: the re-warm was refused before it sent anything",
                       busy.stdout)
-        ready = subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready],
+        ready = subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready],
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(ready.returncode, 0, ready.stderr)
 
@@ -327,7 +327,7 @@ class TestReadyMarks(HelperCase):
         return server
 
     def probe(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, QUALIFY, "ready", "--ready-file", self.ready,
+        return subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready,
                                *args], capture_output=True, text=True, timeout=30)
 
     def test_a_stopping_mark_that_cannot_be_written_removes_the_file(self):
@@ -391,7 +391,7 @@ class TestReadyMarks(HelperCase):
 
 class TestReportJudgesTheLastAttempt(HelperCase):
     def report(self, path: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, QUALIFY, "report", path], capture_output=True,
+        return subprocess.run([*PYTHON, QUALIFY, "report", path], capture_output=True,
                               text=True, timeout=30)
 
     def test_records_after_the_last_run_or_no_warm_up_exit_1(self):
@@ -405,7 +405,7 @@ class TestReportJudgesTheLastAttempt(HelperCase):
         self.assertEqual(cut.returncode, 1, cut.stdout)
         self.assertIn("belong to no run record", cut.stdout.splitlines()[-1])
         probe = os.path.join(self.tmp, "probe.jsonl")
-        ran = subprocess.run([sys.executable, QUALIFY, "probe", "--base-url", server.url,
+        ran = subprocess.run([*PYTHON, QUALIFY, "probe", "--base-url", server.url,
                               "--records", probe, "--rounds", "2"], capture_output=True,
                              text=True, timeout=60)
         self.assertEqual(ran.returncode, 0, ran.stdout + ran.stderr)
@@ -445,7 +445,7 @@ class TestReportJudgesTheLastAttempt(HelperCase):
     def test_expect_k_ranges_are_written_low_to_high(self):
         for bad, said in (("2-1:5,4-3:4", "written high to low"), ("B1=²", "ASCII digits")):
             with self.subTest(bad=bad):
-                shown = subprocess.run([sys.executable, QUALIFY, "report", "x.jsonl",
+                shown = subprocess.run([*PYTHON, QUALIFY, "report", "x.jsonl",
                                         "--expect-k", bad], capture_output=True, text=True,
                                        timeout=30)
                 self.assertEqual(shown.returncode, 2)

@@ -15,13 +15,12 @@ import json
 import os
 import stat
 import subprocess
-import sys
 import tempfile
 import unittest
 
 from hostile import (MODEL, HostileServer, completion_with, error_answer, http, json_answer,
                      metrics_answer, metrics_text, model_entry, models_doc)
-from support import API_KEY, WARMUP, HelperCase, read_records, run_script
+from support import PYTHON, API_KEY, WARMUP, HelperCase, read_records, run_script
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.files as files  # noqa: E402
 import core.transport as transport  # noqa: E402
@@ -69,7 +68,7 @@ class TestSinks(unittest.TestCase):
         server = HostileServer(script).start()
         self.addCleanup(server.stop)
         records = os.path.join(self.tmp, f"r{len(os.listdir(self.tmp))}.jsonl")
-        proc = subprocess.run([sys.executable, WARMUP, "--base-url", server.url, "--records",
+        proc = subprocess.run([*PYTHON, WARMUP, "--base-url", server.url, "--records",
                                records, "--deadline-s", "20"], capture_output=True, text=True,
                               timeout=60, env=dict(os.environ, VLLM_API_KEY=API_KEY,
                                                     WARMUP_LOCK_DIR=self.tmp))

@@ -14,7 +14,7 @@ import sys
 import unittest
 from unittest import mock
 
-from support import API_KEY, REPO, WARMUP, WRAPPER, HelperCase, read_records, warmup
+from support import PYTHON, API_KEY, REPO, WARMUP, WRAPPER, HelperCase, read_records, warmup
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
@@ -576,8 +576,8 @@ class TestProcesses(HelperCase):
                 (["bash", WRAPPER, "--textfile", textfile], {"WARMUP_HARD_S": "abc"}),
                 (["bash", WRAPPER, "--textfile", textfile],
                  {"WARMUP_HARD_S": "9223372036854775000"}),
-                ([sys.executable, WARMUP, f"--textfile={textfile}", "--bogus"], {}),
-                ([sys.executable, WARMUP, "--textfile", textfile, "--tokens"], {})):
+                ([*PYTHON, WARMUP, f"--textfile={textfile}", "--bogus"], {}),
+                ([*PYTHON, WARMUP, "--textfile", textfile, "--tokens"], {})):
             with self.subTest(command=command[-1], env=env):
                 with open(textfile, "w") as handle:
                     handle.write("offload_warmup_last_run_success 1\n")
@@ -630,7 +630,7 @@ class TestProcesses(HelperCase):
                 self.wait_for_completions(server, 3)      # B1, and B2 hanging
                 proc.send_signal(signum)
                 _, err = proc.communicate(timeout=20)
-                self.assertEqual(proc.returncode, code, (err, open(records).read() if os.path.exists(records) else None))
+                self.assertEqual(proc.returncode, code, (err, read_records(records)))
                 summary = [r for r in read_records(records)[0] if r["record"] == "summary"]
                 self.assertEqual([(s["verdict"], s["exit_code"]) for s in summary],
                                  [("killed", code)])
