@@ -40,8 +40,8 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import core.runframe as runframe
-    from core.contract import (B1_FLOOR, REVIEWED, Plan, b1_prompts, batch_name, cache_check,
-                               cross_check, differences, engine_shares, parse_waves,
+    from core.contract import (B1_FLOOR, NOT_REPORTED, REVIEWED, Plan, b1_prompts, batch_name,
+                               cache_check, cross_check, differences, engine_shares, parse_waves,
                                plan_record, wave_name)
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
@@ -211,9 +211,7 @@ class WarmUp(ServerProgram):
                               kind_.holds.long_prompt, seen))
         if kind_.holds.long_prompt and cache_check(answers) == "not_made" \
                 and any(r["http_status"] == 200 for r in answers):
-            self.tally.notes.append("B1 cache check not made: the server does not report "
-                                    "cached tokens (start it with "
-                                    "--enable-prompt-tokens-details to check)")
+            self.tally.notes.append(f"B1 {NOT_REPORTED}")
         return True
 
     def batch_slots(self, run: Run, kind_: Kind, depth: int) -> list[Slot]:

@@ -579,6 +579,10 @@ def said_once(failed: list[dict]) -> list[str]:
     return said
 
 
+NOT_REPORTED = ("cache check not made: the server does not report cached tokens; start it "
+                "with --enable-prompt-tokens-details to check")
+
+
 def cache_check(requests: list[dict]) -> str:
     """B1's cache check as a code: 'made' (every B1 reported cached tokens, none cached),
     'hit' (a B1 was served from the prefix cache), 'not_made' (not reported, or no B1

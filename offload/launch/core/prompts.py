@@ -35,14 +35,14 @@ SHORT_PROMPT_WORDS = 24
 def make_long_prompt(nonce: str, n_words: int) -> str:
     """B1's prompt: the nonce first (so no cached prefix matches), then filler words."""
     rng = random.Random(nonce)
-    return nonce + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(n_words))
+    return nonce + " " + " ".join(rng.choices(FILLER_WORDS, k=n_words))
 
 
 def make_short_prompt(seed: str, depth: int, index: int) -> str:
     """A distinct prompt of a few tens of tokens; its first word differs per request."""
     rng = random.Random(f"{seed}/{depth}/{index}")
     tag = f"{rng.getrandbits(48):012x}"
-    return tag + " " + " ".join(rng.choice(FILLER_WORDS) for _ in range(SHORT_PROMPT_WORDS))
+    return tag + " " + " ".join(rng.choices(FILLER_WORDS, k=SHORT_PROMPT_WORDS))
 
 
 def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None,

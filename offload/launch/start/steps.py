@@ -24,6 +24,7 @@ import time
 
 from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                             seen_asleep)
+from core.contract import NOT_REPORTED
 from core.files import open_own
 from core.runframe import records_name
 from start.processes import process_alive, stop_session
@@ -235,7 +236,7 @@ def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
     run = run_warmup(settings, server, log, env, when)
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["cache_check"] == "not_made":
-        notes += "; B1 cache check not made: the server does not report cached tokens"
+        notes += f"; B1 {NOT_REPORTED}"
     inspect = f"inspect before releasing HOLD ({notes})"
     custom = f"; custom plan: {run['differences']}" if run["differences"] != "-" else ""
     if run["status"] == 0 and run["verdict"] == "custom":

@@ -20,7 +20,7 @@ import statistics
 import textwrap
 from dataclasses import dataclass
 
-from core.contract import B1_FLOOR
+from core.contract import B1_FLOOR, NOT_REPORTED
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
 from core.cli import EXIT_USAGE, argument_type, emit, given_value, whole
@@ -104,8 +104,7 @@ class WarmthProbe(ServerProgram):
         records = self.tally.requests
         if records and all(r["cached_tokens"] is None for r in records
                            if r["http_status"] == 200):
-            self.tally.notes.append("cache check not made: the server does not report cached "
-                                    "tokens (start it with --enable-prompt-tokens-details)")
+            self.tally.notes.append(NOT_REPORTED)
         for entry in self.items:
             if entry["cached_rounds"]:
                 where = "" if entry["engine"] is None else f" on engine {entry['engine']}"
