@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         return 2
     from start.server import Exit, Log
     from start.settings import HELP, Settings, Usage
-    from start.steps import publish_outcome, rewarm, start, usage_error
+    from start.steps import publish_start_outcome, rewarm, start, start_usage_error
     settings = None
     try:
         settings = Settings(argv, dict(os.environ if env is None else env))
@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         settings.check()
     except Usage as exc:
         if settings is not None:          # no older success stays standing
-            publish_outcome(settings, "warmup", 2, "usage")
-        return usage_error(str(exc))
+            publish_start_outcome(settings, "warmup", 2, "usage")
+        return start_usage_error(str(exc))
     log = Log(settings.log_dir)
     try:
         return rewarm(settings, log) if settings.rewarm else start(settings, log)

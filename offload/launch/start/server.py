@@ -2,7 +2,7 @@
 guard, whether it is the one answering its port, and --supervise.
 
   Log                     one UTC-timestamped line per step, to start.log and the terminal
-  Server                  the launched command as start.sh reports it (AttachedServer: one
+  LaunchedServer          the launched command as start.sh reports it (AttachedServer: one
                           an earlier start launched, for --rewarm)
   refuse_a_running_server(), wait_ready(), refuse_a_foreign_answer()   before a warm-up:
                           no server already here, /health 200 within the guard, the port
@@ -85,7 +85,7 @@ class Log:
         self("ERROR: " + text, sys.stderr)
 
 
-class Server(ServerProcess):
+class LaunchedServer(ServerProcess):
     """The launched server as start.sh reports it: its launch line, server.pid, the first
     error and end of its log, an ERROR when it is gone."""
 
@@ -182,7 +182,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
         raise Exit(1)
 
 
-def wait_ready(settings: Settings, server: Server, log: Log) -> float:
+def wait_ready(settings: Settings, server: LaunchedServer, log: Log) -> float:
     """Poll /health until 200 (when: the Unix time returned); Exit(1) when the server is
     gone or the guard expires."""
     url, guard = settings.target.display, settings.guard_s
@@ -212,7 +212,7 @@ def wait_ready(settings: Settings, server: Server, log: Log) -> float:
         time.sleep(max(min(settings.poll_s, left), 0))
 
 
-def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> None:
+def refuse_a_foreign_answer(settings: Settings, server: LaunchedServer, log: Log) -> None:
     """Exit(1) when what answered /health is not the launched server: the port is held
     by a process outside its group (vLLM binds only after loading, so another process can
     take the port meanwhile), or /proc cannot tell who holds it (what cannot be seen is
@@ -245,7 +245,7 @@ def refuse_a_foreign_answer(settings: Settings, server: Server, log: Log) -> Non
             " (another server behind the port, or a proxy in front of one?)"))
 
 
-def refuse_the_server(server: Server, log: Log, problem: str) -> None:
+def refuse_the_server(server: LaunchedServer, log: Log, problem: str) -> None:
     """ERROR naming the problem: no warm-up, no ready file, the launched server stopped."""
     log.error(f"{problem}: no warm-up, no ready file; stopping the launched server")
     server.stop_group()
@@ -281,7 +281,7 @@ def interrupt_while_starting() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def supervise(settings: Settings, server: Server, log: Log) -> int:
+def supervise(settings: Settings, server: LaunchedServer, log: Log) -> int:
     """Stay the server's parent until its launched process ends (a container's entry
     point): TERM and INT go to the server process (vLLM drains first); every child is
     reaped (as PID 1, orphans too).
@@ -350,7 +350,7 @@ def supervise(settings: Settings, server: Server, log: Log) -> int:
     return code
 
 
-class AttachedServer(Server):
+class AttachedServer(LaunchedServer):
     """The server an earlier start.sh launched in LOG_DIR (--rewarm): alive while its
     launched pid is; a re-warm never stops it."""
 

@@ -2,11 +2,11 @@
 warm-up and gate as children whose records decide OK or WARN.
 
   start()                 'starting' published, then refuse_a_running_server() ->
-                          launch_and_warm(): Server.start(), wait_ready(), the chunk ->
+                          launch_and_warm(): LaunchedServer.start(), wait_ready(), the chunk ->
                           warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard
                           bound), run_gate(), verdicts judged() by contract.decide()
                           (readback.last_verdict), the ready file -> OK or WARN; how a start
-                          ended published (publish_outcome) when no warm-up said it
+                          ended published (publish_start_outcome) when no warm-up said it
   rewarm()                start.sh --rewarm: the server LOG_DIR names, warmed again
   prune_records()         --keep
 
@@ -28,7 +28,7 @@ from core.contract import NOT_REPORTED
 from core.files import open_own
 from core.runframe import records_name
 from start.processes import process_alive, stop_session
-from start.server import (AttachedServer, Exit, Interrupted, Log, Server,
+from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log,
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
                           refuse_a_running_server, supervise, wait_ready)
 from start.server_command import logged_chunk
@@ -100,7 +100,7 @@ def records_line(path: str) -> str:
         "no records file (the step ended before writing one)"
 
 
-def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
+def publish_start_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
                     log=None) -> None:
     """How a step or start.sh itself ended, in the textfile (success 0): a step that left
     no summary (its verdict from its exit status), a start begun (starting), refused or
@@ -121,7 +121,7 @@ def publish_outcome(settings: Settings, mode: str, status: int, verdict: str = "
         print(f"start.sh: {why}", file=sys.stderr)
 
 
-def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: str) -> dict:
+def run_warmup(settings: Settings, server: LaunchedServer, log: Log, env: dict, when: str) -> dict:
     """The warm-up through warmup_serve.sh, and what its records show."""
     records = os.path.join(settings.log_dir, records_name("warmup", when))
     started, offset = time.monotonic(), size_of(server.server_log)
@@ -129,7 +129,7 @@ def run_warmup(settings: Settings, server: Server, log: Log, env: dict, when: st
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
     run = judged(records, status)
     if not (run["judged"] or {}).get("summary"):
-        publish_outcome(settings, "warmup", status)
+        publish_start_outcome(settings, "warmup", status)
     compiles = sum(1 for line in server.logged_since(offset).splitlines()
                    if COMPILE_LINES.search(line))
     run.update(records=records, status=status, compiles=compiles)
@@ -148,8 +148,8 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
                         sys.executable, QUALIFY, "gate", "--records", records], env)
     gate = judged(records, status)
     if not (gate["judged"] or {}).get("summary"):
-        publish_outcome(settings, "gate", status)
-    gate.update(figures=gate_figures(gate["judged"]), records=records, status=status)
+        publish_start_outcome(settings, "gate", status)
+    gate.update(figures=gate_said(gate["judged"]), records=records, status=status)
     log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
         f"{int(time.monotonic() - started)} s")
     return gate
@@ -200,7 +200,7 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
     return removed
 
 
-def gate_figures(found: dict | None) -> str:
+def gate_said(found: dict | None) -> str:
     """A gate's identifiers and worst CER as the OK and WARN lines show them."""
     from core.records import show
     summary = found["summary"] or {} if found else {}
@@ -228,7 +228,7 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
         log(f"WARN: the ready file {settings.ready_file} was not written: {why}")
 
 
-def warm_up_and_report(settings: Settings, server: Server, log: Log, env: dict,
+def warm_up_and_report(settings: Settings, server: LaunchedServer, log: Log, env: dict,
                        when: str, found: dict | None = None) -> dict:
     """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
     still run after them. A WARN names only files that exist. The warm-up's run, with
@@ -279,7 +279,7 @@ def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str
     log(f"prefill chunk {server_chunk} tokens (from {where}): B1 is sized past it{replaced}")
 
 
-def usage_error(problem: str) -> int:
+def start_usage_error(problem: str) -> int:
     print(f"start.sh: {problem}\nstart.sh: see start.sh --help", file=sys.stderr)
     return 2
 
@@ -289,7 +289,7 @@ def start(settings: Settings, log: Log) -> int:
     older success stays standing), and how the start ended when no warm-up says it; a
     server it launched and stopped leaves no ready file."""
     publish_starting(settings, log)
-    server = Server(settings, log)
+    server = LaunchedServer(settings, log)
     env = settings.server_env()
     ended = None
     try:
@@ -300,7 +300,8 @@ def start(settings: Settings, log: Log) -> int:
             (None, "")                 # a start it launches vouches anew (a refused one not)
         if removed is False:
             ended = 2, "usage"
-            return usage_error(f"--ready-file '{settings.ready_file}' cannot be removed ({why})")
+            return start_usage_error(f"--ready-file '{settings.ready_file}' cannot be "
+                                     f"removed ({why})")
         interrupt_while_starting()
         launch_and_warm(settings, server, log, env)
     except Interrupted as signalled:
@@ -322,7 +323,7 @@ def start(settings: Settings, log: Log) -> int:
         raise
     finally:
         if ended is not None:
-            publish_outcome(settings, "warmup", ended[0], ended[1], log)
+            publish_start_outcome(settings, "warmup", ended[0], ended[1], log)
         if ended is not None and server.pid and settings.ready_file:
             drop_ready_file(settings.ready_file)
     if settings.textfile and settings.warmup and os.path.isfile(settings.textfile):
@@ -377,11 +378,11 @@ def rewarm(settings: Settings, log: Log) -> int:
     except Interrupted as signalled:
         log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
         Steps.stop()
-        publish_outcome(settings, "warmup", signalled.code, "killed", log)
+        publish_start_outcome(settings, "warmup", signalled.code, "killed", log)
         end_rewarm(settings, log, found, None)
         return signalled.code
     except Exit as exc:
-        publish_outcome(settings, "warmup", exc.code, "not_started", log)
+        publish_start_outcome(settings, "warmup", exc.code, "not_started", log)
         end_rewarm(settings, log, found, None)
         return exc.code
     finally:
@@ -406,9 +407,9 @@ def rewarm_lock(folder: str) -> int | None:
 def publish_starting(settings: Settings, log: Log) -> None:
     """Before a start or a re-warm: the textfile says 'starting' (the gate's too, with
     --gate), so no older success stays standing."""
-    publish_outcome(settings, "warmup", 0, "starting", log)
+    publish_start_outcome(settings, "warmup", 0, "starting", log)
     if settings.gate:
-        publish_outcome(settings, "gate", 0, "starting", log)
+        publish_start_outcome(settings, "gate", 0, "starting", log)
 
 
 def mark_rewarm(settings: Settings, log: Log) -> dict:
@@ -441,7 +442,7 @@ def end_rewarm(settings: Settings, log: Log, found: dict, run: dict | None) -> N
         log(f"ready file {settings.ready_file} removed: the re-warm did not pass")
 
 
-def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> None:
+def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: dict) -> None:
     """Launch the server, wait for /health within the guard, warm it up (and gate it)."""
     server.start()
     env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
@@ -454,7 +455,7 @@ def launch_and_warm(settings: Settings, server: Server, log: Log, env: dict) -> 
             handle.write(env["WARMUP_CHUNK_TOKENS"] + "\n")
     if not settings.warmup:
         log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
-        publish_outcome(settings, "warmup", 0, "not_warmed", log)
+        publish_start_outcome(settings, "warmup", 0, "not_warmed", log)
         return
     when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:

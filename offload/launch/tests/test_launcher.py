@@ -26,7 +26,7 @@ from support import (PYTHON, FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, He
                      run_record, summary_record)
 import launcher  # noqa: E402
 import start.server_command as server_command  # noqa: E402
-from start.server import Log, Server  # noqa: E402
+from start.server import LaunchedServer, Log  # noqa: E402
 from start.settings import Settings  # noqa: E402
 from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
 from start.processes import group_alive
@@ -936,7 +936,7 @@ class TestOneAddress(StartCase):
                          "max_num_scheduled_tokens is set to 2048 based on the speculative "
                          "decoding settings.\n")
         settings = Settings(["--log-dir", self.logs, "--", "vllm"], {})
-        server = Server(settings, Log(self.logs))
+        server = LaunchedServer(settings, Log(self.logs))
         for start_offset, chunk in ((offset, "2048"), (10 ** 6, "")):
             self.assertEqual(logged_chunk(server.logged_since(start_offset)), chunk)
 
