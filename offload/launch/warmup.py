@@ -23,7 +23,8 @@ The run, in order (each step is a function or method right below):
 
 It is a program over core/ beside it, and loads nothing else: transport (bytes on a
 socket), runframe (a run with one summary), contract (what a warm-up is and how it is
-judged), vllm_client (what a vLLM server says) and evidence (what moved).
+judged), vllm_client (what a vLLM server says) and evidence (what moved); the ready file's
+code (readyfile) and the textfile's (textfile) load only with --ready-file and --textfile.
 Standard library only, Python 3.10+. The contract is CONTRACT.md beside this file.
 """
 
@@ -47,12 +48,9 @@ try:
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
-                                ready_of, replace_ready_file, seen_asleep)
     from core.cli import (EXIT_HARD_BOUND, EXIT_HARD_KILLED, Setting, emit, given_value,
                           seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
-    from core.textfile import ended_since, outcome_of_status
     from core.files import writable
     from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
                                 count_value, parse_url, series_name)
@@ -112,6 +110,7 @@ class WarmUp(ServerProgram):
         """Everything the warm-up sends, in order; Fatal ends it early."""
         self.learn_server(run)        # the server to ourselves: no other helper runs now
         if self.ready_file:           # a re-warm killed mid-run leaves the file not ready
+            from core.readyfile import mark_ready_file, read_ready_file
             self.vouched = read_ready_file(self.ready_file)[0] or {}
             mark_ready_file(self.ready_file, self.vouched.get("run_id"),
                             rewarm_run_id=run.settings.run_id)
@@ -262,6 +261,8 @@ def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
     mark that the server slept or stops made while this run ran is kept; one from before
     goes), left as it was by a refusal that sent nothing (our own mark undone), removed
     after any other end (the server this run tried to warm is not known warm)."""
+    from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
+                                ready_of, replace_ready_file, seen_asleep)
     sent = len(warm.tally.requests)
     if summary["verdict"] == "refused" and not sent:
         now = read_ready_file(warm.ready_file)[0] or {}
@@ -671,7 +672,10 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                          f"longer; leave --b1-tokens out to size it past the chunk")
     chunk_source = chunk_source.split("=")[0].split(" ")[0] if chunk_source else "assumed"
-    vouched = read_ready_file(args.ready_file)[0] if args.ready_file else None
+    vouched = None
+    if args.ready_file:                   # the ready file's code loads with --ready-file only
+        from core.readyfile import read_ready_file
+        vouched = read_ready_file(args.ready_file)[0]
     if vouched and chunk_source == "assumed" and count_value(vouched.get("chunk_tokens")):
         chunk, chunk_source = vouched["chunk_tokens"], "the ready file"   # a re-warm
     if vouched and not args.base_url and not os.environ.get("WARMUP_BASE_URL"):
@@ -764,8 +768,10 @@ def publish_ending(argv: list[str], status: int, began: float, bound: float,
     from its TERM to its KILL), prints how it ended when it did not end by itself, for the
     wrapper to say."""
     textfile = runframe.textfile_of(argv)
-    if textfile and not ended_since(textfile, "offload_warmup", began):
-        runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
+    if textfile:
+        from core.textfile import ended_since, outcome_of_status
+        if not ended_since(textfile, "offload_warmup", began):
+            runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
     said = ending_said(status, bound, grace, os.environ.get("WARMUP_HARD_S", ""), time.time())
     if bound and said:
         emit(said)

@@ -25,6 +25,12 @@ EXIT_HARD_KILLED = 137              # its KILL, or any other KILL: 128 + 9
 MAX_SECONDS = 3600.0                 # no wait, deadline or bound is longer than an hour
 
 
+def outcome(verdict, exit_code) -> str:
+    """The one name of how a run ended, for the terminal, start.log and the textfile alike:
+    its verdict, but 'usage' for a configuration error (exit 2) whenever it was found."""
+    return "usage" if exit_code == 2 and verdict in ("fail", "usage") else str(verdict)
+
+
 def sanitize_lines(text: str) -> str:
     """The terminal sink's rule: each line of ours through transport.sanitize_text."""
     return "\n".join(sanitize_text(line) for line in text.split("\n"))

@@ -29,10 +29,9 @@ import time
 from dataclasses import dataclass, field
 
 from core.records import FORMAT, field_problems, parts_text
-from core.textfile import outcome, publish, publish_outcome, result_samples
 from core.files import writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
-                      printable, sanitize_lines, seconds, silence)
+                      outcome, printable, sanitize_lines, seconds, silence)
 from core.transport import CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text, start_quiet
 
 PROBLEM_LIMIT = 300                  # one problem string, cut
@@ -240,6 +239,7 @@ def run_session(settings: RunSettings, program: Program) -> int:
 def publish_result(settings: RunSettings, mode: str, summary: dict, more: list,
                    say) -> None:
     """The run's result (or that it began) in the textfile; a failure to write it said."""
+    from core.textfile import publish, result_samples    # loaded with --textfile only
     prefix = f"offload_{mode}"
     why = publish(settings.textfile, prefix, result_samples(prefix, summary, time.time()) + more)
     if why:
@@ -502,6 +502,7 @@ def publish_usage(mode: str, textfile: str, verdict: str = "usage",
                   exit_code: int = EXIT_USAGE) -> None:
     """An outcome no summary says in the textfile (success 0): a usage error (a run that
     could not begin), or a KILL the run could not write down; no stale success stays."""
+    from core.textfile import publish_outcome            # loaded with --textfile only
     why = publish_outcome(textfile, mode, verdict, exit_code)
     if why:
         emit(f"{why} (the outcome '{verdict}' was not published)", sys.stderr)

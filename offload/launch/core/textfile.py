@@ -16,7 +16,7 @@ import math
 import os
 import time
 
-from core.cli import EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_REFUSED, EXIT_USAGE
+from core.cli import EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_REFUSED, EXIT_USAGE, outcome
 from core.files import open_regular, write_atomically
 from core.transport import json_number, parse_prometheus
 
@@ -28,12 +28,6 @@ VERDICTS = ("pass", "custom", "fail", "refused", "killed", "usage", "not_started
             "not_warmed", "starting", "running")
 BEGUN = ("starting", "running")         # not ended: when it began is what is published
 MAX_TEXTFILE_BYTES = 1 << 20
-
-
-def outcome(verdict, exit_code) -> str:
-    """The one name of how a run ended, for the terminal, start.log and the textfile alike:
-    its verdict, but 'usage' for a configuration error (exit 2) whenever it was found."""
-    return "usage" if exit_code == 2 and verdict in ("fail", "usage") else str(verdict)
 
 
 def outcome_of_status(status: int) -> str:

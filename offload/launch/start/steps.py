@@ -74,13 +74,14 @@ class Steps:
 def judged(records: str, status: int) -> dict:
     """What a step's records file shows, as qualify.py report judges it
     (readback.last_verdict: contract.decide(), the warm-up's own verdict), named as the
-    terminal and the textfile name it (textfile.outcome; from the step's exit status when
+    terminal and the textfile name it (cli.outcome; from the step's exit status when
     it left no summary): the verdict, the plan's differences (with the settings that made
     them), the cache check, what passed ('contract 10/10, paths stream 5/5') and the
     settings that added to the plan, with where they came from."""
     from tools.readback import last_verdict
     from core.records import parts_text, show
-    from core.textfile import outcome, outcome_of_status
+    from core.cli import outcome
+    from core.textfile import outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
     if found is None or found["summary"] is None:
         return {"verdict": outcome_of_status(status), "differences": "-",

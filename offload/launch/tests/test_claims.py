@@ -26,6 +26,7 @@ import core.evidence as evidence  # noqa: E402  (support puts offload/launch on 
 import core.cli as cli  # noqa: E402
 import core.kinds as kinds  # noqa: E402
 import core.transport as transport  # noqa: E402
+import core.status_files as status_files  # noqa: E402
 
 CONTRACT = os.path.join(LAUNCH, "CONTRACT.md")
 
@@ -214,10 +215,10 @@ class TestMessages(HelperCase):
         self.assertIn("not waited for again", status["why"])
 
     def test_status_file_without_identity_is_unverified(self):
-        result = evidence.status_delta({"steps": 1}, {"steps": 4})
+        result = status_files.status_delta({"steps": 1}, {"steps": 4})
         self.assertEqual((result["state"], result["delta"]), ("unverified", {"steps": 3}))
         self.assertIn("no identity field", result["why"])
-        self.assertEqual(evidence.status_delta({"pid": 1, "steps": 1},
+        self.assertEqual(status_files.status_delta({"pid": 1, "steps": 1},
                                              {"pid": 1, "steps": 4})["state"], "valid")
 
     def test_fake_on_a_busy_port_says_one_line(self):

@@ -20,6 +20,7 @@ import core.transport as transport  # noqa: E402
 import core.locks as locks  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
+import core.status_files as status_files  # noqa: E402
 
 
 def expanded(kept: dict, keys: set) -> dict:
@@ -293,13 +294,13 @@ class TestStatusDelta(unittest.TestCase):
                   "ready": True, "name": "w"}
         after = {"pid": 10, "session": "a", "steps": 9, "workers": {"drafted_requests": 12},
                  "ready": False, "name": "w"}
-        result = evidence.status_delta(before, after)
+        result = status_files.status_delta(before, after)
         self.assertEqual(result["state"], "valid")
         self.assertEqual(result["delta"], {"steps": 4, "workers.drafted_requests": 10})
-        changed = evidence.status_delta(before, dict(after, pid=11))
+        changed = status_files.status_delta(before, dict(after, pid=11))
         self.assertEqual(changed["state"], "invalid")
         self.assertIn("pid changed (10 -> 11)", changed["why"])
-        missing = evidence.status_delta(None, after, "before: missing")
+        missing = status_files.status_delta(None, after, "before: missing")
         self.assertEqual((missing["state"], missing["delta"]), ("incomplete", None))
 
 

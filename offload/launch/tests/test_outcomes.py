@@ -17,6 +17,7 @@ import unittest
 from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartCase
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.textfile as textfile  # noqa: E402
+import core.cli as cli  # noqa: E402
 import warmup  # noqa: E402
 
 SUCCESS = "offload_warmup_last_run_success 1.0"
@@ -72,7 +73,7 @@ class TestEventTable(unittest.TestCase):
                                    "exit_code": codes[0], "problems": [], "elapsed_s": 1.0}
                         self.assertTrue(runframe.verdict_line(summary, "r").startswith(said),
                                         said)
-                        self.assertEqual(textfile.outcome(summary["verdict"], codes[0]), name)
+                        self.assertEqual(cli.outcome(summary["verdict"], codes[0]), name)
                     self.assertIn(f"verdict {name}", quoted(row["start.log"]))
 
     def test_every_row_raises_its_alert_and_no_other(self):
