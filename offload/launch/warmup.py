@@ -49,7 +49,7 @@ try:
     from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
     from core.cli import (EXIT_HARD_BOUND, EXIT_HARD_KILLED, Setting, emit, given_value,
-                          seconds, whole)
+                          plug_in, seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
     from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
@@ -672,8 +672,13 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                          f"longer; leave --b1-tokens out to size it past the chunk")
     chunk_source = chunk_source.split("=")[0].split(" ")[0] if chunk_source else "assumed"
+    for flag, name in ((args.ready_file, "core.readyfile"),     # each loads with its flag
+                       (values["status_file"][0], "core.status_files"),
+                       (values["metrics_counter"][0], "core.counted")):
+        if flag:
+            plug_in(name)                 # a folder that lost it: a usage error, now
     vouched = None
-    if args.ready_file:                   # the ready file's code loads with --ready-file only
+    if args.ready_file:
         from core.readyfile import read_ready_file
         vouched = read_ready_file(args.ready_file)[0]
     if vouched and chunk_source == "assumed" and count_value(vouched.get("chunk_tokens")):
@@ -768,10 +773,12 @@ def publish_ending(argv: list[str], status: int, began: float, bound: float,
     from its TERM to its KILL), prints how it ended when it did not end by itself, for the
     wrapper to say."""
     textfile = runframe.textfile_of(argv)
-    if textfile:
-        from core.textfile import ended_since, outcome_of_status
-        if not ended_since(textfile, "offload_warmup", began):
-            runframe.publish_usage("warmup", textfile, outcome_of_status(status), status)
+    try:
+        published = textfile and plug_in("core.textfile")
+    except UsageError:                    # its code is missing: nothing can be published
+        published = None
+    if published and not published.ended_since(textfile, "offload_warmup", began):
+        runframe.publish_usage("warmup", textfile, published.outcome_of_status(status), status)
     said = ending_said(status, bound, grace, os.environ.get("WARMUP_HARD_S", ""), time.time())
     if bound and said:
         emit(said)

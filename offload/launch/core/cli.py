@@ -31,6 +31,15 @@ def outcome(verdict, exit_code) -> str:
     return "usage" if exit_code == 2 and verdict in ("fail", "usage") else str(verdict)
 
 
+def plug_in(name: str):
+    """A module loaded with its flag (core.textfile ...); UsageError when the folder lost it."""
+    try:
+        return __import__(name, fromlist=["_"])
+    except ImportError as exc:
+        raise UsageError(f"cannot load {exc.name or name}: offload/launch/ is copied and "
+                         f"rolled back as one folder; restore the whole folder") from None
+
+
 def sanitize_lines(text: str) -> str:
     """The terminal sink's rule: each line of ours through transport.sanitize_text."""
     return "\n".join(sanitize_text(line) for line in text.split("\n"))

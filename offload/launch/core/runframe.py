@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from core.records import FORMAT, field_problems, parts_text
 from core.files import writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
-                      outcome, printable, sanitize_lines, seconds, silence)
-from core.transport import CAUGHT_SIGNALS, Clock, clean_text, sanitize, sanitize_text, start_quiet
+                      outcome, plug_in, printable, sanitize_lines, seconds, silence)
+from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize, sanitize_text,
+                            start_quiet)
 
 PROBLEM_LIMIT = 300                  # one problem string, cut
 
@@ -239,9 +240,10 @@ def run_session(settings: RunSettings, program: Program) -> int:
 def publish_result(settings: RunSettings, mode: str, summary: dict, more: list,
                    say) -> None:
     """The run's result (or that it began) in the textfile; a failure to write it said."""
-    from core.textfile import publish, result_samples    # loaded with --textfile only
+    textfile = plug_in("core.textfile")       # loaded with --textfile only (run_settings)
     prefix = f"offload_{mode}"
-    why = publish(settings.textfile, prefix, result_samples(prefix, summary, time.time()) + more)
+    why = textfile.publish(settings.textfile, prefix,
+                           textfile.result_samples(prefix, summary, time.time()) + more)
     if why:
         say(f"{settings.prog}: {why}", stream=sys.stderr)
 
@@ -502,8 +504,10 @@ def publish_usage(mode: str, textfile: str, verdict: str = "usage",
                   exit_code: int = EXIT_USAGE) -> None:
     """An outcome no summary says in the textfile (success 0): a usage error (a run that
     could not begin), or a KILL the run could not write down; no stale success stays."""
-    from core.textfile import publish_outcome            # loaded with --textfile only
-    why = publish_outcome(textfile, mode, verdict, exit_code)
+    try:
+        why = plug_in("core.textfile").publish_outcome(textfile, mode, verdict, exit_code)
+    except UsageError:                # its code is missing: the usage error says so
+        return
     if why:
         emit(f"{why} (the outcome '{verdict}' was not published)", sys.stderr)
 
@@ -564,6 +568,8 @@ def add_file_option(parser: argparse.ArgumentParser, flag: str, variable: str,
 def run_settings(args: argparse.Namespace, prog: str, kind: str) -> RunSettings:
     """RunSettings from add_run_options' options; a new run id."""
     run_id = new_run_id()
+    if args.textfile:
+        plug_in("core.textfile")          # a folder that lost it: a usage error, now
     return RunSettings(prog=prog, run_id=run_id,
                        records_path=args.records or default_records_path(run_id, kind),
                        deadline_s=args.deadline_s or 90.0, socket_cap_s=args.socket_cap_s,

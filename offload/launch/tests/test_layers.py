@@ -194,6 +194,25 @@ class TestLayers(unittest.TestCase):
             self.assertEqual(wrapper.returncode, 2, wrapper.stderr)
             self.assertNotIn("Traceback", wrapper.stderr)
 
+    def test_a_missing_plug_in_is_a_usage_error_when_its_flag_is_given(self):
+        plug_ins = {"core/readyfile.py": "--ready-file=r.json", "core/textfile.py":
+                    "--textfile=t.prom", "core/status_files.py": "--status-file=s.json",
+                    "core/counted.py": "--metrics-counter=http://127.0.0.1:9/m=c"}
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = copy_product(os.path.join(tmp, "launch"), leave_out=tuple(plug_ins))
+            for path, flag in plug_ins.items():
+                with self.subTest(flag=flag):        # refused before anything is sent
+                    proc = subprocess.run([sys.executable, os.path.join(folder, "warmup.py"),
+                                           "--base-url", "http://127.0.0.1:9", flag],
+                                          capture_output=True, text=True, timeout=30, cwd=tmp)
+                    self.assertEqual(proc.returncode, 2, proc.stderr)
+                    self.assertNotIn("Traceback", proc.stderr)
+                    module = path[:-3].replace("/", ".")
+                    self.assertIn(f"cannot load {module}: offload/launch/ is copied", proc.stderr)
+            plain = subprocess.run([sys.executable, os.path.join(folder, "warmup.py"),
+                                    "--dry-run"], capture_output=True, text=True, timeout=30)
+            self.assertEqual(plain.returncode, 0, plain.stderr)    # without them: no need
+
     def test_runs_from_any_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
             for command in (["warmup.py", "--dry-run"], ["qualify.py", "--help"]):
