@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from core.transport import Target, series_name
 from core.contract import cross_check
 from core.vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
                                served_by_engine, went_down)
 
+TYPE_CHECKING = False                 # typing's, without importing typing (3 ms)
 if TYPE_CHECKING:                     # names in annotations only: no import at run time
     from core.runframe import Run
     from core.vllm_client import Tally
