@@ -102,7 +102,7 @@ def records_line(path: str) -> str:
 
 
 def publish_start_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
-                    log=None) -> None:
+                          log=None) -> None:
     """How a step or start.sh itself ended, in the textfile (success 0): a step that left
     no summary (its verdict from its exit status), a start begun (starting), refused or
     not trusted (not_started), interrupted (killed), skipped (not_warmed) or a usage
