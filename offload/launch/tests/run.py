@@ -56,6 +56,7 @@ def run_class(name: str) -> int:
     sys.stdout = sys.stderr = open(1, "w", encoding="utf-8", errors="replace",
                                    closefd=False, buffering=1)
     os.chdir(TESTS)                     # where `python3 -m unittest NAME` would run it
+    unittest.installHandler()           # INT: the test running ends, cleanups and all
     suite = unittest.defaultTestLoader.loadTestsFromName(name)
     result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
     sys.stdout.flush()
@@ -74,6 +75,7 @@ class Child:
         if self.pid == 0:                                    # the child
             code = 1
             try:
+                os.setpgid(0, 0)             # Ctrl-C reaches the runner, which passes it on
                 os.close(read_end)
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(write_end, 1)
@@ -106,6 +108,30 @@ def run_all(classes: list[str], jobs: int):
     has ended when it is reaped, not when its pipe closes: a process it left behind may
     hold the pipe open."""
     waiting, running = list(classes), {}
+    try:
+        yield from run_children(waiting, running, jobs)
+    except KeyboardInterrupt:           # Ctrl-C: each class stops as a terminal's would
+        stop_children(running.values())
+        raise
+
+
+def stop_children(children) -> None:
+    """INT to each running class (its running test ends and cleans up), KILL what is left
+    after 30 s; each reaped."""
+    for child in children:
+        os.kill(child.pid, signal.SIGINT)
+    end = time.monotonic() + 30
+    for child in children:
+        while os.waitpid(child.pid, os.WNOHANG)[0] == 0:
+            if time.monotonic() > end:
+                os.kill(child.pid, signal.SIGKILL)
+                os.waitpid(child.pid, 0)
+                break
+            time.sleep(0.05)
+
+
+def run_children(waiting: list, running: dict, jobs: int):
+    """run_all's loop: start children up to `jobs`, read their output, reap them."""
     while waiting or running:
         while waiting and len(running) < jobs:
             child = Child(waiting.pop(0))
@@ -145,15 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     totals: dict[str, int] = {}
     failed_classes = []
-    for name, code, counts, output, took in run_all(classes, args.jobs):
-        for key, value in counts.items():
-            totals[key] = totals.get(key, 0) + value
-        bad = counts.get("failures", 0) + counts.get("errors", 0)
-        print(f"{'ok  ' if code == 0 else 'FAIL'} {name} ({counts['ran']} tests, "
-              f"{took:.1f} s)", flush=True)
-        if code != 0 or bad:
-            failed_classes.append(name)
-            print(output, flush=True)
+    try:
+        for name, code, counts, output, took in run_all(classes, args.jobs):
+            for key, value in counts.items():
+                totals[key] = totals.get(key, 0) + value
+            bad = counts.get("failures", 0) + counts.get("errors", 0)
+            print(f"{'ok  ' if code == 0 else 'FAIL'} {name} ({counts['ran']} tests, "
+                  f"{took:.1f} s)", flush=True)
+            if code != 0 or bad:
+                failed_classes.append(name)
+                print(output, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: the running classes were stopped", file=sys.stderr)
+        return 130
     ran, failed = totals.get("ran", 0), totals.get("failures", 0) + totals.get("errors", 0)
     print("-" * 70)
     print(f"Ran {ran} tests in {time.monotonic() - started:.3f}s\n")
