@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from core.records import FORMAT, field_problems, parts_text
-from core.files import writable
+from core.files import open_own, writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
                       outcome, plug_in, printable, sanitize_lines, seconds, silence)
 from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize, sanitize_text,
@@ -346,23 +346,13 @@ def open_records(path: str, append: bool = False):
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW,
-                 0o644)                   # never through a link planted at the path
-    try:
-        info = os.fstat(fd)
-        import stat
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(0, "not a regular file")
-        if info.st_size > 0 and not append:
-            raise OSError(0, "it already holds records (one run to a file: give a new path, "
-                             "or --append)")
-        os.set_blocking(fd, True)
-        needs_newline = info.st_size > 0 and _last_byte(path) != b"\n"
-        stream = os.fdopen(fd, "a", encoding="utf-8")
-    except BaseException:
-        os.close(fd)
-        raise
-    if needs_newline:
+    stream = open_own(path, "a")          # never through a link planted at the path
+    size = os.fstat(stream.fileno()).st_size
+    if size > 0 and not append:
+        stream.close()
+        raise OSError(0, "it already holds records (one run to a file: give a new path, "
+                         "or --append)")
+    if size > 0 and _last_byte(path) != b"\n":
         stream.write("\n")
         stream.flush()
     return stream
