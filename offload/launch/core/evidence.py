@@ -133,7 +133,8 @@ class Evidence:
         if first_counters is not None:
             befores[main_source] = (first_counters, None)
         sources = [(main_source, target, "/metrics")] + \
-            [(t.display, t, "") for t in self.options.metrics_targets]
+            [(t.display, t, "") for t in self.options.metrics_targets
+             if t.display != main_source]             # the server's own: one record
         for source, where, path in sources:
             before, why_before = befores.get(source, (None, "not read before the first wave"))
             after, why_after = read_counters(where, run.clock, path)

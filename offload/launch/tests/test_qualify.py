@@ -180,6 +180,18 @@ class TestQualificationRuns(HelperCase):
                       " ".join(reset.summary["problems"]))
         self.assertIn("went down during the warm-up", " ".join(reset.summary["warnings"]))
 
+    def test_a_counter_on_the_server_s_own_metrics_is_one_record(self):
+        # The server's /metrics named as an operator's counter: one metrics record (the
+        # main one, with the counter's comparison), one warning, not each twice.
+        server = self.start_fake()
+        result = self.run_helper(server, "--metrics-counter",
+                                 f"{server.url}/metrics=vllm:request_success_total")
+        self.assertEqual(result.code, 0, result.stdout)
+        (record,) = result.kind("metrics")
+        self.assertEqual(record["source"], f"{server.url}/metrics")
+        self.assertEqual((record["counted"]["delta"], record["counted"]["sent"]), (10.0, 10))
+        self.assertEqual(len(result.summary["warnings"]), len(set(result.summary["warnings"])))
+
     def test_a_counter_is_compared_series_by_series_and_never_through_nan(self):
         # One series resets (a worker restarted) while another counts the foreign request:
         # their sum would cancel out; series by series, the reset is seen and nothing passes.
