@@ -21,6 +21,7 @@ import select
 import signal
 import sys
 import time
+import traceback
 import unittest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -81,6 +82,9 @@ class Child:
                 os.dup2(write_end, 1)
                 os.dup2(write_end, 2)
                 code = run_class(name)
+            except BaseException:            # the class could not even run: say why
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(code)
         os.close(write_end)
