@@ -80,10 +80,14 @@ def silence(stream) -> None:
 
 
 def number_type(convert, fits, wants: str, name: str):
-    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'."""
+    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'.
+    Only ASCII digits, a leading minus, at most one point: int() and float() also take
+    '1_000', ' 5', '1e3', 'nan' and other scripts' digits, which no option means."""
     def parse(text: str):
+        digits = text[1:] if text.startswith("-") else text
         try:
-            value = convert(text)
+            value = convert(text) if digits.isascii() and \
+                digits.replace(".", "", 1).isdigit() else None
         except ValueError:
             value = None
         if value is None or not fits(value):

@@ -424,3 +424,24 @@ class TestOneOptionGrammar(unittest.TestCase):
                 self.assertEqual(proc.returncode, 2, proc.stderr)
                 self.assertIn(option, proc.stderr)
                 self.assertNotIn("Traceback", proc.stderr)
+
+    def test_a_number_is_ascii_digits_and_one_point_everywhere(self):
+        # int() and float() take these too; no option means them.
+        from support import WARMUP
+        cases = [(["--tokens", "3_2"], {}), (["--deadline-s", "1e3"], {}),
+                 (["--settle-s", "nan"], {}), (["--tokens", " 32"], {}),
+                 ([], {"WARMUP_TOKENS": "\u0663\u0662"}),           # Arabic-Indic 32
+                 ([], {"WARMUP_PRIORITY": "2\u0660"})]
+        for args, env in cases:
+            with self.subTest(args=args, env=env):
+                proc = subprocess.run([*PYTHON, WARMUP, "--dry-run", *args], text=True,
+                                      capture_output=True, timeout=30,
+                                      env=dict(os.environ, **env), stdin=subprocess.DEVNULL)
+                self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+                self.assertNotIn("Traceback", proc.stderr)
+        lower = subprocess.run([*PYTHON, WARMUP, "--dry-run", "--priority", "-5"],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(lower.returncode, 0, lower.stderr)     # a priority may be negative
+        probe = subprocess.run([*PYTHON, QUALIFY, "probe", "--rounds", "\u0662", "--dry-run"],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(probe.returncode, 2, probe.stdout + probe.stderr)
