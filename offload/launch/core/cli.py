@@ -35,9 +35,10 @@ def plug_in(name: str):
     """A module loaded with its flag (core.textfile ...); UsageError when the folder lost it."""
     try:
         return __import__(name, fromlist=["_"])
-    except ImportError as exc:
-        raise UsageError(f"cannot load {exc.name or name}: offload/launch/ is copied and "
-                         f"rolled back as one folder; restore the whole folder") from None
+    except (ImportError, SyntaxError) as exc:       # gone, or cut short by a bad copy
+        raise UsageError(f"cannot load {getattr(exc, 'name', None) or name}: offload/launch/ "
+                         f"is copied and rolled back as one folder; restore the whole "
+                         f"folder") from None
 
 
 def sanitize_lines(text: str) -> str:

@@ -42,7 +42,7 @@ def test_classes(pattern: str) -> list[str]:
             if isinstance(item, unittest.TestSuite):
                 suites.append(item)
             elif type(item).__name__ == "_FailedTest":      # a module that cannot import
-                found[item.id().rpartition(".")[0]] = True
+                found[item.id().rpartition(".")[2]] = True   # its name: it fails there
             else:
                 cls = type(item)
                 once = "setUpClass" in vars(cls) or getattr(cls, "runs_long", False)
@@ -106,32 +106,38 @@ class Child:
         return self.name, code, counts, output, time.monotonic() - self.started
 
 
-def run_all(classes: list[str], jobs: int):
-    """Each class's result as it ends, `jobs` children at a time; one thread, no pool
-    (a child forked beside other threads could inherit a lock one of them held). A child
-    has ended when it is reaped, not when its pipe closes: a process it left behind may
-    hold the pipe open."""
-    waiting, running = list(classes), {}
-    try:
-        yield from run_children(waiting, running, jobs)
-    except KeyboardInterrupt:           # Ctrl-C: each class stops as a terminal's would
-        stop_children(running.values())
-        raise
+def run_all(classes: list[str], jobs: int, running: dict):
+    """Each class's result as it ends, `jobs` children at a time (`running`: fd -> Child,
+    for stop_children()); one thread, no pool (a child forked beside other threads could
+    inherit a lock one of them held). A child has ended when it is reaped, not when its
+    pipe closes: a process it left behind may hold the pipe open."""
+    yield from run_children(list(classes), running, jobs)
 
 
 def stop_children(children) -> None:
-    """INT to each running class (its running test ends and cleans up), KILL what is left
-    after 30 s; each reaped."""
+    """INT to each running class's process group, as a terminal's Ctrl-C (its running
+    test ends and cleans up); KILL to each group left after 30 s, or at a second Ctrl-C."""
+    children = list(children)
     for child in children:
-        os.kill(child.pid, signal.SIGINT)
+        signal_group(child.pid, signal.SIGINT)
     end = time.monotonic() + 30
-    for child in children:
-        while os.waitpid(child.pid, os.WNOHANG)[0] == 0:
-            if time.monotonic() > end:
-                os.kill(child.pid, signal.SIGKILL)
-                os.waitpid(child.pid, 0)
-                break
+    try:
+        while children and time.monotonic() < end:
+            children = [c for c in children if os.waitpid(c.pid, os.WNOHANG)[0] == 0]
             time.sleep(0.05)
+    except KeyboardInterrupt:
+        pass                                  # a second Ctrl-C: no more waiting
+    for child in children:
+        signal_group(child.pid, signal.SIGKILL)
+        os.waitpid(child.pid, 0)
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    """A signal to a class's process group (its own: setpgid in the child), if any is left."""
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def run_children(waiting: list, running: dict, jobs: int):
@@ -147,7 +153,7 @@ def run_children(waiting: list, running: dict, jobs: int):
             pid, status = os.waitpid(child.pid, os.WNOHANG)
             if pid == 0:
                 if time.monotonic() - child.started > CLASS_BOUND_S:
-                    os.kill(child.pid, signal.SIGKILL)
+                    signal_group(child.pid, signal.SIGKILL)     # and what it started
                 continue
             os.set_blocking(fd, False)
             try:
@@ -175,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     totals: dict[str, int] = {}
     failed_classes = []
+    running: dict = {}
     try:
-        for name, code, counts, output, took in run_all(classes, args.jobs):
+        for name, code, counts, output, took in run_all(classes, args.jobs, running):
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0) + value
             bad = counts.get("failures", 0) + counts.get("errors", 0)
@@ -185,7 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             if code != 0 or bad:
                 failed_classes.append(name)
                 print(output, flush=True)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:           # Ctrl-C: each class stops as a terminal's would
+        print("interrupted: stopping the running classes (Ctrl-C again: KILL them now)",
+              file=sys.stderr, flush=True)
+        stop_children(running.values())
         print("interrupted: the running classes were stopped", file=sys.stderr)
         return 130
     ran, failed = totals.get("ran", 0), totals.get("failures", 0) + totals.get("errors", 0)

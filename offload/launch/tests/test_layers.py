@@ -5,9 +5,11 @@ from __future__ import annotations
 import ast
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 from support import LAUNCH, PACKAGES, copy_product, product_files
@@ -212,6 +214,14 @@ class TestLayers(unittest.TestCase):
             plain = subprocess.run([sys.executable, os.path.join(folder, "warmup.py"),
                                     "--dry-run"], capture_output=True, text=True, timeout=30)
             self.assertEqual(plain.returncode, 0, plain.stderr)    # without them: no need
+            with open(os.path.join(folder, "core", "counted.py"), "w") as cut:
+                cut.write('"""Operator counters over a warm-up\n')      # a copy cut short
+            cut_short = subprocess.run([sys.executable, os.path.join(folder, "warmup.py"),
+                                        "--dry-run", plug_ins["core/counted.py"]],
+                                       capture_output=True, text=True, timeout=30)
+            self.assertEqual(cut_short.returncode, 2, cut_short.stderr)
+            self.assertIn("cannot load core.counted", cut_short.stderr)
+            self.assertNotIn("Traceback", cut_short.stderr)
 
     def test_runs_from_any_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -220,6 +230,56 @@ class TestLayers(unittest.TestCase):
                                        *command[1:]], capture_output=True, text=True,
                                       timeout=30, cwd=tmp)
                 self.assertEqual(proc.returncode, 0, proc.stderr)
+
+
+
+class TestRunner(unittest.TestCase):
+    """tests/run.py, the README's test command, on a folder of its own."""
+
+    def runner_in(self, tmp: str, modules: dict) -> str:
+        import shutil
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "run.py"), tmp)
+        for name, text in modules.items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as handle:
+                handle.write(text)
+        return os.path.join(tmp, "run.py")
+
+    def test_a_module_that_cannot_import_fails_the_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            run = self.runner_in(tmp, {"test_broken.py": "import no_such_module_xyz\n"})
+            proc = subprocess.run([sys.executable, run], capture_output=True, text=True,
+                                  timeout=60)
+        self.assertEqual(proc.returncode, 1, proc.stdout)
+        self.assertIn("failed: test_broken", proc.stdout)
+        self.assertIn("No module named 'no_such_module_xyz'", proc.stdout)
+
+    def test_ctrl_c_stops_each_class_and_what_it_started(self):
+        # INT to the runner reaches each class's process group, as a terminal's would.
+        with tempfile.TemporaryDirectory() as tmp:
+            pid_file = os.path.join(tmp, "sleep.pid")
+            run = self.runner_in(tmp, {"test_waits.py": (
+                "import subprocess, unittest\n"
+                "class TestWaits(unittest.TestCase):\n"
+                "    def test_waits(self):\n"
+                "        p = subprocess.Popen(['sleep', '301'])\n"
+                f"        open({pid_file!r}, 'w').write(str(p.pid))\n"
+                "        p.wait(120)\n")})
+            proc = subprocess.Popen([sys.executable, run], stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True,
+                                    preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                     signal.SIG_DFL))
+            self.addCleanup(proc.kill)
+            end = time.monotonic() + 30
+            while not os.path.exists(pid_file) and time.monotonic() < end:
+                time.sleep(0.05)
+            time.sleep(0.2)
+            with open(pid_file, encoding="utf-8") as handle:
+                sleeper = int(handle.read())
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 130, out)
+        self.assertIn("interrupted: the running classes were stopped", out)
+        self.assertFalse(os.path.exists(f"/proc/{sleeper}"), "the test's child was left")
 
 
 if __name__ == "__main__":

@@ -191,6 +191,11 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(record["source"], f"{server.url}/metrics")
         self.assertEqual((record["counted"]["delta"], record["counted"]["sent"]), (10.0, 10))
         self.assertEqual(len(result.summary["warnings"]), len(set(result.summary["warnings"])))
+        # Two counters on one endpoint would share its one record: refused, nothing sent.
+        twice = self.run_helper(server, "--metrics-counter", f"{server.url}/metrics=a",
+                                "--metrics-counter", f"{server.url}/metrics=b")
+        self.assertEqual(twice.code, 2, twice.stderr)
+        self.assertIn("one counter per endpoint", twice.stderr)
 
     def test_a_counter_is_compared_series_by_series_and_never_through_nan(self):
         # One series resets (a worker restarted) while another counts the foreign request:
