@@ -696,13 +696,14 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
             else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
     plan = replace(plan, given=tuple(given.items()))
     counted = values["metrics_counter"][0]
-    twice = [t.display for t, _, _ in counted if [c[0].display for c in counted].count(
-        t.display) > 1]
+    displays = [t.display for t, _, _ in counted]
+    twice = [d for d in displays if displays.count(d) > 1]
     if twice:                             # its record holds one counter's comparison
         raise UsageError(f"--metrics-counter: one counter per endpoint; {twice[0]} is named "
                          f"{len(twice)} times")
     urls = [parse_url(url, "--metrics-url") for url in args.metrics_url]
-    targets = {t.display: t for t in urls + [t for t, _, _ in counted]}   # each read once
+    main = connection.target.display + "/metrics"     # the guard's source: read as the main
+    targets = {t.display: t for t in urls + [t for t, _, _ in counted] if t.display != main}
     evidence = EvidenceOptions(
         metrics_targets=tuple(targets.values()),
         counted=counted, foreign_work=values["foreign_work"][0],

@@ -133,8 +133,7 @@ class Evidence:
         if first_counters is not None:
             befores[main_source] = (first_counters, None)
         sources = [(main_source, target, "/metrics")] + \
-            [(t.display, t, "") for t in self.options.metrics_targets
-             if t.display != main_source]             # the server's own: one record
+            [(t.display, t, "") for t in self.options.metrics_targets]
         for source, where, path in sources:
             before, why_before = befores.get(source, (None, "not read before the first wave"))
             after, why_after = read_counters(where, run.clock, path)
@@ -169,6 +168,7 @@ class Evidence:
             status_records(run, self.options.status_files, self.status_wait(),
                            self.status_before, tally)
         run.say(counters_line(self.highlights))
+
 
 def counters_line(highlights: dict | None) -> str:
     """One line: each highlighted counter summed over engines; success by reason when it moved."""
