@@ -672,15 +672,13 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
                          f"({chunk}, --chunk-tokens or WARMUP_CHUNK_TOKENS): B1 must be "
                          f"longer; leave --b1-tokens out to size it past the chunk")
     chunk_source = chunk_source.split("=")[0].split(" ")[0] if chunk_source else "assumed"
-    for flag, name in ((args.ready_file, "core.readyfile"),     # each loads with its flag
-                       (values["status_file"][0], "core.status_files"),
+    # A plug-in loads with its flag; one the folder lost is a usage error, before a run.
+    for flag, name in ((values["status_file"][0], "core.status_files"),
                        (values["metrics_counter"][0], "core.counted")):
         if flag:
-            plug_in(name)                 # a folder that lost it: a usage error, now
-    vouched = None
-    if args.ready_file:
-        from core.readyfile import read_ready_file
-        vouched = read_ready_file(args.ready_file)[0]
+            plug_in(name)
+    vouched = plug_in("core.readyfile").read_ready_file(args.ready_file)[0] \
+        if args.ready_file else None
     if vouched and chunk_source == "assumed" and count_value(vouched.get("chunk_tokens")):
         chunk, chunk_source = vouched["chunk_tokens"], "the ready file"   # a re-warm
     if vouched and not args.base_url and not os.environ.get("WARMUP_BASE_URL"):
