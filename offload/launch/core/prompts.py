@@ -8,6 +8,7 @@ can match it; size_long_prompt() sizes it with a counting function (the server's
 
 from __future__ import annotations
 
+import os
 import random
 
 from core.runframe import Fatal
@@ -31,6 +32,11 @@ FILLER_WORDS = (
 ).split()
 
 SHORT_PROMPT_WORDS = 24
+
+def new_nonce() -> str:
+    """A long prompt's first word, new for each prompt: no cached prefix can match it."""
+    return "warmup-" + os.urandom(12).hex()
+
 
 def make_long_prompt(nonce: str, n_words: int) -> str:
     """B1's prompt: the nonce first (so no cached prefix matches), then filler words."""

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field, replace
 
 from core.contract import ENGINE_HEADER, decide
 from core.locks import release_server_lock, take_server_lock
-from core.prompts import MIN_LONG_PROMPT_TOKENS, long_prompt_budget, size_long_prompt
+from core.prompts import (MIN_LONG_PROMPT_TOKENS, long_prompt_budget, new_nonce,
+                          size_long_prompt)
 from core.records import ANSWER_FIELDS
 from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
                       comma_list, given_value, seconds)
@@ -235,7 +236,7 @@ def size_long_prompts(connection: Connection, run: Run, server: Server, target_t
     budget = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)
     prompts = {}
     for engine in server.engines:
-        nonce = "warmup-" + os.urandom(12).hex()
+        nonce = new_nonce()
         REDACTIONS.tag(nonce)
         prompt, count = size_long_prompt(counted, nonce, budget, minimum)
         tighter = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)

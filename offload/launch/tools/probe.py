@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from core.contract import B1_FLOOR, NOT_REPORTED
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
-from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt
+from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt, new_nonce
 from core.cli import EXIT_USAGE, argument_type, emit, given_value, whole
 from core.runframe import Fatal, Run, RunSettings, add_run_options
 from core.transport import UsageError, clean_text, count_value, finite_number
@@ -164,7 +164,7 @@ class WarmthProbe(ServerProgram):
 
 def fresh_long_prompt(sized: str) -> str:
     """The sized long prompt under a new nonce: the same length, no cached prefix."""
-    return "warmup-" + os.urandom(12).hex() + " " + sized.split(" ", 1)[-1]
+    return new_nonce() + " " + sized.split(" ", 1)[-1]
 
 
 def _median(values: list) -> float | None:
