@@ -106,14 +106,6 @@ class Child:
         return self.name, code, counts, output, time.monotonic() - self.started
 
 
-def run_all(classes: list[str], jobs: int, running: dict):
-    """Each class's result as it ends, `jobs` children at a time (`running`: fd -> Child,
-    for stop_children()); one thread, no pool (a child forked beside other threads could
-    inherit a lock one of them held). A child has ended when it is reaped, not when its
-    pipe closes: a process it left behind may hold the pipe open."""
-    yield from run_children(list(classes), running, jobs)
-
-
 def stop_children(children) -> None:
     """INT to each running class's process group, as a terminal's Ctrl-C (its running
     test ends and cleans up); KILL to each group left after 30 s, or at a second Ctrl-C."""
@@ -140,8 +132,12 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def run_children(waiting: list, running: dict, jobs: int):
-    """run_all's loop: start children up to `jobs`, read their output, reap them."""
+def run_all(classes: list[str], jobs: int, running: dict):
+    """Each class's result as it ends, `jobs` children at a time (`running`: fd -> Child,
+    for stop_children()); one thread, no pool (a child forked beside other threads could
+    inherit a lock one of them held). A child has ended when it is reaped, not when its
+    pipe closes: a process it left behind may hold the pipe open."""
+    waiting = list(classes)
     while waiting or running:
         while waiting and len(running) < jobs:
             child = Child(waiting.pop(0))
