@@ -48,8 +48,7 @@ try:
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
-    from core.cli import (EXIT_HARD_BOUND, EXIT_HARD_KILLED, Setting, emit, given_value,
-                          plug_in, seconds, whole)
+    from core.cli import Setting, emit, given_value, plug_in, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
     from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
@@ -765,40 +764,6 @@ def deadline_for(flag: float | None) -> float:
                          f"run there); lower the deadline, leave it out, or raise "
                          f"WARMUP_HARD_S")
     return deadline
-
-
-def publish_ending(argv: list[str], status: int, began: float, bound: float,
-                   grace: int) -> None:
-    """What warmup_serve.sh knows and the helper did not publish, in the textfile the
-    command line or WARMUP_TEXTFILE names: a usage error found before the helper could
-    start, or an ending by a signal or the bound (the helper KILLed, or TERMed before it
-    could write), unless the textfile holds an ending published since `began`. Once the
-    helper ran (`bound`, when the hard bound fell, not 0; `grace`, the wrapper's seconds
-    from its TERM to its KILL), prints how it ended when it did not end by itself, for the
-    wrapper to say."""
-    textfile = runframe.textfile_of(argv)
-    try:
-        published = textfile and plug_in("core.textfile")
-    except UsageError:                    # its code is missing: nothing can be published
-        published = None
-    if published and not published.ended_since(textfile, "offload_warmup", began):
-        runframe.publish_usage("warmup", textfile, published.outcome_of_status(status), status)
-    said = ending_said(status, bound, grace, os.environ.get("WARMUP_HARD_S", ""), time.time())
-    if bound and said:
-        emit(said)
-
-
-def ending_said(status: int, bound: float, grace: int, hard: str, now: float) -> str | None:
-    """How the helper ended when it did not end by itself (pure): the bound's TERM (124)
-    or KILL (137 once the bound and its grace have passed), or a signal from elsewhere
-    (the OOM killer, an operator's kill -9) that timeout passes on as 128+N."""
-    if status == EXIT_HARD_BOUND:
-        return f"warm-up ended by the hard bound (TERM at {hard} s, exit 124)"
-    if status == EXIT_HARD_KILLED and now >= bound + grace:
-        return f"warm-up killed by the hard bound (KILL at {hard}+{grace} s, exit 137)"
-    if 128 < status < 160:
-        return f"warm-up killed by signal {status - 128} (not the hard bound; exit {status})"
-    return None
 
 
 def print_plan(plan: Plan, settings: RunSettings, connection: Connection,

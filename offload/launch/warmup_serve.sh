@@ -22,16 +22,16 @@ began_us=0   # when this script began (epoch microseconds)
 
 # The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
 # it imports (the folder is one unit). prog makes --help and usage errors name the
-# program the operator ran. PUBLISH: an ending the helper did not publish (warmup.py).
+# program the operator ran. PUBLISH: an ending the helper did not publish (core/ending.py).
 readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
-readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
-warmup.publish_ending(sys.argv[5:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
-                      int(sys.argv[3]) / 1e6, int(sys.argv[4]))'
+readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import core.ending;
+core.ending.publish_ending(sys.argv[5:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
+                           int(sys.argv[3]) / 1e6, int(sys.argv[4]))'
 
 # Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
 # PUBLISH_S (the helper's interpreter may be what hung), and say how the helper ended
-# when it did not end by itself (the bound's TERM or KILL, a signal: warmup.ending_said);
+# when it did not end by itself (the bound's TERM or KILL, a signal: core.ending.ending_said);
 # then return. Arguments: the status, then the helper's arguments.
 publish_ending() {
   local status="$1" said=""

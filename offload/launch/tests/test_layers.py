@@ -25,7 +25,7 @@ LAYERS = {
     "start.processes": 0.1, "start.settings": 0.1,
     "core.records": 0.2,
     "core.textfile": 0.5,
-    "core.runframe": 1, "start.supervisor": 1.1, "core.locks": 1.5,
+    "core.runframe": 1, "start.supervisor": 1.1, "core.ending": 1.2, "core.locks": 1.5,
     "core.prompts": 2,
     "core.kinds": 2.2,
     "core.vllm_metrics": 2.5,

@@ -18,7 +18,7 @@ from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartC
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.textfile as textfile  # noqa: E402
 import core.cli as cli  # noqa: E402
-import warmup  # noqa: E402
+import core.ending as ending  # noqa: E402
 
 SUCCESS = "offload_warmup_last_run_success 1.0"
 
@@ -183,7 +183,7 @@ class TestWrapperPublishes(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "killed", "not 'running' for ever")
 
     def test_how_a_helper_ended_is_said_only_when_it_did_not_end_by_itself(self):
-        said = [warmup.ending_said(status, 100.0, 5, "95", now) for status, now in
+        said = [ending.ending_said(status, 100.0, 5, "95", now) for status, now in
                 ((0, 200.0), (1, 200.0), (124, 96.0), (137, 101.0), (137, 106.0),
                  (143, 50.0))]
         self.assertEqual(said, [None, None,
