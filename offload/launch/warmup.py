@@ -41,13 +41,14 @@ from dataclasses import replace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
     import core.runframe as runframe
-    from core.contract import (B1_FLOOR, NOT_REPORTED, REVIEWED, Plan, b1_prompts, batch_name,
-                               cache_check, cross_check, differences, engine_shares, parse_waves,
-                               plan_record, wave_name)
+    from core.contract import (NOT_REPORTED, REVIEWED, Plan, b1_prompts, batch_name,
+                               cache_check, chunk_said, cross_check, differences, engine_shares,
+                               one_step_said, parse_waves, plan_record, wave_name)
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.locks import lock_host
-    from core.prompts import MAX_LONG_PROMPT_TOKENS, SHORT_PROMPT_WORDS, make_short_prompt
+    from core.prompts import (MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, SHORT_PROMPT_WORDS,
+                              make_short_prompt)
     from core.cli import Setting, emit, given_value, plug_in, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
@@ -114,7 +115,8 @@ class WarmUp(ServerProgram):
             mark_ready_file(self.ready_file, self.vouched.get("run_id"),
                             rewarm_run_id=run.settings.run_id)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
-                                                 self.plan.b1_minimum)
+                                                 self.plan.chunk_tokens)
+        self.plan = replace(self.plan, context=self.server.max_model_len)
         run.write_run_record()
         run.say(start_line(self, run))
         if self.plan.chunk_source == "assumed":
@@ -414,8 +416,10 @@ def start_line(warm: WarmUp, run: Run) -> str:
     return (f"warm-up {run.settings.run_id}: {warm.connection.target.display} model "
             f"{clean_text(warm.server.model or '', 80)}{shown}, waves "
             f"{','.join(wave_name(d) for d in plan.waves)}{kinds} ({warm.planned()} "
-            f"requests), B1 prompt {b1_size} tokens, deadline "
-            f"{run.settings.deadline_s:g} s" + (f"; given: {given}" if given else "")
+            f"requests), B1 prompt {b1_size} tokens ({chunk_said(plan)}), deadline "
+            f"{run.settings.deadline_s:g} s" + (f"; {one_step_said(plan)}" if plan.one_step
+                                                else "")
+            + (f"; given: {given}" if given else "")
             + (f"; environment: {read}" if read else ""))
 
 
@@ -550,8 +554,9 @@ SETTINGS = (
             note="extra requests, named on the verdict line"),
     Setting("--chunk-tokens", "WARMUP_CHUNK_TOKENS", whole(1, MAX_LONG_PROMPT_TOKENS - 1),
             REVIEWED.chunk_tokens, "the server's prefill chunk (its "
-            "--max-num-batched-tokens): B1 must be longer, so that the chunked prefill "
-            "really runs; B1 is sized past it when --b1-tokens is not", note="set by start.sh"),
+            "--max-num-batched-tokens): B1 is longer, so that the chunked prefill really "
+            "runs, or where the context holds no longer prompt, the longest it holds (said: "
+            "B1 in one prefill step)", note="set by start.sh"),
     Setting("--foreign-work", "WARMUP_FOREIGN_WORK", foreign_work_type, "fail",
             "what foreign work on a --metrics-counter does: fail (the run fails, as does a "
             "counter that cannot be compared: a series that went down, NaN, a read that "
@@ -622,12 +627,12 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
     add_run_options(parser, deadline_s=None)
     for setting in SETTINGS:
         setting.add_to(parser)
-    parser.add_argument("--b1-tokens", metavar="N", type=whole(B1_FLOOR, MAX_LONG_PROMPT_TOKENS),
-                        default=None,
-                        help="target size of B1's long prompt in tokens, more than 4096 (and "
-                             "more than --chunk-tokens) and at most 1048576, capped by the "
-                             "context; counted with the server's /tokenize when it has one "
-                             "(default: 5000, or past --chunk-tokens when that is larger)")
+    parser.add_argument("--b1-tokens", metavar="N",
+                        type=whole(ONE_STEP_FLOOR, MAX_LONG_PROMPT_TOKENS), default=None,
+                        help="target size of B1's long prompt in tokens, more than "
+                             "--chunk-tokens and at most 1048576, capped by the context; "
+                             "counted with the server's /tokenize when it has one (default: "
+                             "5000, or past --chunk-tokens when that is larger)")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds of "
                              "--paths, e.g. '{\"enable_thinking\": false}'")
@@ -782,9 +787,9 @@ def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
     if plan.given:
         lines.append(f"  given: {', '.join(source for _, source in plan.given)}")
     for i, depth in enumerate(plan.waves):
-        prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than "
-                  f"{plan.b1_minimum - 1}: above 4096 and the prefill chunk "
-                  f"{plan.chunk_tokens}, {plan.chunk_source}), run-unique nonce first") \
+        prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than the prefill "
+                  f"{chunk_said(plan)}; capped by the server's context), run-unique nonce "
+                  f"first") \
             if i == 0 else \
             f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
         lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")

@@ -23,14 +23,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
-from core.prompts import MIN_LONG_PROMPT_TOKENS
+from core.prompts import MIN_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, b1_bounds
 from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
 from core.transport import count_value, finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 
-B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # B1 prefills more than 4096 tokens
+B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # the probe's long prompt: more than K1's chunk, 4096
 ENGINE_HEADER = "X-data-parallel-rank"
 MAX_WAVE_DEPTH = 64
 MODES = tuple(JUDGED)
@@ -49,8 +49,9 @@ class Plan:
     waves: tuple[int, ...] = (1, 2, 3, 4)
     tokens: int = 32
     priority: int = 20
-    chunk_tokens: int = 4096              # the server's prefill chunk: B1 must be longer
+    chunk_tokens: int = 4096              # the server's prefill chunk (K1's): B1 is longer
     chunk_source: str = "assumed"         # where the chunk came from: a flag, or assumed
+    context: int | None = None            # the server's context B1 was sized in, if told
     paths: tuple = ()                     # --paths: request kinds warmed after the waves
     b1_tokens: int = 5000
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
@@ -78,8 +79,15 @@ class Plan:
 
     @property
     def b1_minimum(self) -> int:
-        """The fewest prompt tokens B1 may have: above 4096 and above the prefill chunk."""
-        return max(B1_FLOOR, self.chunk_tokens + 1)
+        """The fewest prompt tokens B1 may have: more than the prefill chunk, or in one
+        step, nearly all the context holds (prompts.b1_bounds)."""
+        return b1_bounds(self.b1_target, self.tokens, self.chunk_tokens, self.context)[1]
+
+    @property
+    def one_step(self) -> bool:
+        """True when the server's context holds no B1 longer than its chunk: B1 is then
+        the longest prompt it holds, prefilled in one step (that server's pass, said)."""
+        return b1_bounds(self.b1_target, self.tokens, self.chunk_tokens, self.context)[2]
 
     @property
     def b1_target(self) -> int:
@@ -119,6 +127,7 @@ def plan_record(plan: Plan) -> dict:
         "tokens": plan.tokens, "priority": plan.priority,
         "chunk_tokens": plan.chunk_tokens, "chunk_source": plan.chunk_source,
         "b1_target_tokens": plan.b1_target, "b1_min_prompt_tokens": plan.b1_minimum,
+        "b1_context_tokens": plan.context, "b1_one_step": plan.one_step,
         "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
                    "stream": k.stream} for k in kinds_of(plan.paths)],
         "requests_per_engine": plan.requests_per_engine,
@@ -148,8 +157,12 @@ def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
     if tokens is None or chunk is None or priority is None or min(tokens, chunk) < 1:
         return None, ["the run record's plan holds no token count, priority or chunk to "
                       "judge it by"]
+    context = recorded.get("b1_context_tokens")
+    if context is not None and context - tokens < ONE_STEP_FLOOR:
+        return None, [f"the run record's plan holds a context ({context}) that no B1 fits in"]
     plan = Plan(waves=depths, tokens=tokens, priority=priority, chunk_tokens=chunk,
                 chunk_source=show(recorded.get("chunk_source")),
+                context=recorded.get("b1_context_tokens"),
                 paths=tuple(dict.fromkeys(KINDS[p].path for p in paths)),
                 given=tuple((k, show(v, 120)) for k, v in recorded.get("given", {}).items()))
     if [k.name for k in kinds_of(plan.paths)] != paths:
@@ -171,6 +184,24 @@ def differences(plan: Plan, engines_skipped=()) -> list[str]:
         found.append(f"engines not warmed: {show(engines_skipped)}"
                      + (f" ({given['engines']})" if "engines" in given else ""))
     return found
+
+
+def chunk_said(plan: Plan, where: str = "", flag: str = "--chunk-tokens") -> str:
+    """Where B1's chunk came from, as the first line and start.sh's OK line say it:
+    'chunk 4096 from the command', or 'chunk 4096 assumed: pass --chunk-tokens'."""
+    if where or plan.chunk_source != "assumed":
+        return f"chunk {plan.chunk_tokens} from {where or plan.chunk_source}"
+    return f"chunk {plan.chunk_tokens} assumed: pass {flag}"
+
+
+def one_step_said(plan: Plan) -> str:
+    """A plan whose B1 the server prefills in one step (Plan.one_step), in words."""
+    if plan.context is not None and plan.chunk_tokens >= plan.context:
+        return (f"B1 in one prefill step: this server's chunk ({plan.chunk_tokens}) is not "
+                f"smaller than its context ({plan.context})")
+    return (f"B1 in one prefill step: this server's context ({plan.context}) holds no prompt "
+            f"longer than its chunk ({plan.chunk_tokens}) beside {plan.tokens} completion "
+            f"tokens")
 
 
 def planned_requests(plan: Plan, engines: list) -> list[tuple]:
@@ -328,6 +359,7 @@ class Verdict:
     parts: tuple = ()                     # ("contract", ok, total), ("paths stream", ok, total)
     structural: tuple = ()                # what the records lack to show the run they claim
     failed: tuple = ()                    # the identities of the records that fail
+    notes: tuple = ()                     # what a pass means on this server (one_step_said)
 
 
 def decide(run: dict | None, records: list[dict], ending: Ending,
@@ -350,6 +382,10 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     if run.get("mode") == "warmup":
         plan, why = read_plan(recorded)
         structural += why
+        if plan is not None and plan.context not in (None, run.get("max_model_len")):
+            structural.append(f"the run record's plan was sized in a context of "
+                              f"{plan.context} tokens, not the server's "
+                              f"{show(run.get('max_model_len'))}")
     failed, disagree = rejudge(run, plan, judged)
     structural += disagree
     engines = run.get("engines") or []    # a negative index is named by run_problems()
@@ -373,6 +409,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         parts = (("plan",) + tuple(parts[0][1:]),) + parts[1:]
     ok = len(judged) - len(failed)
     base = dict(differences=tuple(differs), requests_ok=ok,
+                notes=(one_step_said(plan),) if plan and plan.one_step else (),
                 failed=tuple(identity(r) for r in failed),
                 requests_total=planned if count_value(planned) is not None else len(judged),
                 parts=parts, structural=tuple(dict.fromkeys(structural)))

@@ -16,6 +16,7 @@ from core.transport import clean_text
 
 MIN_LONG_PROMPT_TOKENS = 4097        # a long prompt prefills more than 4096 tokens
 MAX_LONG_PROMPT_TOKENS = 1 << 20     # the largest asked for; the context caps it further
+ONE_STEP_FLOOR = 1024                # the fewest prompt tokens a context must hold for B1
 
 FILLER_WORDS = (
     "the of and to in is was for on are with as by at from or an be this which have "
@@ -51,17 +52,28 @@ def make_short_prompt(seed: str, depth: int, index: int) -> str:
     return tag + " " + " ".join(rng.choices(FILLER_WORDS, k=SHORT_PROMPT_WORDS))
 
 
-def long_prompt_budget(target_tokens: int, tokens: int, max_model_len: int | None,
-                       minimum: int = MIN_LONG_PROMPT_TOKENS) -> int:
-    """How many prompt tokens B1 may have; Fatal when the context cannot hold >4096 + tokens."""
-    if max_model_len is None:
-        return target_tokens
-    room = max_model_len - tokens
-    if room < minimum:
-        raise Fatal(f"context too small: max_model_len {max_model_len} leaves room for "
-                    f"{max(room, 0)} prompt tokens beside {tokens} completion tokens, but B1 "
-                    f"needs more than {minimum - 1}; no completion was sent")
-    return min(target_tokens, room)
+def b1_bounds(target: int, tokens: int, chunk: int, context: int | None
+              ) -> tuple[int, int, bool]:
+    """B1's (budget, fewest tokens, in one prefill step): longer than the server's prefill
+    chunk, at most `target`, inside the context beside `tokens` completion tokens; where
+    the context holds no prompt longer than the chunk, the longest it holds (at least 7/8
+    of that room), which the server prefills in one step."""
+    room = target if context is None else context - tokens
+    if room > chunk:
+        return min(target, room), chunk + 1, False
+    return room, max(room - room // 8, 1), True
+
+
+def long_prompt_budget(target: int, tokens: int, chunk: int, context: int | None
+                       ) -> tuple[int, int]:
+    """B1's budget and fewest tokens (b1_bounds); Fatal when the context cannot hold
+    ONE_STEP_FLOOR prompt tokens beside the completion: no B1 worth the name fits."""
+    if context is not None and context - tokens < ONE_STEP_FLOOR:
+        raise Fatal(f"context too small: max_model_len {context} leaves room for "
+                    f"{max(context - tokens, 0)} prompt tokens beside {tokens} completion "
+                    f"tokens, fewer than the {ONE_STEP_FLOOR} a B1 prompt needs; no "
+                    f"completion was sent")
+    return b1_bounds(target, tokens, chunk, context)[:2]
 
 
 SIZING_ROUNDS = 6

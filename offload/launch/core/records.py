@@ -75,6 +75,7 @@ DECLARED = {
 SHAPES = {
     "plan": "~waves:list[@wave_plan] ~tokens:int ~priority:int ~chunk_tokens:int "
             "~chunk_source:str ~b1_target_tokens:int ~b1_min_prompt_tokens:int "
+            "~b1_context_tokens:int? ~b1_one_step:bool "
             "~paths:list[@path_plan] ~requests_per_engine:int ~requests_total:int "
             "~completion_tokens_max:int ~gauge_interval_ms:int? ~given:dict[str] "
             "~engines_skipped:list[int] ~contract:bool ~differences:list[str] ~deadline_s:num "

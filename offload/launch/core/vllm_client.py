@@ -227,21 +227,22 @@ def count_tokens(connection: Connection, run: Run, server: Server, prompt: str) 
 
 
 def size_long_prompts(connection: Connection, run: Run, server: Server, target_tokens: int,
-                      tokens: int, minimum: int = MIN_LONG_PROMPT_TOKENS) -> dict:
+                      tokens: int, chunk: int) -> dict:
     """One long prompt per engine, each with its own nonce, sized with /tokenize to at
-    most `target_tokens`, at least `minimum`, and room for `tokens` more: engine ->
-    (prompt, counted or None when estimated)."""
+    most `target_tokens`, longer than `chunk` (or the longest the context holds:
+    prompts.b1_bounds), and room for `tokens` more: engine -> (prompt, counted or None
+    when estimated)."""
     def counted(prompt: str) -> int | None:
         return count_tokens(connection, run, server, prompt)
-    budget = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)
+    budget, minimum = long_prompt_budget(target_tokens, tokens, chunk, server.max_model_len)
     prompts = {}
     for engine in server.engines:
         nonce = new_nonce()
         REDACTIONS.tag(nonce)
         prompt, count = size_long_prompt(counted, nonce, budget, minimum)
-        tighter = long_prompt_budget(target_tokens, tokens, server.max_model_len, minimum)
-        if tighter < budget:          # /tokenize told a smaller context than /v1/models did
-            budget = tighter
+        tighter = long_prompt_budget(target_tokens, tokens, chunk, server.max_model_len)
+        if tighter[0] < budget:       # /tokenize told a smaller context than /v1/models did
+            budget, minimum = tighter
             prompt, count = size_long_prompt(counted, nonce, budget, minimum)
         prompts[engine] = (prompt, count)
     return prompts
@@ -372,9 +373,9 @@ class ServerProgram(Program):
         self.guard = Guard(self.connection, routed(self.server.engines))
 
     def size_long_prompts(self, run: Run, target_tokens: int, tokens: int,
-                          minimum: int = MIN_LONG_PROMPT_TOKENS) -> dict:
+                          chunk: int = MIN_LONG_PROMPT_TOKENS - 1) -> dict:
         return size_long_prompts(self.connection, run, self.server, target_tokens, tokens,
-                                 minimum)
+                                 chunk)
 
     def make_slot(self, kind_, index: int, rid: str, engine: int | None, prompt: str,
                   tokens: int, priority: int, template_kwargs: dict | None,
@@ -473,7 +474,8 @@ class ServerProgram(Program):
         tally = self.tally
         return {"requests_ok": self.verdict.requests_ok,
                 "requests_total": self.planned(), "requests_ran": len(tally.requests),
-                "notes": tally.notes, "warnings": tally.warnings,
+                "notes": list(self.verdict.notes) + tally.notes,
+                "warnings": tally.warnings,
                 "settled_s": self.guard.settled_s}
 
     def close(self) -> None:

@@ -24,7 +24,7 @@ import time
 
 from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
                             seen_asleep)
-from core.contract import NOT_REPORTED
+from core.contract import NOT_REPORTED, chunk_said, read_plan
 from core.files import open_own
 from core.runframe import records_name
 from start.processes import process_alive, stop_session
@@ -84,14 +84,16 @@ def judged(records: str, status: int) -> dict:
     from core.textfile import outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
     if found is None or found["summary"] is None:
-        return {"verdict": outcome_of_status(status), "differences": "-",
-                "cache_check": "-", "judged": found, "counts": "", "given": ""}
+        return {"verdict": outcome_of_status(status), "differences": "-", "plan": None,
+                "cache_check": "-", "judged": found, "counts": "", "given": "", "notes": ()}
     summary = found["summary"]
     given = found["run"]["plan"].get("given", {}) if found["run"] else {}
-    return {"verdict": outcome(found["verdict"], status), "judged": found,
+    plan = read_plan(found["run"]["plan"])[0] if found["run"] and \
+        found["run"]["mode"] == "warmup" else None
+    return {"verdict": outcome(found["verdict"], status), "judged": found, "plan": plan,
             "differences": "; ".join(found["decided"].differences) or "-",
             "cache_check": str(summary.get("cache_check", "-")),
-            "counts": parts_text(found["decided"].parts),
+            "counts": parts_text(found["decided"].parts), "notes": found["decided"].notes,
             "given": ", ".join(show(v, 120) for v in given.values())}
 
 
@@ -230,12 +232,16 @@ def write_ready_file(settings: Settings, log: Log, records: str, gate_records: s
 
 
 def warm_up_and_report(settings: Settings, server: LaunchedServer, log: Log, env: dict,
-                       when: str, found: dict | None = None) -> dict:
+                       when: str, found: dict | None = None, chunk_from: str = "") -> dict:
     """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
-    still run after them. A WARN names only files that exist. The warm-up's run, with
-    `passed` True for OK."""
+    still run after them. A WARN names only files that exist; both say the chunk B1 was
+    sized past (`chunk_from`: where start.sh found it, '' when it did not). The warm-up's
+    run, with `passed` True for OK."""
     run = run_warmup(settings, server, log, env, when)
     notes = f"{run['compiles']} compile lines during warm-up"
+    if run["plan"] is not None:
+        notes += f"; {chunk_said(run['plan'], chunk_from, '--max-num-batched-tokens')}"
+    notes += "".join(f"; {note}" for note in run["notes"])
     if run["cache_check"] == "not_made":
         notes += f"; B1 {NOT_REPORTED}"
     inspect = f"inspect before releasing HOLD ({notes})"
@@ -271,7 +277,8 @@ def warm_up_and_report(settings: Settings, server: LaunchedServer, log: Log, env
     return dict(run, passed=True)
 
 
-def chunk_said(log: Log, asked: str | None, server_chunk: str | None, where: str) -> None:
+def server_chunk_said(log: Log, asked: str | None, server_chunk: str | None,
+                      where: str) -> None:
     """Say where B1's chunk comes from: the server's own wins over WARMUP_CHUNK_TOKENS (a
     smaller one would let B1 run as one unchunked prefill and still pass)."""
     if not server_chunk or server_chunk == asked:
@@ -295,8 +302,9 @@ def start(settings: Settings, log: Log) -> int:
     ended = None
     try:
         refuse_a_running_server(settings, log)
-        chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"), env.get("WARMUP_CHUNK_TOKENS"),
-                   "the server command's --max-num-batched-tokens")
+        server_chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"),
+                          env.get("WARMUP_CHUNK_TOKENS"),
+                          "the server command's --max-num-batched-tokens")
         removed, why = drop_ready_file(settings.ready_file) if settings.ready_file else \
             (None, "")                 # a start it launches vouches anew (a refused one not)
         if removed is False:
@@ -366,13 +374,15 @@ def rewarm(settings: Settings, log: Log) -> int:
     found = mark_rewarm(settings, log)       # not ready until this re-warm passes
     server = AttachedServer(settings, log, pid)
     env = settings.server_env()
-    if read["server.chunk"].isascii() and read["server.chunk"].isdigit():
+    kept = read["server.chunk"].isascii() and read["server.chunk"].isdigit()
+    if kept:
         env["WARMUP_CHUNK_TOKENS"] = read["server.chunk"]
     interrupt_while_starting()
     when = run_stamp(settings.log_dir)
     try:
         refuse_a_foreign_answer(settings, server, log)
-        run = warm_up_and_report(settings, server, log, env, when, found)
+        run = warm_up_and_report(settings, server, log, env, when, found,
+                                 "server.chunk" if kept else "")
         if not run["passed"]:
             end_rewarm(settings, log, found, run)
         return 0 if run["passed"] else 1
@@ -449,7 +459,7 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
     env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
     chunk = logged_chunk(server.logged_since(server.log_offset))
     if chunk and not settings.command_chunk():
-        chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
+        server_chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
         env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
     if chunk or settings.command_chunk():       # for a re-warm (--rewarm) of this server
         with open_own(os.path.join(settings.log_dir, "server.chunk"), "w") as handle:
@@ -460,7 +470,8 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
         return
     when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:
-        warm_up_and_report(settings, server, log, env, when)
+        warm_up_and_report(settings, server, log, env, when, chunk_from="the command"
+                           if settings.command_chunk() else "server.log" if chunk else "")
     finally:
         removed = prune_records(settings.log_dir, settings.keep,
                                 (records_name("warmup", when), records_name("gate", when)))

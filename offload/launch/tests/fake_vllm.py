@@ -1024,6 +1024,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the prefill chunk: a longer prompt is prefilled in steps of "
                              "this many tokens (vllm:iteration_tokens_total shows them); "
                              "16K = 16384, 8k = 8000, as vLLM reads it")
+    parser.add_argument("--cpu-build", action="store_true",
+                        help="log no chunk at start, as vLLM 0.32's CPU build does not")
     parser.add_argument("--api-key", default=os.environ.get("FAKE_VLLM_API_KEY"),
                         help="require this key under /v1 (default: $FAKE_VLLM_API_KEY)")
     parser.add_argument("--latency-s", type=float, default=0.05,
@@ -1164,8 +1166,9 @@ def main(argv: list[str] | None = None) -> int:
           f"SpeculativeConfig(method='{args.spec_method}', model=None, num_spec_tokens="
           f"{config.k_max()}), "
           f"max_seq_len={args.max_model_len}", flush=True)
-    print(f"INFO [scheduler.py:307] Chunked prefill is enabled with max_num_batched_tokens="
-          f"{args.max_num_batched_tokens}.", flush=True)
+    if not args.cpu_build:
+        print(f"INFO [scheduler.py:307] Chunked prefill is enabled with "
+              f"max_num_batched_tokens={args.max_num_batched_tokens}.", flush=True)
     print(f"fake vLLM {VERSION} listening on {server.url}", flush=True)
     for number in range(args.chatter_bytes // 100 + bool(args.chatter_bytes % 100)):
         print(f"INFO [chatter.py:1] line {number:08d} " + "x" * 70, flush=True)

@@ -49,9 +49,14 @@ class TestTheJudge(unittest.TestCase):
         self.assertIn("B1 prompt_tokens 4096, expected more than 4096", said[0])
         self.assertIn("B1 cached_tokens 128, expected 0", said[1])
 
-    def test_the_floor_is_never_below_4097(self):
+    def test_the_floor_is_one_past_the_chunk_or_the_context_in_one_step(self):
         self.assertEqual([contract.Plan(chunk_tokens=c).b1_minimum for c in (1, 2048, 4096, 8192)],
-                         [4097, 4097, 4097, 8193])
+                         [2, 2049, 4097, 8193])
+        one_step = contract.Plan(chunk_tokens=8192, context=8192)
+        self.assertEqual((one_step.b1_minimum, one_step.one_step), (7140, True))
+        self.assertEqual(contract.one_step_said(one_step), "B1 in one prefill step: this "
+                         "server's chunk (8192) is not smaller than its context (8192)")
+        self.assertFalse(contract.Plan(chunk_tokens=4096, context=327680).one_step)
 
     def test_hostile_values_are_problems_not_crashes(self):
         for value in ("32", 32.0, True, None, [32], -1):
@@ -335,14 +340,25 @@ class TestCustomPlan(HelperCase):
 
 
 class TestB1(HelperCase):
-    def test_a_smaller_chunk_never_lowers_the_floor(self):
-        server = self.start_fake(max_model_len=3032)
+    def test_a_smaller_chunk_sizes_b1_past_it_inside_the_context(self):
+        server = self.start_fake(max_model_len=3032, max_num_batched_tokens=2048)
         result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "2048"})
-        self.assertEqual(result.code, 1)
-        self.assertIn("B1 needs more than 4096", result.summary["problems"][0])
-        self.assertEqual(server.state.completions(), [], "found before any completion")
+        self.assertEqual(result.code, 0, result.stdout)
+        b1 = result.kind("request")[0]
+        self.assertTrue(2048 < b1["prompt_tokens"] <= 3000, b1["prompt_tokens"])
+        self.assertIn("(chunk 2048 from WARMUP_CHUNK_TOKENS)", result.stdout.splitlines()[0])
+        self.assertNotIn("one prefill step", result.stdout)
         dry = self.run_argv(["--dry-run", "--json", "--chunk-tokens", "2048"])
-        self.assertEqual(json.loads(dry.stdout)["b1_min_prompt_tokens"], 4097)
+        self.assertEqual(json.loads(dry.stdout)["b1_min_prompt_tokens"], 2049)
+
+    def test_b1_under_the_chunk_fails_when_the_context_holds_more(self):
+        # A forged run record cannot move a server into one step: the context it was
+        # sized in is the server's own (run record), and B1 must pass the chunk there.
+        plan = contract.Plan(chunk_tokens=2048, context=3032)
+        self.assertEqual((plan.b1_minimum, plan.one_step), (2049, False))
+        said = kinds.judge(dict(ANSWER, prompt_tokens=2048), kinds.KINDS["long"], 32,
+                           floor=plan.b1_minimum)
+        self.assertIn("B1 prompt_tokens 2048, expected more than 2048", said)
 
     def test_an_unknown_chunk_is_said_and_a_given_one_sizes_b1(self):
         # vLLM 0.32's /metrics cannot show a chunked prefill (its step histogram counts the

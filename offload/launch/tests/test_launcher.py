@@ -1064,6 +1064,15 @@ class TestStartFindsTheChunk(StartCase):
         run = [r for r in found if r["record"] == "run"][0]
         self.assertEqual((run["plan"]["chunk_tokens"], run["plan"]["chunk_source"]),
                          (4096, "WARMUP_CHUNK_TOKENS"))
+        self.assertIn("; chunk 4096 from server.log;", result.stdout.split("OK: ")[1])
+
+    def test_a_chunk_nobody_said_is_said_assumed(self):
+        # vLLM 0.32's CPU build logs no chunk; the command names none: 4096 is assumed.
+        result = self.start(server=self.fake("--cpu-build"))
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn("; chunk 4096 assumed: pass --max-num-batched-tokens;",
+                      result.stdout.split("OK: ")[1])
+        self.assertIn("(chunk 4096 assumed: pass --chunk-tokens)", result.stdout)
 
 
 class TestStartPassesTheChunk(StartCase):
@@ -1083,11 +1092,46 @@ class TestStartPassesTheChunk(StartCase):
         self.assertEqual(run["plan"]["chunk_tokens"], 6144)
         self.assertTrue(re.search(r"max-num-batched-tokens=6K", self.start_log()))
         self.assertEqual(json.loads(json.dumps(run["plan"]))["b1_min_prompt_tokens"], 6145)
+        self.assertIn("; chunk 6144 from the command;", self.start_log().split("OK: ")[1])
 
     def test_tokens_are_read_as_vllm_reads_them(self):
         readings = {"4096": "4096", "16K": "16384", "8k": "8000", "25.6k": "25600",
                     " 2M": "2097152", "1.5K": "", "4096.5": "", "lots": "", "": ""}
         self.assertEqual({text: tokens_value(text) for text in readings}, readings)
+
+
+
+class TestStartSizesB1ToTheServer(StartCase):
+    """The default plan on servers smaller than K1: B1 past the chunk inside the context,
+    or, where the context holds no longer prompt, the longest it holds, said."""
+
+    def test_a_small_context_and_chunk_pass_with_b1_between_them(self):
+        result = self.start("--ready-file", self.ready, server=self.fake(
+            "--max-model-len", "4096", "--max-num-batched-tokens", "2048"))
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("OK: warm-up passed: contract 10/10", result.stdout)
+        self.assertTrue(os.path.exists(self.ready))
+        records, _ = read_records(self.records())
+        b1 = [r for r in records if r["record"] == "request"][0]
+        self.assertTrue(2048 < b1["prompt_tokens"] <= 4064, b1["prompt_tokens"])
+        self.assertNotIn("one prefill step", result.stdout)
+
+    def test_a_chunk_as_long_as_the_context_passes_in_one_step_said(self):
+        said = ("B1 in one prefill step: this server's chunk (8192) is not smaller than its "
+                "context (8192)")
+        result = self.start("--ready-file", self.ready, server=self.fake(
+            "--max-model-len", "8192", "--max-num-batched-tokens", "8192"))
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        ok = [line for line in result.stdout.splitlines() if " OK: " in line]
+        self.assertIn(said, ok[0])
+        self.assertIn(said, [line for line in result.stdout.splitlines()
+                             if line.startswith("warm-up ")][0], "the first line says it")
+        self.assertTrue(os.path.exists(self.ready))
+        records, _ = read_records(self.records())
+        self.assertIn(said, records[-1]["notes"])
+        self.assertTrue([r for r in records if r["record"] == "run"][0]["plan"]["b1_one_step"])
+        b1 = [r for r in records if r["record"] == "request"][0]
+        self.assertTrue(7140 <= b1["prompt_tokens"] <= 8160, b1["prompt_tokens"])
 
 
 if __name__ == "__main__":

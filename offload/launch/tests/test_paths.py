@@ -163,12 +163,20 @@ class TestChunk(HelperCase):
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["chunk_tokens"], plan["b1_min_prompt_tokens"]), (6000, 6001))
 
-    def test_a_context_that_cannot_hold_it_fails_before_anything_is_sent(self):
-        server = self.start_fake(max_model_len=6020)
+    def test_a_context_that_holds_no_longer_b1_passes_in_one_step_said(self):
+        server = self.start_fake(max_model_len=6020, max_num_batched_tokens=6000)
         result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "6000"})
-        self.assertEqual(result.code, 1)
-        self.assertIn("context too small", result.stdout)
-        self.assertIn("B1 needs more than 6000", result.stdout)
-        self.assertEqual(server.state.completions(), [])
+        self.assertEqual(result.code, 0, result.stdout)
+        said = ("B1 in one prefill step: this server's context (6020) holds no prompt longer "
+                "than its chunk (6000) beside 32 completion tokens")
+        self.assertIn(said, result.stdout.splitlines()[0])
+        self.assertIn(said, result.summary["notes"])
+        self.assertIn("PASS (exit 0): contract 10/10", result.stdout)
+        self.assertTrue(5988 - 5988 // 8 <= result.kind("request")[0]["prompt_tokens"] <= 5988)
+        plan = result.kind("run")[0]["plan"]
+        self.assertEqual((plan["b1_one_step"], plan["b1_context_tokens"]), (True, 6020))
+        report = self.run_process([*PYTHON, QUALIFY, "report", self.records_path])
+        self.assertEqual(report.code, 0, report.stdout)
+        self.assertEqual(report.stdout.count(f"note: {said}"), 1, report.stdout)
 
 

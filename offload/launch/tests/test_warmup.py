@@ -79,11 +79,18 @@ class TestPlan(unittest.TestCase):
         self.assertGreaterEqual(len(prompt.split()), 5000)
 
     def test_budget_leaves_room_for_the_completion(self):
-        self.assertEqual(prompts.long_prompt_budget(5000, 32, None), 5000)
-        self.assertEqual(prompts.long_prompt_budget(5000, 32, 5010), 4978)
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, None), (5000, 4097))
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, 5010), (4978, 4097))
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 2048, 4096), (4064, 2049))
         with self.assertRaises(runframe.Fatal) as cm:
-            prompts.long_prompt_budget(5000, 32, 4096)
+            prompts.long_prompt_budget(5000, 32, 4096, 1055)
         self.assertIn("context too small", cm.exception.problem)
+
+    def test_a_context_no_longer_than_the_chunk_holds_b1_in_one_step(self):
+        self.assertEqual(prompts.b1_bounds(9216, 32, 8192, 8192), (8160, 7140, True))
+        self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4128), (4096, 3584, True))
+        self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4129), (4097, 4097, False))
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, 1056), (1024, 896))
 
 
 class TestGuard(unittest.TestCase):
@@ -409,10 +416,12 @@ class TestRuns(HelperCase):
         self.assertEqual(self.run_helper(server).code, 0)
 
     def test_context_too_small_fails_before_sending(self):
-        server = self.start_fake(max_model_len=4096)
+        server = self.start_fake(max_model_len=1055)     # room for 1023 prompt tokens
         result = self.run_helper(server)
         self.assertEqual(result.code, 1)
-        self.assertIn("context too small: max_model_len 4096", result.summary["problems"][0])
+        self.assertIn("context too small: max_model_len 1055 leaves room for 1023 prompt "
+                      "tokens", result.summary["problems"][0])
+        self.assertIn("fewer than the 1024 a B1 prompt needs", result.summary["problems"][0])
         self.assertEqual(server.state.completions(), [])
 
     def test_small_context_sizes_b1_to_fit(self):
@@ -702,6 +711,29 @@ class TestK1Call(HelperCase):
         self.assertEqual(found[0]["plan"]["chunk_tokens"], 4096)
         failed = self.call(self.start_fake(latency_s=0.01, fault="one_token"))
         self.assertEqual(failed.returncode, 1, "K1's WARN reads a non-zero status")
+
+    def test_k1_shape_sends_exactly_the_ten_requests_of_the_patch_note(self):
+        # K1: chunk 4096, context 327,680. Sizing B1 to the server must leave its plan,
+        # bodies and checks as they were: B1 more than 4096 and at most 5000 tokens.
+        server = self.start_fake(latency_s=0.01, max_model_len=327680)
+        self.assertEqual(self.call(server).returncode, 0)
+        bodies = [r["body"] for r in server.state.completions()]
+        self.assertEqual(len(bodies), 10)
+        fixed = {"max_tokens": 32, "min_tokens": 32, "ignore_eos": True, "temperature": 0,
+                 "priority": 20, "stream": False}
+        for body in bodies:
+            self.assertEqual({k: body.get(k) for k in fixed}, fixed)
+            self.assertFalse({"stop", "stop_token_ids", "logprobs"} & set(body))
+        written = os.listdir(os.path.join(self.tmp, "k1"))
+        found, _ = read_records(os.path.join(self.tmp, "k1", written[0]))
+        plan = found[0]["plan"]
+        self.assertEqual((plan["b1_min_prompt_tokens"], plan["b1_target_tokens"],
+                          plan["b1_context_tokens"], plan["b1_one_step"]),
+                         (4097, 5000, 327680, False))
+        b1 = [r for r in found if r["record"] == "request" and r["wave"] == "B1"]
+        self.assertTrue(4096 < b1[0]["prompt_tokens"] <= 5000, b1[0]["prompt_tokens"])
+        self.assertEqual([r["wave"] for r in found if r["record"] == "request"],
+                         ["B1", "B2", "B2", "B3", "B3", "B3", "B4", "B4", "B4", "B4"])
 
 if __name__ == "__main__":
     unittest.main()

@@ -22,7 +22,7 @@ import json
 import re
 import sys
 
-from core.contract import batch_name, identity, read_plan
+from core.contract import batch_name, chunk_said, identity, read_plan
 from core.readyfile import last_gauges
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
@@ -92,7 +92,7 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
         "evidence": "incomplete" if judged["evidence_problems"] else "complete",
         "evidence_problems": judged["evidence_problems"],
         "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
-        "ends": ends,
+        "notes": list(decided.notes), "ends": ends,
         # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
         "sleep_state": last_gauges(judged["records"]).get("sleep_state"),
     })
@@ -168,9 +168,10 @@ def run_header(run: dict) -> str:
     waves = ",".join(batch_name(k, d) for k, d in warm.batches()) if warm else "unreadable"
     given = "; given: " + ", ".join(v for _, v in warm.given) if warm and warm.given else ""
     counted = plan.get("b1_prompt_tokens_counted")
+    chunk = f" ({chunk_said(warm)})" if warm else ""
     return (f"warm-up {where}, waves {waves}, {show(plan.get('requests_total'))} "
-            f"requests, B1 {show(counted) if counted is not None else 'estimated'} tokens, "
-            f"{deadline}{given}")
+            f"requests, B1 {show(counted) if counted is not None else 'estimated'} "
+            f"tokens{chunk}, {deadline}{given}")
 
 
 def request_table(requests: list[dict]) -> list[str]:
@@ -288,7 +289,8 @@ def format_run(run: dict) -> list[str]:
     summary = run["summary"] or {}
     if summary.get("time_to_warm"):
         lines.append(time_to_warm_line(summary["time_to_warm"]))
-    lines += [f"note: {show(n, 300)}" for n in summary.get("notes", [])]
+    lines += [f"note: {show(n, 300)}"
+              for n in dict.fromkeys(run["notes"] + summary.get("notes", []))]
     lines += [f"warning: {show(w, 300)}" for w in summary.get("warnings", [])]
     if run["evidence_problems"]:
         lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
@@ -348,7 +350,7 @@ def report_main(argv: list[str]) -> int:
                         help="the report as one JSON object: runs (each with its run, requests, "
                              "waves, metrics, status, probe, probe_summary, gate, summary, "
                              "problems, verdict, exit_code, claimed, evidence, "
-                             "evidence_problems, differences, ends), issues, the last run's "
+                             "evidence_problems, differences, notes, ends), issues, the last run's "
                              "verdict, exit_code and evidence, and expect_k when asked")
     parser.add_argument("--expect-k", metavar="1-2:5,3-4:4", type=expect_k_type,
                         help="the server's k by batch size (1-2:5,3-4:4: 5 at batch 1-2, 4 at "
