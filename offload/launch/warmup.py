@@ -31,7 +31,6 @@ Standard library only, Python 3.10+. The contract is CONTRACT.md beside this fil
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -43,17 +42,17 @@ try:
     import core.runframe as runframe
     from core.contract import (NOT_REPORTED, REVIEWED, Plan, b1_prompts, batch_name,
                                cache_check, chunk_said, cross_check, differences, engine_shares,
-                               one_step_said, parse_waves, plan_record, wave_name)
+                               one_step_said, parse_waves, plan_label, plan_of_file,
+                               plan_record, wave_name)
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.locks import lock_host
-    from core.prompts import (MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, SHORT_PROMPT_WORDS,
-                              make_short_prompt)
-    from core.cli import Setting, emit, given_value, plug_in, seconds, whole
+    from core.prompts import MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, make_short_prompt
+    from core.cli import Setting, given_value, plug_in, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
-    from core.transport import (MAX_BODY_BYTES, UsageError, __version__, clean_text,
-                                count_value, parse_url, series_name)
+    from core.transport import (UsageError, __version__, clean_text, count_value, parse_url,
+                                series_name)
     from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                                   add_server_options, answer_record, connection_from,
                                   format_engines, read_slot, release_skew_ms, routed,
@@ -416,7 +415,8 @@ def start_line(warm: WarmUp, run: Run) -> str:
     return (f"warm-up {run.settings.run_id}: {warm.connection.target.display} model "
             f"{clean_text(warm.server.model or '', 80)}{shown}, waves "
             f"{','.join(wave_name(d) for d in plan.waves)}{kinds} ({warm.planned()} "
-            f"requests), B1 prompt {b1_size} tokens ({chunk_said(plan)}), deadline "
+            f"requests){', ' + plan_label(plan) if plan.file else ''}, B1 prompt {b1_size} "
+            f"tokens ({chunk_said(plan)}), deadline "
             f"{run.settings.deadline_s:g} s" + (f"; {one_step_said(plan)}" if plan.one_step
                                                 else "")
             + (f"; given: {given}" if given else "")
@@ -571,6 +571,11 @@ SETTINGS = (
             "a JSON status file another process rewrites on a timer; its numeric deltas "
             "over the warm-up are recorded (invalid when pid or session changed, unverified "
             "when it has neither)", shown="none", metavar="PATH", many=True),
+    Setting("--plan", "WARMUP_PLAN", str, None,
+            "a plan file an operator reviewed (JSON: name, waves, tokens, priority, "
+            "b1_tokens, paths; CONTRACT section 4): run and judged as the contract's plan, "
+            "its name and SHA-256 recorded and on the verdict line; a setting above that "
+            "changes it makes a custom plan", shown="the contract's plan", metavar="FILE"),
 )
 PLANNED = SETTINGS[:4]
 # Every WARMUP_* variable the warm-up reads (WARMUP_HARD_BOUND_AT is the wrapper's own).
@@ -687,9 +692,16 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         chunk, chunk_source = vouched["chunk_tokens"], "the ready file"   # a re-warm
     if vouched and not args.base_url and not os.environ.get("WARMUP_BASE_URL"):
         args.base_url = vouched["base_url"]          # the server it vouches for
+    file = plug_in("core.plan_file").read_plan_file(values["plan"][0]) \
+        if values["plan"][0] else None
+    base = plan_of_file(file) if file else REVIEWED     # what a given setting differs from
     given = {s.dest: values[s.dest][1] for s in PLANNED if values[s.dest][1]}
-    plan = Plan(**{s.dest: values[s.dest][0] for s in PLANNED},
-                b1_tokens=args.b1_tokens or 5000, gauge_interval_ms=args.gauge_interval_ms,
+    if args.b1_tokens is not None:
+        given["b1_tokens"] = "--b1-tokens on the command line"
+    plan = Plan(**{s.dest: values[s.dest][0] if s.dest in given else getattr(base, s.dest)
+                   for s in PLANNED},
+                b1_tokens=args.b1_tokens or base.b1_tokens, file=file,
+                gauge_interval_ms=args.gauge_interval_ms,
                 chunk_tokens=chunk, chunk_source=chunk_source,
                 template_kwargs=args.chat_template_kwargs)
     connection = connection_from(args)
@@ -720,8 +732,10 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
         if why:
             raise UsageError(f"--ready-file {args.ready_file}: {why}; choose another, "
                              f"writable file in an existing folder")
+    dry = plug_in("core.dry_run") if args.dry_run else None     # loads with its flag
     return (WarmUp(connection, plan, settings, evidence, args.ready_file),
-            lambda: print_plan(plan, settings, connection, args.json))
+            lambda: dry.print_plan(plan, settings, connection, args.json,
+                                   hard_bound() or DEFAULT_HARD_S))
 
 
 UNIX_TIME = re.compile(r"[0-9]{10}(\.[0-9]{1,9})?")
@@ -769,46 +783,6 @@ def deadline_for(flag: float | None) -> float:
                          f"run there); lower the deadline, leave it out, or raise "
                          f"WARMUP_HARD_S")
     return deadline
-
-
-def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
-               as_json: bool) -> None:
-    """Print the plan, sending nothing."""
-    target, engines = connection.target, format_engines(connection.engines)
-    hard = hard_bound() or DEFAULT_HARD_S
-    description = dict(plan_record(plan), base_url=target.display, engines=engines,
-                       deadline_s=settings.deadline_s, socket_cap_s=settings.socket_cap_s,
-                       max_body_bytes=MAX_BODY_BYTES, hard_bound_s=hard,
-                       differences=differences(plan))
-    if as_json:
-        emit(json.dumps(description, indent=2))
-        return
-    lines = [f"plan for {target.display} (dry run: nothing sent)"]
-    if plan.given:
-        lines.append(f"  given: {', '.join(source for _, source in plan.given)}")
-    for i, depth in enumerate(plan.waves):
-        prompt = (f"1 long prompt of ~{plan.b1_target} tokens (more than the prefill "
-                  f"{chunk_said(plan)}; capped by the server's context), run-unique nonce "
-                  f"first") \
-            if i == 0 else \
-            f"{depth} distinct short prompts of ~{SHORT_PROMPT_WORDS + 1} words"
-        lines.append(f"  {wave_name(depth):<4} {depth} concurrent: {prompt}")
-    for kind_ in kinds_of(plan.paths):
-        held = (f"1 to {plan.tokens} tokens (its grammar may end it)"
-                if kind_.holds.tokens == "upto" else f"{plan.tokens} tokens")
-        lines.append(f"  {kind_.name:<13} depths {','.join(map(str, plan.path_depths))}: "
-                     f"{'streamed ' if kind_.stream else ''}{kind_.endpoint}, held to {held}")
-    custom = differences(plan)
-    if custom:
-        lines.append(f"  custom plan, not the contract's: {'; '.join(custom)}")
-    lines.append(f"  budget: {plan.requests_per_engine} requests, at most "
-                 f"{plan.requests_per_engine * plan.tokens} completion tokens ({plan.tokens} "
-                 f"each, min = max, ignore_eos, priority {plan.priority}; the waves greedy), "
-                 f"per engine (engines: {engines})")
-    lines.append(f"  bounds: deadline {settings.deadline_s:g} s, socket cap "
-                 f"{settings.socket_cap_s:g} s, body cap {MAX_BODY_BYTES} bytes, hard bound "
-                 f"{hard:g} s (warmup_serve.sh)")
-    emit("\n".join(lines))
 
 
 if __name__ == "__main__":

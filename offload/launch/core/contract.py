@@ -57,6 +57,7 @@ class Plan:
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
     template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
     given: tuple = field(default=(), compare=False)
+    file: tuple | None = field(default=None, compare=False)   # plan_file.PlanFile, if any
 
     def batches(self) -> list[tuple[Kind, int]]:
         """Every batch in order: (kind, depth) of each wave, then each --paths kind at depth
@@ -100,6 +101,20 @@ class Plan:
 REVIEWED = Plan()                     # the reviewed plan: 10 requests, 320 tokens per engine
 
 
+def plan_of_file(file) -> Plan:
+    """The plan a plan file (plan_file.PlanFile) declares; ValueError naming a bad field."""
+    from core.plan_file import plan_fields        # loaded with a plan file only
+    fields = plan_fields(file.text)
+    return Plan(waves=fields["waves"], tokens=fields["tokens"], priority=fields["priority"],
+                b1_tokens=fields["b1_tokens"], paths=fields["paths"], file=file)
+
+
+def plan_label(plan: Plan) -> str:
+    """What a pass of the plan is called: 'contract', or 'plan NAME sha256:1a2b3c4d…'."""
+    return f"plan {plan.file.name} sha256:{plan.file.sha256[:8]}…" if plan.file else \
+        "contract"
+
+
 def batch_name(kind_: Kind, depth: int) -> str:
     """A batch's name as records and ids carry it: B2, or a --paths kind's logprobs-chat-4."""
     return wave_name(depth) if kind_.path is None else f"{kind_.name}-{depth}"
@@ -126,6 +141,7 @@ def plan_record(plan: Plan) -> dict:
                   for k, d in plan.batches()[:len(plan.waves)]],
         "tokens": plan.tokens, "priority": plan.priority,
         "chunk_tokens": plan.chunk_tokens, "chunk_source": plan.chunk_source,
+        "b1_tokens": plan.b1_tokens,
         "b1_target_tokens": plan.b1_target, "b1_min_prompt_tokens": plan.b1_minimum,
         "b1_context_tokens": plan.context, "b1_one_step": plan.one_step,
         "paths": [{"path": k.name, "depths": list(plan.path_depths), "endpoint": k.endpoint,
@@ -134,6 +150,7 @@ def plan_record(plan: Plan) -> dict:
         "completion_tokens_max": plan.requests_per_engine * plan.tokens,
         "gauge_interval_ms": plan.gauge_interval_ms or None,
         "given": dict(plan.given),
+        "file": plan.file and plan.file.recorded(),
     }
 
 
@@ -160,9 +177,16 @@ def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
     context = recorded.get("b1_context_tokens")
     if context is not None and context - tokens < ONE_STEP_FLOOR:
         return None, [f"the run record's plan holds a context ({context}) that no B1 fits in"]
+    file = recorded.get("file")
+    if file:                              # loaded with a plan file only
+        from core.plan_file import recorded_file
+        file, why = recorded_file(file)
+        if why:
+            return None, [why]
     plan = Plan(waves=depths, tokens=tokens, priority=priority, chunk_tokens=chunk,
                 chunk_source=show(recorded.get("chunk_source")),
-                context=recorded.get("b1_context_tokens"),
+                context=recorded.get("b1_context_tokens"), file=file,
+                b1_tokens=recorded.get("b1_tokens", REVIEWED.b1_tokens),
                 paths=tuple(dict.fromkeys(KINDS[p].path for p in paths)),
                 given=tuple((k, show(v, 120)) for k, v in recorded.get("given", {}).items()))
     if [k.name for k in kinds_of(plan.paths)] != paths:
@@ -171,14 +195,18 @@ def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
 
 
 def differences(plan: Plan, engines_skipped=()) -> list[str]:
-    """How a plan differs from the reviewed one ([]: the contract's plan), each said with
-    the setting that made it, where one was given. --paths kinds are extras, not
-    differences; waves past B4 are."""
+    """How a plan differs from the reviewed one, or from its plan file ([]: none), each
+    said with the setting that made it, where one was given. Without a plan file,
+    --paths kinds are extras, not differences; waves past B4 are."""
     given = dict(plan.given)
     found = []
+    reviewed = plan_of_file(plan.file) if plan.file else REVIEWED
     for name, shown in (("tokens", plan.tokens), ("priority", plan.priority),
-                        ("waves", ",".join(map(wave_name, plan.waves)))):
-        if getattr(plan, name) != getattr(REVIEWED, name):
+                        ("waves", ",".join(map(wave_name, plan.waves))),
+                        ("b1_tokens", plan.b1_tokens),
+                        ("paths", ",".join(plan.paths) or "none")):
+        if getattr(plan, name) != getattr(reviewed, name) and \
+                (name != "paths" or plan.file):
             found.append(f"{name} {shown}" + (f" ({given[name]})" if name in given else ""))
     if engines_skipped:
         found.append(f"engines not warmed: {show(engines_skipped)}"
@@ -405,8 +433,9 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
             found += said_failed(records)
         found += late_waves(recorded.get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
-    if differs and parts:                 # a custom plan's waves are its own, not the contract's
-        parts = (("plan",) + tuple(parts[0][1:]),) + parts[1:]
+    if parts:                 # a custom plan's waves are its own, not the contract's
+        parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),) \
+            + parts[1:]
     ok = len(judged) - len(failed)
     base = dict(differences=tuple(differs), requests_ok=ok,
                 notes=(one_step_said(plan),) if plan and plan.one_step else (),

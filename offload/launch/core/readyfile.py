@@ -58,6 +58,8 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
         "server_pgid": server_pgid, "slept_at": None,
         "chunk_tokens": run.get("plan", {}).get("chunk_tokens"),
+        "plan": {k: file[k] for k in ("name", "sha256")} if (file := run.get("plan", {})
+                                                               .get("file")) else None,
     }, None
 
 

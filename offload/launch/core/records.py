@@ -75,7 +75,7 @@ DECLARED = {
 SHAPES = {
     "plan": "~waves:list[@wave_plan] ~tokens:int ~priority:int ~chunk_tokens:int "
             "~chunk_source:str ~b1_target_tokens:int ~b1_min_prompt_tokens:int "
-            "~b1_context_tokens:int? ~b1_one_step:bool "
+            "~b1_context_tokens:int? ~b1_one_step:bool ~b1_tokens:int ~file:@plan_file? "
             "~paths:list[@path_plan] ~requests_per_engine:int ~requests_total:int "
             "~completion_tokens_max:int ~gauge_interval_ms:int? ~given:dict[str] "
             "~engines_skipped:list[int] ~contract:bool ~differences:list[str] ~deadline_s:num "
@@ -86,6 +86,7 @@ SHAPES = {
             "~endpoint:str ~path:str ~max_tokens:int ~max_cer:num ~max_typos:int "
             "~temperature:num ~seed:int ~chat_template_kwargs:dict?",
     "wave_plan": "wave:str depth:int kind:str",
+    "plan_file": "name:str sha256:str base64:str",
     "path_plan": "path:str depths:list[int] endpoint:str stream:bool",
     "item_plan": "item:str depth:int",
     "gate_probe": "probe:str kind:str reference_chars:int",

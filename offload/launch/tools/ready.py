@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.parse
 
-from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds, sha256_type
 from core.readyfile import iso_time, mark_ready_file, read_ready_file, served_counts
 from core.files import open_regular
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
@@ -306,8 +306,17 @@ def ready_main(argv: list[str]) -> int:
         "the one the ready file names", "both requests together")
     parser.add_argument("--ready-file", metavar="PATH", required=True,
                         help="the ready file start.sh --ready-file writes")
+    parser.add_argument("--plan-sha256", metavar="HEX", type=sha256_type,
+                        help="ready only when the warm-up ran the plan file of this SHA-256 "
+                             "(the one reviewed: sha256sum FILE)")
     args = parser.parse_args(argv)
     doc, why = read_ready_file(args.ready_file)
+    plan = doc.get("plan") if doc and isinstance(doc.get("plan"), dict) else {}
+    if doc is not None and args.plan_sha256 and plan.get("sha256") != args.plan_sha256:
+        doc, why = None, ("the ready file vouches for a warm-up of " + (
+            f"plan {shown(plan.get('name'))} sha256:{clean_text(str(plan.get('sha256')), 64)}"
+            if plan
+            else "the contract's plan") + f", not of the plan sha256:{args.plan_sha256}")
     if doc is None:
         emit(f"not ready: {why}", sys.stderr)
         return EXIT_FAIL

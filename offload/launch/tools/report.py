@@ -27,7 +27,7 @@ from core.readyfile import last_gauges
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
 from core.records import JUDGED, label, parts_text, show
-from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, sha256_type
 from core.transport import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
@@ -360,6 +360,9 @@ def report_main(argv: list[str]) -> int:
                              "draft positions the server counts against its largest k; a "
                              "wave that differs, or whose length was not observed, makes the "
                              "exit status 1")
+    parser.add_argument("--plan-sha256", metavar="HEX", type=sha256_type,
+                        help="exit 0 only when the last run ran the plan file of this "
+                             "SHA-256 (the one reviewed: sha256sum FILE)")
     parser.add_argument("--proposer", choices=("mtp", "ngram"), default="mtp",
                         help="how the server drafts: mtp (or a draft model) k tokens every "
                              "step, ngram at most k (fewer when its lookup finds less: only "
@@ -379,25 +382,39 @@ def report_main(argv: list[str]) -> int:
         report["expect_k"] = drafted_findings(
             last.get("waves") or [], args.expect_k, args.proposer,
             (last.get("run") or {}).get("spec_positions"))
-    held = all(f["holds"] for f in report.get("expect_k", []))
-    code = report["exit_code"] or (EXIT_PASS if held else EXIT_FAIL)
+    unheld = ["--expect-k does not hold"] if not all(
+        f["holds"] for f in report.get("expect_k", [])) else []
+    if args.plan_sha256:
+        report["plan_sha256"] = plan_pinned(_last_run(report), args.plan_sha256)
+        unheld += [] if report["plan_sha256"]["holds"] else [report["plan_sha256"]["said"]]
+    code = report["exit_code"] or (EXIT_FAIL if unheld else EXIT_PASS)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
         emit(format_report(report) + "".join(
             f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", []))
-            + final_line(report, held, code))
+            + final_line(report, unheld, code))
     return code
 
 
-def final_line(report: dict, held: bool, code: int) -> str:
+def plan_pinned(last: dict, wanted: str) -> dict:
+    """--plan-sha256: does the last run's plan file have the digest reviewed?"""
+    file = ((last.get("run") or {}).get("plan") or {}).get("file") or {}
+    found = file.get("sha256")
+    said = f"its plan is {'sha256:' + show(found, 64) if found else 'not a plan file'}, " \
+           f"not sha256:{wanted}"
+    return {"wanted": wanted, "found": found, "holds": found == wanted,
+            "said": "" if found == wanted else said}
+
+
+def final_line(report: dict, unheld: list, code: int) -> str:
     """The file's verdict with the exit status report returns, as a last line of its own
     where the last run's verdict line does not already say it ("": it does)."""
     last = _last_run(report)
     if report["verdict"] == "none":
         return f"\nverdict: none (exit {code})"
-    if not held:
-        return f"\nverdict: {show(report['verdict'])}, but --expect-k does not hold (exit {code})"
+    if unheld:
+        return f"\nverdict: {show(report['verdict'])}, but {'; '.join(unheld)} (exit {code})"
     shown = report["runs"][-1] if report["runs"] else {}     # what its own line says
     if shown.get("verdict") != report["verdict"] or shown.get("exit_code") != code or \
             last.get("ends") != shown.get("ends") or len(report["runs"]) > 1:

@@ -1,0 +1,135 @@
+"""A plan file: JSON an operator reviews and checks in with a deployment (--plan FILE,
+WARMUP_PLAN), bounded and read whole before anything is sent.
+
+Loaded with --plan, and by contract.read_plan() for a run record that holds one:
+  read_plan_file(path)   the file -> PlanFile (its name, SHA-256 and text); UsageError
+  plan_fields(text)      its fields for contract.Plan; ValueError naming the field
+  recorded_file(doc)     a run record's PlanFile, believed only when its text hashes to it
+
+{"name": "k1", "waves": [{"depth": 1, "prompt": "long"}, {"depth": 2, "prompt": "short"}],
+ "tokens": 32, "priority": 20, "b1_tokens": 5000, "paths": []}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from base64 import b64decode, b64encode
+from collections import namedtuple
+
+from core.kinds import PATH_NAMES, kinds_of
+from core.transport import UsageError, clean_text
+
+class PlanFile(namedtuple("PlanFile", "name sha256 text")):
+    """A plan file as read: its name, the SHA-256 of its bytes, its text."""
+
+    def recorded(self) -> dict:
+        """As a run record's plan holds it: the text in base64, which no sink rewrites."""
+        return {"name": self.name, "sha256": self.sha256,
+                "base64": b64encode(self.text.encode()).decode()}
+
+MAX_PLAN_BYTES = 16 << 10
+MAX_WAVES, MAX_DEPTH = 16, 64
+MAX_REQUESTS = 128                    # per engine, --paths kinds too
+MAX_COMPLETION_TOKENS = 32768         # per engine: what fits the 90 s deadline, with margin
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+FIELDS = {"name", "waves", "tokens", "priority", "b1_tokens", "paths"}
+
+
+def read_plan_file(path: str) -> PlanFile:
+    """The file at `path`, held to plan_fields(); UsageError naming the file and the field."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_PLAN_BYTES + 1)
+    except OSError as exc:
+        raise UsageError(f"--plan {clean_text(path, 200)}: cannot be read "
+                         f"({exc.strerror or exc})") from None
+    try:
+        if len(data) > MAX_PLAN_BYTES:
+            raise ValueError(f"larger than {MAX_PLAN_BYTES} bytes")
+        text = data.decode("utf-8")
+        name = plan_fields(text)["name"]
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--plan {clean_text(path, 200)}: {clean_text(str(exc), 300)}; "
+                         f"nothing was sent") from None
+    return PlanFile(name, hashlib.sha256(data).hexdigest(), text)
+
+
+def recorded_file(recorded: dict) -> tuple[PlanFile | None, str]:
+    """(the PlanFile a run record's plan holds, ''), or (None, why it cannot be believed):
+    its text must hash to its digest and be a plan of its name."""
+    try:
+        data = b64decode(recorded["base64"], validate=True)
+        file = PlanFile(recorded["name"], recorded["sha256"], data.decode("utf-8"))
+        named = plan_fields(file.text)["name"]
+    except ValueError as exc:
+        return None, f"the run record's plan file is not a plan ({clean_text(str(exc), 120)})"
+    if hashlib.sha256(data).hexdigest() != file.sha256:
+        return None, "the run record's plan file does not hash to its sha256"
+    if named != file.name:
+        return None, "the run record's plan file is not named as its text names it"
+    return file, ""
+
+
+def plan_fields(text: str) -> dict:
+    """A plan file's text -> {name, waves, tokens, priority, b1_tokens, paths} (waves as
+    depths, the first the long-prompt wave); ValueError naming the first field that is
+    wrong, missing or unknown."""
+    try:
+        doc = json.loads(text, parse_constant=reject)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    unknown = sorted(set(doc) - FIELDS)
+    missing = sorted(FIELDS - {"paths"} - set(doc))
+    if unknown or missing:
+        raise ValueError(f"field '{clean_text((unknown or missing)[0], 40)}' "
+                         f"{'unknown' if unknown else 'missing'}")
+    if not isinstance(doc["name"], str) or not NAME.fullmatch(doc["name"]):
+        raise ValueError("name: 1 to 64 letters, digits, '.', '_' or '-'")
+    depths = wave_depths(doc["waves"])
+    tokens = whole(doc, "tokens", 2, 4096)
+    paths = doc.get("paths", [])
+    if not isinstance(paths, list) or not all(p in PATH_NAMES for p in paths) \
+            or len(set(paths)) != len(paths):
+        raise ValueError(f"paths: distinct names of {', '.join(PATH_NAMES)}")
+    requests = sum(depths) + len(kinds_of(tuple(paths))) * sum({1, max(depths)})
+    if requests > MAX_REQUESTS or requests * tokens > MAX_COMPLETION_TOKENS:
+        raise ValueError(f"waves and tokens: at most {MAX_REQUESTS} requests and "
+                         f"{MAX_COMPLETION_TOKENS} completion tokens per engine")
+    return {"name": doc["name"], "waves": depths, "tokens": tokens,
+            "priority": whole(doc, "priority", -(1 << 31), (1 << 31) - 1),
+            "b1_tokens": whole(doc, "b1_tokens", 1024, 1 << 20),
+            "paths": tuple(p for p in PATH_NAMES if p in paths)}
+
+
+def wave_depths(waves) -> tuple[int, ...]:
+    """The waves' depths: distinct, the first the long-prompt wave of depth 1 (B1)."""
+    if not isinstance(waves, list) or not 1 <= len(waves) <= MAX_WAVES:
+        raise ValueError(f"waves: a list of 1 to {MAX_WAVES} waves")
+    depths = []
+    for i, wave in enumerate(waves):
+        if not isinstance(wave, dict) or set(wave) != {"depth", "prompt"}:
+            raise ValueError(f"waves[{i}]: an object with depth and prompt")
+        depth = whole(wave, "depth", 1, MAX_DEPTH, f"waves[{i}].")
+        if wave["prompt"] != ("long" if i == 0 else "short") or (i == 0 and depth != 1):
+            raise ValueError(f"waves[{i}].prompt: the first wave is the long prompt, of depth "
+                             f"1 (B1); every other is short")
+        depths.append(depth)
+    if len(set(depths)) != len(depths):
+        raise ValueError("waves: each depth once")
+    return tuple(depths)
+
+
+def whole(doc: dict, key: str, low: int, high: int, where: str = "") -> int:
+    """doc[key], a whole number from low to high (a JSON integer, not a boolean)."""
+    value = doc[key]
+    if type(value) is not int or not low <= value <= high:
+        raise ValueError(f"{where}{key}: a whole number from {low} to {high}")
+    return value
+
+
+def reject(constant: str):
+    raise ValueError(f"{constant} is not JSON")

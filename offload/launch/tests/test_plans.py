@@ -1,0 +1,155 @@
+"""Plan files (--plan, WARMUP_PLAN): a plan an operator reviews, run and judged as the
+contract's, named with its SHA-256 in the records, the ready file and the report; a wrong
+one refused before anything is sent; a setting that changes it makes a custom plan."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import unittest
+
+from support import LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, read_records
+import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
+from core.plan_file import plan_fields, read_plan_file  # noqa: E402
+from core.transport import UsageError  # noqa: E402
+
+DEEP = {"name": "deep-8", "waves": [{"depth": 1, "prompt": "long"},
+                                    {"depth": 2, "prompt": "short"},
+                                    {"depth": 4, "prompt": "short"},
+                                    {"depth": 8, "prompt": "short"}],
+        "tokens": 16, "priority": 20, "b1_tokens": 5000, "paths": []}
+
+
+def write_plan(folder: str, doc, name: str = "plan.json") -> tuple[str, str]:
+    """A plan file in `folder` (a dict as JSON, or text as it is): (its path, its SHA-256)."""
+    path = os.path.join(folder, name)
+    data = (json.dumps(doc, indent=2) if isinstance(doc, dict) else doc).encode()
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def qualify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*PYTHON, QUALIFY, *args], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+
+
+class TestPlanFiles(HelperCase):
+    def test_the_default_is_exactly_the_patch_note_s_plan_file(self):
+        shipped = read_plan_file(os.path.join(LAUNCH, "plans", "patch-note.json"))
+        self.assertEqual(contract.plan_of_file(shipped), contract.REVIEWED)
+        self.assertEqual(contract.differences(contract.plan_of_file(shipped)), [])
+
+    def test_a_plan_file_passes_with_its_name_and_digest_everywhere(self):
+        path, digest = write_plan(self.tmp, DEEP)
+        server = self.start_fake()
+        result = self.run_helper(server, "--plan", path)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertIn(f"PASS (exit 0): plan deep-8 sha256:{digest[:8]}… 15/15", result.stdout)
+        self.assertEqual(len(server.state.completions()), 15)
+        self.assertEqual({r["body"]["max_tokens"] for r in server.state.completions()}, {16})
+        plan = result.kind("run")[0]["plan"]
+        self.assertEqual((plan["file"]["name"], plan["file"]["sha256"]), ("deep-8", digest))
+        self.assertEqual(result.summary["verdict"], "pass")
+        report = qualify("report", self.records_path, "--plan-sha256", digest)
+        self.assertEqual(report.returncode, 0, report.stdout)
+        self.assertIn(f"plan deep-8 sha256:{digest[:8]}… 15/15", report.stdout)
+        other = qualify("report", self.records_path, "--plan-sha256", "ab" * 32)
+        self.assertEqual(other.returncode, 1)
+        self.assertIn(f"its plan is sha256:{digest}, not sha256:{'ab' * 32}", other.stdout)
+
+    def test_the_default_plan_is_not_any_plan_file(self):
+        self.assertEqual(self.run_helper(self.start_fake()).code, 0)
+        report = qualify("report", self.records_path, "--plan-sha256", "ab" * 32)
+        self.assertEqual(report.returncode, 1)
+        self.assertIn("its plan is not a plan file", report.stdout)
+
+    def test_a_setting_or_leftover_variable_over_a_plan_file_is_custom(self):
+        path, _ = write_plan(self.tmp, DEEP)
+        server = self.start_fake()
+        waves = self.run_helper(server, "--plan", path, env={"WARMUP_WAVES": "1,2"})
+        self.assertEqual(waves.summary["verdict"], "custom")
+        self.assertIn("waves B1,B2 (WARMUP_WAVES=1,2 from the environment)",
+                      waves.summary["plan_differences"])
+
+    def test_an_ad_hoc_b1_size_is_custom(self):
+        b1 = self.run_helper(self.start_fake(), "--b1-tokens", "6000")
+        self.assertEqual(b1.summary["verdict"], "custom", "ad-hoc flags stay custom")
+        self.assertIn("b1_tokens 6000 (--b1-tokens on the command line)",
+                      b1.summary["plan_differences"])
+
+    def test_a_wrong_plan_file_is_refused_naming_the_field_before_anything_is_sent(self):
+        server = self.start_fake()
+        wrong = {
+            "waves[0].prompt": dict(DEEP, waves=[{"depth": 2, "prompt": "long"}]),
+            "waves: each depth once": dict(DEEP, waves=DEEP["waves"] + [{"depth": 2,
+                                                                         "prompt": "short"}]),
+            "tokens: a whole number from 2 to 4096": dict(DEEP, tokens=True),
+            "field 'stop' unknown": dict(DEEP, stop=["\n"]),
+            "field 'priority' missing": {k: v for k, v in DEEP.items() if k != "priority"},
+            "waves and tokens: at most 128 requests": dict(DEEP, waves=[
+                {"depth": d, "prompt": "long" if d == 1 else "short"} for d in range(1, 17)]),
+            "name: 1 to 64 letters": dict(DEEP, name="a b"),
+            "paths: distinct names": dict(DEEP, paths=["stream", "stream"]),
+            "NaN is not JSON": '{"name": "x", "tokens": NaN}',
+            "not a JSON object": "[1, 2]",
+        }
+        for said, doc in wrong.items():
+            with self.subTest(said=said):
+                path, _ = write_plan(self.tmp, doc)
+                result = self.run_helper(server, "--plan", path)
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn(f"--plan {path}: {said}", result.stderr)
+                self.assertIn("nothing was sent", result.stderr)
+        self.assertEqual(server.state.requests, [], "refused before any request")
+
+    def test_a_record_whose_plan_text_was_changed_is_not_believed(self):
+        path, digest = write_plan(self.tmp, DEEP)
+        plan = contract.plan_of_file(read_plan_file(path))
+        recorded = contract.plan_record(plan)
+        self.assertEqual(contract.read_plan(recorded)[0].file.sha256, digest)
+        forged = json.dumps(dict(DEEP, tokens=32)).encode()
+        recorded["file"]["base64"] = base64.b64encode(forged).decode()
+        self.assertEqual(contract.read_plan(recorded),
+                         (None, ["the run record's plan file does not hash to its sha256"]))
+
+    def test_plan_fields_hold_every_bound(self):
+        self.assertEqual(plan_fields(json.dumps(DEEP))["waves"], (1, 2, 4, 8))
+        with self.assertRaises(ValueError):
+            plan_fields("[" * 5000)
+        with self.assertRaises(UsageError):
+            read_plan_file(os.path.join(self.tmp, "missing.json"))
+
+
+class TestPlanFileUnderStart(StartCase):
+    def test_start_sh_passes_a_plan_file_and_the_ready_file_names_its_digest(self):
+        path, digest = write_plan(self.tmp, DEEP)
+        result = self.start("--ready-file", self.ready, server=self.fake(),
+                            env={"WARMUP_PLAN": path})
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn(f"OK: warm-up passed: plan deep-8 sha256:{digest[:8]}… 15/15",
+                      result.stdout)
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle)["plan"], {"name": "deep-8", "sha256": digest})
+        records, _ = read_records(self.records())
+        self.assertEqual(records[0]["plan"]["file"]["sha256"], digest)
+        ready = qualify("ready", "--ready-file", self.ready, "--plan-sha256", digest)
+        self.assertEqual(ready.returncode, 0, ready.stderr)
+        other = qualify("ready", "--ready-file", self.ready, "--plan-sha256", "cd" * 32)
+        self.assertEqual(other.returncode, 1)
+        self.assertIn(f"vouches for a warm-up of plan deep-8 sha256:{digest}", other.stderr)
+
+    def test_a_leftover_waves_variable_over_a_plan_file_leaves_no_ready_file(self):
+        path, _ = write_plan(self.tmp, DEEP)
+        result = self.start("--ready-file", self.ready, server=self.fake(),
+                            env={"WARMUP_PLAN": path, "WARMUP_WAVES": "1,2"})
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("WARN: warm-up passed a custom plan", result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+
+
+if __name__ == "__main__":
+    unittest.main()
