@@ -433,7 +433,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
             found += said_failed(records)
         found += late_waves(recorded.get("deadline_s"), records)
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
-    if parts:                 # a custom plan's waves are its own, not the contract's
+    if parts:                 # the waves' part: the contract's, a plan file's, or custom
         parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),) \
             + parts[1:]
     ok = len(judged) - len(failed)
