@@ -38,7 +38,7 @@ from start.supervisor import shell_status, size_of
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
-KILL_AFTER_S = 5
+KILL_AFTER_S = 5                      # TERM to KILL of a step (warmup_serve.sh keeps its own, in bash)
 COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
 RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z(_[0-9]{1,3})?\.jsonl")
 
@@ -60,11 +60,11 @@ class Steps:
 
     @classmethod
     def stop(cls) -> None:
-        """TERM the running step, if any, and give it 5 s to end."""
+        """TERM the running step, if any, and give it KILL_AFTER_S to end."""
         if cls.child is not None and cls.child.poll() is None:
             cls.child.terminate()
             try:
-                cls.child.wait(5)
+                cls.child.wait(KILL_AFTER_S)
             except subprocess.TimeoutExpired:
                 pass
         if cls.child is not None:         # and what it left in its session: KILLed
