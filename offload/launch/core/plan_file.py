@@ -18,6 +18,7 @@ import re
 from base64 import b64decode, b64encode
 from collections import namedtuple
 
+from core.files import open_regular
 from core.kinds import PATH_NAMES, kinds_of
 from core.transport import UsageError, clean_text
 
@@ -40,7 +41,7 @@ FIELDS = {"name", "waves", "tokens", "priority", "b1_tokens", "paths"}
 def read_plan_file(path: str) -> PlanFile:
     """The file at `path`, held to plan_fields(); UsageError naming the file and the field."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:         # a FIFO or a device could block
             data = handle.read(MAX_PLAN_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"--plan {clean_text(path, 200)}: cannot be read "

@@ -106,6 +106,16 @@ class TestPlanFiles(HelperCase):
                 self.assertIn("nothing was sent", result.stderr)
         self.assertEqual(server.state.requests, [], "refused before any request")
 
+    def test_a_fifo_or_a_folder_as_the_plan_is_refused_without_blocking(self):
+        fifo = os.path.join(self.tmp, "plan.fifo")
+        os.mkfifo(fifo)
+        for path in (fifo, self.tmp):
+            with self.subTest(path=path):
+                result = self.run_argv(["--dry-run", "--plan", path])
+                self.assertEqual(result.code, 2)
+                self.assertIn(f"--plan {path}: cannot be read ({path} is not a regular file)",
+                              result.stderr)
+
     def test_a_record_whose_plan_text_was_changed_is_not_believed(self):
         path, digest = write_plan(self.tmp, DEEP)
         plan = contract.plan_of_file(read_plan_file(path))
