@@ -103,8 +103,10 @@ def size_long_prompt(count, nonce: str, budget: int, minimum: int = MIN_LONG_PRO
             best = (prompt, counted)
             if counted >= low:
                 return best
-        # Tokens grow about linearly in words: aim just under the budget.
-        n_words = min(high_words, max(low_words, int(n_words * (budget - 8) / counted)))
+        # Tokens grow about linearly in words: aim just under the budget (mid-window when
+        # the floor leaves less than 8 tokens below it).
+        aim = max(budget - 8, (low + budget) // 2)
+        n_words = min(high_words, max(low_words, int(n_words * aim / counted)))
     if best is not None and best[1] >= minimum:
         return best
     raise Fatal(f"could not size the B1 prompt between {minimum} and {budget} "

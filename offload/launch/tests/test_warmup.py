@@ -73,6 +73,12 @@ class TestPlan(unittest.TestCase):
         self.assertTrue(0.97 * 5000 <= counted <= 5000, counted)
         self.assertLessEqual(len(calls), 6)
 
+    def test_sizing_finds_a_narrow_window_past_the_chunk(self):
+        # Context 4133, chunk 4096: B1 must land in 4097..4101 tokens.
+        prompt, counted = prompts.size_long_prompt(lambda p: len(tokenize(p)), "nonce", 4101,
+                                                   4097)
+        self.assertTrue(4097 <= counted <= 4101, counted)
+
     def test_sizing_without_a_count_estimates(self):
         prompt, counted = prompts.size_long_prompt(lambda p: None, "nonce", 5000)
         self.assertIsNone(counted)
