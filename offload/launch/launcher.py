@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's packages
 MODULES = ("start.processes", "start.server_command", "start.settings", "start.supervisor",
            "start.server", "start.steps", "tools.procfs", "tools.readback", "tools.ready",
-           "core.readyfile", "core.textfile", "core.vllm_client")
+           "core.readyfile", "core.textfile", "core.vllm_client", "core.plan_file")
 
 
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return command(argv[1:])
     except SystemExit as exc:         # argparse: --help or a usage error
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except ImportError as exc:        # one loaded for a record's need (a plan file's reader)
+        print(MISSING.format(exc.name or exc), file=sys.stderr)
+        return EXIT_USAGE
 
 
 def script_exit(code: int) -> None:

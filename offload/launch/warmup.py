@@ -121,9 +121,9 @@ class WarmUp(ServerProgram):
         if self.plan.chunk_source == "assumed":
             self.tally.warnings.append(
                 f"the server's prefill chunk was not given (--chunk-tokens, "
-                f"WARMUP_CHUNK_TOKENS): B1 is longer than {self.plan.chunk_tokens}, the "
-                f"contract's chunk; a server started with a larger --max-num-batched-tokens "
-                f"prefills it in one step, which /metrics cannot show")
+                f"WARMUP_CHUNK_TOKENS): {self.plan.chunk_tokens} (K1's) was assumed; a server "
+                f"started with a larger --max-num-batched-tokens may prefill B1 in one step, "
+                f"which /metrics cannot show")
         self.evidence.read_before(run)
         batches = self.plan.batches()
         for position, (kind_, depth) in enumerate(batches):
@@ -571,11 +571,10 @@ SETTINGS = (
             "a JSON status file another process rewrites on a timer; its numeric deltas "
             "over the warm-up are recorded (invalid when pid or session changed, unverified "
             "when it has neither)", shown="none", metavar="PATH", many=True),
-    Setting("--plan", "WARMUP_PLAN", str, None,
-            "a plan file an operator reviewed (JSON: name, waves, tokens, priority, "
-            "b1_tokens, paths; CONTRACT section 4): run and judged as the contract's plan, "
-            "its name and SHA-256 recorded and on the verdict line; a setting above that "
-            "changes it makes a custom plan", shown="the contract's plan", metavar="FILE"),
+    Setting("--plan", "WARMUP_PLAN", str, None, "a plan file an operator reviewed (JSON, "
+            "CONTRACT section 4), judged as the contract's plan, its name and SHA-256 recorded "
+            "and said; a setting above that changes it is custom", metavar="FILE",
+            shown="the contract's plan"),
 )
 PLANNED = SETTINGS[:4]
 # Every WARMUP_* variable the warm-up reads (WARMUP_HARD_BOUND_AT is the wrapper's own).

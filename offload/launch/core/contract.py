@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
-from core.prompts import MIN_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, b1_bounds
+from core.prompts import MIN_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
 from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
@@ -224,12 +224,12 @@ def chunk_said(plan: Plan, where: str = "", flag: str = "--chunk-tokens") -> str
 
 def one_step_said(plan: Plan) -> str:
     """A plan whose B1 the server prefills in one step (Plan.one_step), in words."""
-    if plan.context is not None and plan.chunk_tokens >= plan.context:
-        return (f"B1 in one prefill step: this server's chunk ({plan.chunk_tokens}) is not "
-                f"smaller than its context ({plan.context})")
-    return (f"B1 in one prefill step: this server's context ({plan.context}) holds no prompt "
-            f"longer than its chunk ({plan.chunk_tokens}) beside {plan.tokens} completion "
-            f"tokens")
+    chunk = f"{plan.chunk_tokens}{', assumed' if plan.chunk_source == 'assumed' else ''}"
+    return "B1 in one prefill step: " + (
+        f"this server's chunk ({chunk}) is not smaller than its context ({plan.context})"
+        if plan.chunk_tokens >= plan.context else f"this server's context ({plan.context}) "
+        f"holds no prompt {ONE_STEP_MARGIN} tokens longer than its chunk ({chunk}) beside "
+        f"{plan.tokens} completion tokens")
 
 
 def planned_requests(plan: Plan, engines: list) -> list[tuple]:
@@ -410,10 +410,8 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     if run.get("mode") == "warmup":
         plan, why = read_plan(recorded)
         structural += why
-        if plan is not None and plan.context not in (None, run.get("max_model_len")):
-            structural.append(f"the run record's plan was sized in a context of "
-                              f"{plan.context} tokens, not the server's "
-                              f"{show(run.get('max_model_len'))}")
+        if plan is not None and plan.context is not None:
+            structural += context_problems(plan, run.get("max_model_len"), judged)
     failed, disagree = rejudge(run, plan, judged)
     structural += disagree
     engines = run.get("engines") or []    # a negative index is named by run_problems()
@@ -451,6 +449,17 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         code = ending.exit_code if ending.verdict == "fail" else EXIT_FAIL
         return Verdict("fail", code, tuple(problems), **base)
     return Verdict("custom" if differs else "pass", EXIT_PASS, (), **base)
+
+
+def context_problems(plan: Plan, server_context, judged: list[dict]) -> list[str]:
+    """The context B1 was sized in against the server's, and against B1's own size."""
+    if plan.context != server_context:
+        return [f"the run record's plan was sized in a context of {plan.context} tokens, "
+                f"not the server's {show(server_context)}"]
+    over = [label(r) for r in judged if r["request_kind"] == "long" and
+            (count_value(r["prompt_tokens"]) or 0) + plan.tokens > plan.context]
+    return [f"{', '.join(over[:3])}: more prompt tokens than the context of {plan.context} "
+            f"holds"] if over else []
 
 
 def run_problems(run: dict, judged: list[dict]) -> list[str]:

@@ -30,7 +30,7 @@ class PlanFile(namedtuple("PlanFile", "name sha256 text")):
         return {"name": self.name, "sha256": self.sha256,
                 "base64": b64encode(self.text.encode()).decode()}
 
-MAX_PLAN_BYTES = 16 << 10
+MAX_PLAN_BYTES = 2048               # its base64 fits the records sink's 4,000 characters
 MAX_WAVES, MAX_DEPTH = 16, 64
 MAX_REQUESTS = 128                    # per engine, --paths kinds too
 MAX_COMPLETION_TOKENS = 32768         # per engine: what fits the 90 s deadline, with margin
@@ -78,7 +78,7 @@ def plan_fields(text: str) -> dict:
     depths, the first the long-prompt wave); ValueError naming the first field that is
     wrong, missing or unknown."""
     try:
-        doc = json.loads(text, parse_constant=reject)
+        doc = json.loads(text, parse_constant=reject, object_pairs_hook=unique)
     except RecursionError:
         raise ValueError("nested too deeply") from None
     if not isinstance(doc, dict):
@@ -130,6 +130,16 @@ def whole(doc: dict, key: str, low: int, high: int, where: str = "") -> int:
     if type(value) is not int or not low <= value <= high:
         raise ValueError(f"{where}{key}: a whole number from {low} to {high}")
     return value
+
+
+def unique(pairs: list) -> dict:
+    """A JSON object whose keys are each said once (a reviewer reads the first)."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        said = [key for key, _ in pairs]
+        raise ValueError(f"field '{clean_text(next(k for k in said if said.count(k) > 1), 40)}' "
+                         f"twice")
+    return doc
 
 
 def reject(constant: str):

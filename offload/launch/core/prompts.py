@@ -17,6 +17,7 @@ from core.transport import clean_text
 MIN_LONG_PROMPT_TOKENS = 4097        # a long prompt prefills more than 4096 tokens
 MAX_LONG_PROMPT_TOKENS = 1 << 20     # the largest asked for; the context caps it further
 ONE_STEP_FLOOR = 1024                # the fewest prompt tokens a context must hold for B1
+ONE_STEP_MARGIN = 16                 # fewer tokens past the chunk cannot be sized: one step
 
 FILLER_WORDS = (
     "the of and to in is was for on are with as by at from or an be this which have "
@@ -54,14 +55,15 @@ def make_short_prompt(seed: str, depth: int, index: int) -> str:
 
 def b1_bounds(target: int, tokens: int, chunk: int, context: int | None
               ) -> tuple[int, int, bool]:
-    """B1's (budget, fewest tokens, in one prefill step): longer than the server's prefill
-    chunk, at most `target`, inside the context beside `tokens` completion tokens; where
-    the context holds no prompt longer than the chunk, the longest it holds (at least 7/8
-    of that room), which the server prefills in one step."""
+    """B1's (budget, fewest tokens, in one prefill step): at most `target` and the context
+    less `tokens`, longer than the chunk and 7/8 of the budget (or 4096); a context with
+    no room ONE_STEP_MARGIN past the chunk: at least 7/8 of one step."""
     room = target if context is None else context - tokens
-    if room > chunk:
-        return min(target, room), chunk + 1, False
-    return room, max(room - room // 8, 1), True
+    if room >= chunk + ONE_STEP_MARGIN:
+        budget = min(target, room)
+        return budget, max(chunk + 1, min(budget - budget // 8, MIN_LONG_PROMPT_TOKENS)), False
+    budget = min(room, chunk)
+    return budget, max(budget - budget // 8, 1), True
 
 
 def long_prompt_budget(target: int, tokens: int, chunk: int, context: int | None

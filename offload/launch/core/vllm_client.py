@@ -474,8 +474,7 @@ class ServerProgram(Program):
         tally = self.tally
         return {"requests_ok": self.verdict.requests_ok,
                 "requests_total": self.planned(), "requests_ran": len(tally.requests),
-                "notes": list(self.verdict.notes) + tally.notes,
-                "warnings": tally.warnings,
+                "notes": list(self.verdict.notes) + tally.notes, "warnings": tally.warnings,
                 "settled_s": self.guard.settled_s}
 
     def close(self) -> None:

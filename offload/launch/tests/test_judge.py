@@ -49,14 +49,16 @@ class TestTheJudge(unittest.TestCase):
         self.assertIn("B1 prompt_tokens 4096, expected more than 4096", said[0])
         self.assertIn("B1 cached_tokens 128, expected 0", said[1])
 
-    def test_the_floor_is_one_past_the_chunk_or_the_context_in_one_step(self):
+    def test_the_floor_is_past_the_chunk_and_4096_unless_the_context_is_smaller(self):
         self.assertEqual([contract.Plan(chunk_tokens=c).b1_minimum for c in (1, 2048, 4096, 8192)],
-                         [2, 2049, 4097, 8193])
-        one_step = contract.Plan(chunk_tokens=8192, context=8192)
+                         [4097, 4097, 4097, 8193])
+        self.assertEqual(contract.Plan(chunk_tokens=2048, context=4096).b1_minimum, 3556)
+        one_step = contract.Plan(chunk_tokens=8192, context=8192, chunk_source="--chunk-tokens")
         self.assertEqual((one_step.b1_minimum, one_step.one_step), (7140, True))
         self.assertEqual(contract.one_step_said(one_step), "B1 in one prefill step: this "
                          "server's chunk (8192) is not smaller than its context (8192)")
         self.assertFalse(contract.Plan(chunk_tokens=4096, context=327680).one_step)
+        self.assertIn("chunk (4096, assumed)", contract.one_step_said(contract.Plan(context=4096)))
 
     def test_hostile_values_are_problems_not_crashes(self):
         for value in ("32", 32.0, True, None, [32], -1):
@@ -349,16 +351,16 @@ class TestB1(HelperCase):
         self.assertIn("(chunk 2048 from WARMUP_CHUNK_TOKENS)", result.stdout.splitlines()[0])
         self.assertNotIn("one prefill step", result.stdout)
         dry = self.run_argv(["--dry-run", "--json", "--chunk-tokens", "2048"])
-        self.assertEqual(json.loads(dry.stdout)["b1_min_prompt_tokens"], 2049)
+        self.assertEqual(json.loads(dry.stdout)["b1_min_prompt_tokens"], 4097)
 
     def test_b1_under_the_chunk_fails_when_the_context_holds_more(self):
         # A forged run record cannot move a server into one step: the context it was
         # sized in is the server's own (run record), and B1 must pass the chunk there.
         plan = contract.Plan(chunk_tokens=2048, context=3032)
-        self.assertEqual((plan.b1_minimum, plan.one_step), (2049, False))
-        said = kinds.judge(dict(ANSWER, prompt_tokens=2048), kinds.KINDS["long"], 32,
+        self.assertEqual((plan.b1_minimum, plan.one_step), (2625, False))
+        said = kinds.judge(dict(ANSWER, prompt_tokens=2100), kinds.KINDS["long"], 32,
                            floor=plan.b1_minimum)
-        self.assertIn("B1 prompt_tokens 2048, expected more than 2048", said)
+        self.assertIn("B1 prompt_tokens 2100, expected more than 2624", said)
 
     def test_an_unknown_chunk_is_said_and_a_given_one_sizes_b1(self):
         # vLLM 0.32's /metrics cannot show a chunked prefill (its step histogram counts the

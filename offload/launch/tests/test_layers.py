@@ -199,7 +199,8 @@ class TestLayers(unittest.TestCase):
     def test_a_missing_plug_in_is_a_usage_error_when_its_flag_is_given(self):
         plug_ins = {"core/readyfile.py": "--ready-file=r.json", "core/textfile.py":
                     "--textfile=t.prom", "core/status_files.py": "--status-file=s.json",
-                    "core/counted.py": "--metrics-counter=http://127.0.0.1:9/m=c"}
+                    "core/counted.py": "--metrics-counter=http://127.0.0.1:9/m=c",
+                    "core/plan_file.py": "--plan=p.json"}
         with tempfile.TemporaryDirectory() as tmp:
             folder = copy_product(os.path.join(tmp, "launch"), leave_out=tuple(plug_ins))
             for path, flag in plug_ins.items():

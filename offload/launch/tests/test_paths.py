@@ -167,8 +167,8 @@ class TestChunk(HelperCase):
         server = self.start_fake(max_model_len=6020, max_num_batched_tokens=6000)
         result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "6000"})
         self.assertEqual(result.code, 0, result.stdout)
-        said = ("B1 in one prefill step: this server's context (6020) holds no prompt longer "
-                "than its chunk (6000) beside 32 completion tokens")
+        said = ("B1 in one prefill step: this server's context (6020) holds no prompt 16 "
+                "tokens longer than its chunk (6000) beside 32 completion tokens")
         self.assertIn(said, result.stdout.splitlines()[0])
         self.assertIn(said, result.summary["notes"])
         self.assertIn("PASS (exit 0): contract 10/10", result.stdout)

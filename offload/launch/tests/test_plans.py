@@ -11,7 +11,8 @@ import os
 import subprocess
 import unittest
 
-from support import LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, read_records
+from support import (LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, copy_product,
+                     read_records)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 from core.plan_file import plan_fields, read_plan_file  # noqa: E402
 from core.transport import UsageError  # noqa: E402
@@ -125,6 +126,68 @@ class TestPlanFiles(HelperCase):
         recorded["file"]["base64"] = base64.b64encode(forged).decode()
         self.assertEqual(contract.read_plan(recorded),
                          (None, ["the run record's plan file does not hash to its sha256"]))
+
+    def test_a_short_b1_fails_whatever_the_chunk(self):
+        # A small chunk must not lower the floor of a ~5,000-token B1: the server's
+        # prompt_tokens (1000 here, for a prompt /tokenize counted near 5,000) fails it.
+        server = self.start_fake(fault="short_prompt_tokens", fault_match="B1")
+        result = self.run_helper(server, env={"WARMUP_CHUNK_TOKENS": "512"})
+        self.assertEqual(result.code, 1)
+        self.assertIn("B1 prompt_tokens 1000, expected more than 4096",
+                      " ".join(result.summary["problems"]))
+
+    def test_a_context_just_past_the_chunk_passes(self):
+        for context, one_step in ((4129, True), (4144, False)):
+            with self.subTest(context=context):
+                server = self.start_fake(max_model_len=context)
+                records = os.path.join(self.tmp, f"r{context}.jsonl")
+                result = self.run_argv(["--base-url", server.url, "--records", records,
+                                        "--chunk-tokens", "4096"])
+                self.assertEqual(result.code, 0, result.stdout)
+                self.assertEqual("one prefill step" in result.stdout, one_step)
+                b1 = [r for r in read_records(records)[0] if r["record"] == "request"][0]
+                self.assertLessEqual(b1["prompt_tokens"] + 32, context)
+
+    def test_a_plan_file_at_its_bound_is_recorded_whole(self):
+        padded = json.dumps(DEEP, indent=2)
+        path, digest = write_plan(self.tmp, padded + " " * (2048 - len(padded)))
+        result = self.run_helper(self.start_fake(), "--plan", path)
+        self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(qualify("report", self.records_path, "--plan-sha256", digest)
+                         .returncode, 0)
+        over, _ = write_plan(self.tmp, padded + " " * (2049 - len(padded)), "over.json")
+        refused = self.run_argv(["--dry-run", "--plan", over])
+        self.assertEqual(refused.code, 2)
+        self.assertIn("larger than 2048 bytes", refused.stderr)
+
+    def test_a_key_said_twice_is_refused(self):
+        text = json.dumps(DEEP)[:-1] + ', "tokens": 4096}'
+        path, _ = write_plan(self.tmp, text)
+        result = self.run_argv(["--dry-run", "--plan", path])
+        self.assertEqual(result.code, 2)
+        self.assertIn("field 'tokens' twice", result.stderr)
+
+    def test_a_record_whose_context_cannot_hold_its_b1_is_not_believed(self):
+        path, digest = write_plan(self.tmp, DEEP)
+        self.assertEqual(self.run_helper(self.start_fake(), "--plan", path).code, 0)
+        records, _ = read_records(self.records_path)
+        records[0]["max_model_len"] = records[0]["plan"]["b1_context_tokens"] = 2048
+        forged = os.path.join(self.tmp, "forged.jsonl")
+        with open(forged, "w") as handle:
+            handle.writelines(json.dumps(r) + "\n" for r in records)
+        report = qualify("report", forged, "--plan-sha256", digest)
+        self.assertEqual(report.returncode, 1, report.stdout)
+        self.assertIn("more prompt tokens than the context of 2048", report.stdout)
+
+    def test_report_without_the_plan_file_reader_says_so_in_one_line(self):
+        path, _ = write_plan(self.tmp, DEEP)
+        self.assertEqual(self.run_helper(self.start_fake(), "--plan", path).code, 0)
+        folder = copy_product(os.path.join(self.tmp, "launch"), leave_out=("core/plan_file.py",))
+        report = subprocess.run([*PYTHON, os.path.join(folder, "qualify.py"), "report",
+                                 self.records_path], capture_output=True, text=True, timeout=60)
+        self.assertEqual(report.returncode, 2, report.stderr)
+        self.assertIn("cannot load core.plan_file", report.stderr)
+        self.assertNotIn("Traceback", report.stderr)
 
     def test_plan_fields_hold_every_bound(self):
         self.assertEqual(plan_fields(json.dumps(DEEP))["waves"], (1, 2, 4, 8))

@@ -87,7 +87,7 @@ class TestPlan(unittest.TestCase):
     def test_budget_leaves_room_for_the_completion(self):
         self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, None), (5000, 4097))
         self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, 5010), (4978, 4097))
-        self.assertEqual(prompts.long_prompt_budget(5000, 32, 2048, 4096), (4064, 2049))
+        self.assertEqual(prompts.long_prompt_budget(5000, 32, 2048, 4096), (4064, 3556))
         with self.assertRaises(runframe.Fatal) as cm:
             prompts.long_prompt_budget(5000, 32, 4096, 1055)
         self.assertIn("context too small", cm.exception.problem)
@@ -95,7 +95,10 @@ class TestPlan(unittest.TestCase):
     def test_a_context_no_longer_than_the_chunk_holds_b1_in_one_step(self):
         self.assertEqual(prompts.b1_bounds(9216, 32, 8192, 8192), (8160, 7140, True))
         self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4128), (4096, 3584, True))
-        self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4129), (4097, 4097, False))
+        self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4129), (4096, 3584, True))
+        self.assertEqual(prompts.b1_bounds(5000, 32, 4096, 4144), (4112, 4097, False))
+        self.assertEqual(prompts.b1_bounds(5000, 32, 512, None), (5000, 4097, False),
+                         "a small chunk never lowers a 5,000-token B1's floor under 4097")
         self.assertEqual(prompts.long_prompt_budget(5000, 32, 4096, 1056), (1024, 896))
 
 
