@@ -9,7 +9,7 @@ and writes JSON Lines records that an operator reads before releasing producers.
 The run, in order (each step is a function or method right below):
 
   main()                vllm_client.server_main(): options -> build_warmup() -> a WarmUp
-                        (--dry-run prints the plan); the plan is a contract.Plan
+                        (--dry-run prints it: dry_run); a contract.Plan, or a --plan file's
   runframe.run_session  records open, signals handled, exactly one summary, exit code
     WarmUp.steps()      the warm-up's steps:
       learn_server()      model, context length, engines (vllm_client)
@@ -24,7 +24,7 @@ The run, in order (each step is a function or method right below):
 It is a program over core/ beside it, and loads nothing else: transport (bytes on a
 socket), runframe (a run with one summary), contract (what a warm-up is and how it is
 judged), vllm_client (what a vLLM server says) and evidence (what moved); the ready file's
-code (readyfile) and the textfile's (textfile) load only with --ready-file and --textfile.
+code, the textfile's, a plan file's and the dry run's load only with their flags.
 Standard library only, Python 3.10+. The contract is CONTRACT.md beside this file.
 """
 
