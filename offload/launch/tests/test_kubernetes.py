@@ -198,13 +198,18 @@ class Pod:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(10)
 
-    def restart(self, why: str) -> None:
-        self.kill_container()
+    def restart(self, why: str, ended=None) -> None:
+        """Kill and start the container again, saying why; `ended`: the container the
+        watcher saw exit, which a probe's restart may have replaced meanwhile (its KILL
+        is not an exit of its own)."""
         with self.lock:
+            if ended is not None and ended is not self.proc:
+                return
+            self.kill_container()
             self.restarts += 1
             self.exits.append(why)
             self.ready = False
-        self.start_container()
+            self.start_container()
 
     def run(self) -> "Pod":
         """Start the container and the probe loops (threads), as the kubelet does."""
@@ -219,7 +224,7 @@ class Pod:
         while not self.stopping.wait(0.2):
             proc = self.proc
             if proc is not None and proc.poll() is not None:
-                self.restart(f"exit {proc.returncode}")
+                self.restart(f"exit {proc.returncode}", proc)
 
     def loop(self, name: str) -> None:
         spec, failures = self.spec[name], 0
