@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
             print(HELP)
             return 0
         settings.check()
+        check_plan_file(settings.env.get("WARMUP_PLAN"), Usage)
     except Usage as exc:
         if settings is not None:          # no older success stays standing
             publish_start_outcome(settings, "warmup", 2, "usage")
@@ -53,6 +54,19 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     finally:
         if log.writer is not None:
             log.writer.flush(2.0)         # nobody reading: the exit below leaves without it
+
+
+def check_plan_file(path: str | None, usage) -> None:
+    """A plan file WARMUP_PLAN names, read as the warm-up will: a wrong one is a usage
+    error before anything is launched."""
+    from core.plan_file import read_plan_file
+    from core.transport import UsageError
+    if not path:
+        return
+    try:
+        read_plan_file(path, "WARMUP_PLAN")
+    except UsageError as exc:
+        raise usage(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -38,13 +38,14 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 FIELDS = {"name", "waves", "tokens", "priority", "b1_tokens", "paths"}
 
 
-def read_plan_file(path: str) -> PlanFile:
-    """The file at `path`, held to plan_fields(); UsageError naming the file and the field."""
+def read_plan_file(path: str, option: str = "--plan") -> PlanFile:
+    """The file at `path`, held to plan_fields(); UsageError naming the option, the file and
+    the field."""
     try:
         with open_regular(path) as handle:         # a FIFO or a device could block
             data = handle.read(MAX_PLAN_BYTES + 1)
     except OSError as exc:
-        raise UsageError(f"--plan {clean_text(path, 200)}: cannot be read "
+        raise UsageError(f"{option} {clean_text(path, 200)}: cannot be read "
                          f"({exc.strerror or exc})") from None
     try:
         if len(data) > MAX_PLAN_BYTES:
@@ -52,7 +53,7 @@ def read_plan_file(path: str) -> PlanFile:
         text = data.decode("utf-8")
         name = plan_fields(text)["name"]
     except (ValueError, UnicodeDecodeError) as exc:
-        raise UsageError(f"--plan {clean_text(path, 200)}: {clean_text(str(exc), 300)}; "
+        raise UsageError(f"{option} {clean_text(path, 200)}: {clean_text(str(exc), 300)}; "
                          f"nothing was sent") from None
     return PlanFile(name, hashlib.sha256(data).hexdigest(), text)
 

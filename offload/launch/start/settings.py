@@ -36,10 +36,12 @@ options (environment variable in brackets):
   --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
   --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
   --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
-                      the contract's plan; removed when a start launches. It names the
-                      server it vouches for (its process start, model): `qualify.py
-                      ready --ready-file PATH` says whether it is still true (a
-                      readiness probe); its folder must exist [START_READY_FILE]
+                      the contract's plan, or the plan file WARMUP_PLAN names (pin its
+                      digest: qualify.py ready --plan-sha256); removed when a start
+                      launches. It names the server it vouches for (its process start,
+                      model): `qualify.py ready --ready-file PATH` says whether it is
+                      still true (a readiness probe); its folder must exist
+                      [START_READY_FILE]
   --textfile PATH     the warm-up and the gate also publish their result there for
                       monitoring (node_exporter's textfile collector, *.prom), as
                       WARMUP_TEXTFILE; every start rewrites it, a server that never

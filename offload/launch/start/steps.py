@@ -284,7 +284,8 @@ def server_chunk_said(log: Log, asked: str | None, server_chunk: str | None,
     if not server_chunk or server_chunk == asked:
         return
     replaced = f"; WARMUP_CHUNK_TOKENS '{asked}' is not used" if asked else ""
-    log(f"prefill chunk {server_chunk} tokens (from {where}): B1 is sized past it{replaced}")
+    log(f"prefill chunk {server_chunk} tokens (from {where}): B1 is sized past it where the "
+        f"context allows{replaced}")
 
 
 def start_usage_error(problem: str) -> int:

@@ -1057,7 +1057,8 @@ class TestStartFindsTheChunk(StartCase):
         result = self.start(server=self.fake("--max-model-len", "32768"),
                             env={"WARMUP_CHUNK_TOKENS": "2048"})
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("prefill chunk 4096 tokens (from server.log): B1 is sized past it; "
+        self.assertIn("prefill chunk 4096 tokens (from server.log): B1 is sized past it where "
+                      "the context allows; "
                       "WARMUP_CHUNK_TOKENS '2048' is not used", result.stdout)
         warmed = [name for name in os.listdir(self.logs) if name.startswith("warmup-")]
         found, _ = read_records(os.path.join(self.logs, warmed[0]))
@@ -1083,7 +1084,8 @@ class TestStartPassesTheChunk(StartCase):
                             env={"WARMUP_CHUNK_TOKENS": "4096"})
         self.assertEqual(result.code, 0, result.stderr)
         self.assertIn("prefill chunk 6144 tokens (from the server command's "
-                      "--max-num-batched-tokens): B1 is sized past it; WARMUP_CHUNK_TOKENS "
+                      "--max-num-batched-tokens): B1 is sized past it where the context "
+                      "allows; WARMUP_CHUNK_TOKENS "
                       "'4096' is not used", self.start_log())
         records, _ = read_records(self.records())
         b1 = [r for r in records if r["record"] == "request"][0]

@@ -215,6 +215,16 @@ class TestPlanFileUnderStart(StartCase):
         self.assertEqual(other.returncode, 1)
         self.assertIn(f"vouches for a warm-up of plan deep-8 sha256:{digest}", other.stderr)
 
+    def test_a_wrong_plan_file_stops_start_sh_before_it_launches_anything(self):
+        path, _ = write_plan(self.tmp, dict(DEEP, tokens=1))
+        result = self.start("--ready-file", self.ready, server=self.fake(),
+                            env={"WARMUP_PLAN": path})
+        self.assertEqual(result.code, 2, result.stdout + result.stderr)
+        self.assertIn(f"WARMUP_PLAN {path}: tokens: a whole number from 2 to 4096",
+                      result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")),
+                         "nothing was launched")
+
     def test_a_leftover_waves_variable_over_a_plan_file_leaves_no_ready_file(self):
         path, _ = write_plan(self.tmp, DEEP)
         result = self.start("--ready-file", self.ready, server=self.fake(),
