@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
             print(HELP)
             return 0
         settings.check()
-        check_plan_file(settings.env.get("WARMUP_PLAN"), Usage)
+        check_plan_file(settings.env.get("WARMUP_PLAN"))
     except Usage as exc:
         if settings is not None:          # no older success stays standing
             publish_start_outcome(settings, "warmup", 2, "usage")
@@ -56,17 +56,18 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
             log.writer.flush(2.0)         # nobody reading: the exit below leaves without it
 
 
-def check_plan_file(path: str | None, usage) -> None:
+def check_plan_file(path: str | None) -> None:
     """A plan file WARMUP_PLAN names, read as the warm-up will: a wrong one is a usage
-    error before anything is launched."""
+    error (start.settings.Usage) before anything is launched."""
     from core.plan_file import read_plan_file
     from core.transport import UsageError
+    from start.settings import Usage
     if not path:
         return
     try:
         read_plan_file(path, "WARMUP_PLAN")
     except UsageError as exc:
-        raise usage(str(exc)) from None
+        raise Usage(str(exc)) from None
 
 
 if __name__ == "__main__":

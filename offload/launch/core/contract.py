@@ -102,9 +102,8 @@ REVIEWED = Plan()                     # the reviewed plan: 10 requests, 320 toke
 
 
 def plan_of_file(file) -> Plan:
-    """The plan a plan file (plan_file.PlanFile) declares; ValueError naming a bad field."""
-    from core.plan_file import plan_fields        # loaded with a plan file only
-    fields = plan_fields(file.text)
+    """The plan a plan file (plan_file.PlanFile, its fields already held) declares."""
+    fields = file.fields
     return Plan(waves=fields["waves"], tokens=fields["tokens"], priority=fields["priority"],
                 b1_tokens=fields["b1_tokens"], paths=fields["paths"], file=file)
 

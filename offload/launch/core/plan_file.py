@@ -2,7 +2,7 @@
 WARMUP_PLAN), bounded and read whole before anything is sent.
 
 Loaded with --plan, and by contract.read_plan() for a run record that holds one:
-  read_plan_file(path)   the file -> PlanFile (its name, SHA-256 and text); UsageError
+  read_plan_file(path)   the file -> PlanFile (its name, SHA-256, text and fields); UsageError
   plan_fields(text)      its fields for contract.Plan; ValueError naming the field
   recorded_file(doc)     a run record's PlanFile, believed only when its text hashes to it
 
@@ -22,13 +22,16 @@ from core.files import open_regular
 from core.kinds import PATH_NAMES, kinds_of
 from core.transport import UsageError, clean_text
 
-class PlanFile(namedtuple("PlanFile", "name sha256 text")):
-    """A plan file as read: its name, the SHA-256 of its bytes, its text."""
+
+class PlanFile(namedtuple("PlanFile", "name sha256 text fields")):
+    """A plan file as read: its name, the SHA-256 of its bytes, its text, and its fields
+    as plan_fields() read them (parsed once)."""
 
     def recorded(self) -> dict:
         """As a run record's plan holds it: the text in base64, which no sink rewrites."""
         return {"name": self.name, "sha256": self.sha256,
                 "base64": b64encode(self.text.encode()).decode()}
+
 
 MAX_PLAN_BYTES = 2048               # its base64 fits the records sink's 4,000 characters
 MAX_WAVES, MAX_DEPTH = 16, 64
@@ -51,11 +54,11 @@ def read_plan_file(path: str, option: str = "--plan") -> PlanFile:
         if len(data) > MAX_PLAN_BYTES:
             raise ValueError(f"larger than {MAX_PLAN_BYTES} bytes")
         text = data.decode("utf-8")
-        name = plan_fields(text)["name"]
+        fields = plan_fields(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{option} {clean_text(path, 200)}: {clean_text(str(exc), 300)}; "
                          f"nothing was sent") from None
-    return PlanFile(name, hashlib.sha256(data).hexdigest(), text)
+    return PlanFile(fields["name"], hashlib.sha256(data).hexdigest(), text, fields)
 
 
 def recorded_file(recorded: dict) -> tuple[PlanFile | None, str]:
@@ -63,13 +66,13 @@ def recorded_file(recorded: dict) -> tuple[PlanFile | None, str]:
     its text must hash to its digest and be a plan of its name."""
     try:
         data = b64decode(recorded["base64"], validate=True)
-        file = PlanFile(recorded["name"], recorded["sha256"], data.decode("utf-8"))
-        named = plan_fields(file.text)["name"]
+        text = data.decode("utf-8")
+        file = PlanFile(recorded["name"], recorded["sha256"], text, plan_fields(text))
     except ValueError as exc:
         return None, f"the run record's plan file is not a plan ({clean_text(str(exc), 120)})"
     if hashlib.sha256(data).hexdigest() != file.sha256:
         return None, "the run record's plan file does not hash to its sha256"
-    if named != file.name:
+    if file.fields["name"] != file.name:
         return None, "the run record's plan file is not named as its text names it"
     return file, ""
 
@@ -92,7 +95,7 @@ def plan_fields(text: str) -> dict:
     if not isinstance(doc["name"], str) or not NAME.fullmatch(doc["name"]):
         raise ValueError("name: 1 to 64 letters, digits, '.', '_' or '-'")
     depths = wave_depths(doc["waves"])
-    tokens = whole(doc, "tokens", 2, 4096)
+    tokens = whole_field(doc, "tokens", 2, 4096)
     paths = doc.get("paths", [])
     if not isinstance(paths, list) or not all(p in PATH_NAMES for p in paths) \
             or len(set(paths)) != len(paths):
@@ -102,8 +105,8 @@ def plan_fields(text: str) -> dict:
         raise ValueError(f"waves and tokens: at most {MAX_REQUESTS} requests and "
                          f"{MAX_COMPLETION_TOKENS} completion tokens per engine")
     return {"name": doc["name"], "waves": depths, "tokens": tokens,
-            "priority": whole(doc, "priority", -(1 << 31), (1 << 31) - 1),
-            "b1_tokens": whole(doc, "b1_tokens", 1024, 1 << 20),
+            "priority": whole_field(doc, "priority", -(1 << 31), (1 << 31) - 1),
+            "b1_tokens": whole_field(doc, "b1_tokens", 1024, 1 << 20),
             "paths": tuple(p for p in PATH_NAMES if p in paths)}
 
 
@@ -115,7 +118,7 @@ def wave_depths(waves) -> tuple[int, ...]:
     for i, wave in enumerate(waves):
         if not isinstance(wave, dict) or set(wave) != {"depth", "prompt"}:
             raise ValueError(f"waves[{i}]: an object with depth and prompt")
-        depth = whole(wave, "depth", 1, MAX_DEPTH, f"waves[{i}].")
+        depth = whole_field(wave, "depth", 1, MAX_DEPTH, f"waves[{i}].")
         if wave["prompt"] != ("long" if i == 0 else "short") or (i == 0 and depth != 1):
             raise ValueError(f"waves[{i}].prompt: the first wave is the long prompt, of depth "
                              f"1 (B1); every other is short")
@@ -125,7 +128,7 @@ def wave_depths(waves) -> tuple[int, ...]:
     return tuple(depths)
 
 
-def whole(doc: dict, key: str, low: int, high: int, where: str = "") -> int:
+def whole_field(doc: dict, key: str, low: int, high: int, where: str = "") -> int:
     """doc[key], a whole number from low to high (a JSON integer, not a boolean)."""
     value = doc[key]
     if type(value) is not int or not low <= value <= high:

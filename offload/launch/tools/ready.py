@@ -313,10 +313,10 @@ def ready_main(argv: list[str]) -> int:
     doc, why = read_ready_file(args.ready_file)
     plan = doc.get("plan") if doc and isinstance(doc.get("plan"), dict) else {}
     if doc is not None and args.plan_sha256 and plan.get("sha256") != args.plan_sha256:
-        doc, why = None, ("the ready file vouches for a warm-up of " + (
-            f"plan {shown(plan.get('name'))} sha256:{clean_text(str(plan.get('sha256')), 64)}"
-            if plan
-            else "the contract's plan") + f", not of the plan sha256:{args.plan_sha256}")
+        vouched = f"plan {shown(plan.get('name'))} sha256:" \
+            f"{clean_text(str(plan.get('sha256')), 64)}" if plan else "the contract's plan"
+        doc, why = None, (f"the ready file vouches for a warm-up of {vouched}, not of the "
+                          f"plan sha256:{args.plan_sha256}")
     if doc is None:
         emit(f"not ready: {why}", sys.stderr)
         return EXIT_FAIL
