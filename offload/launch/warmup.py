@@ -35,7 +35,6 @@ import os
 import re
 import sys
 import time
-from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's modules
 try:
@@ -46,7 +45,6 @@ try:
                                plan_record, wave_name)
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
-    from core.locks import lock_host
     from core.prompts import MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, make_short_prompt
     from core.cli import Setting, given_value, plug_in, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
@@ -115,7 +113,7 @@ class WarmUp(ServerProgram):
                             rewarm_run_id=run.settings.run_id)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.chunk_tokens)
-        self.plan = replace(self.plan, context=self.server.max_model_len)
+        self.plan = self.plan.replace(context=self.server.max_model_len)
         run.write_run_record()
         run.say(start_line(self, run))
         if self.plan.chunk_source == "assumed":
@@ -171,7 +169,9 @@ class WarmUp(ServerProgram):
     def after_summary(self, run: Run, summary: dict) -> None:
         """With --ready-file: the ready file from this run's own verdict."""
         if self.ready_file:
-            rewrite_ready_file(self, run, summary)
+            plug_in("core.readyfile").rewrite_after_run(
+                self.ready_file, run, summary, len(self.tally.requests), self.vouched,
+                self.connection.target)
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         return exported_samples(self.server.engines, self.tally.requests,
@@ -254,49 +254,6 @@ def recorded_plan(warm: WarmUp) -> dict:
                 foreign_work=warm.evidence.options.foreign_work,
                 b1_prompt_tokens_counted=smallest, b1_prompt_tokens_by_engine=by_engine or None,
                 b1_sizing="tokenize" if smallest is not None else "estimate")
-
-
-def rewrite_ready_file(warm: WarmUp, run: Run, summary: dict) -> None:
-    """The ready file from this run's own verdict: written anew for a contract pass (a
-    mark that the server slept or stops made while this run ran is kept; one from before
-    goes), left as it was by a refusal that sent nothing (our own mark undone), removed
-    after any other end (the server this run tried to warm is not known warm)."""
-    from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
-                                ready_of, replace_ready_file, seen_asleep)
-    sent = len(warm.tally.requests)
-    if summary["verdict"] == "refused" and not sent:
-        now = read_ready_file(warm.ready_file)[0] or {}
-        if now.get("rewarm_run_id") == run.settings.run_id:   # a sleep it saw is marked
-            asleep = iso_time(time.time()) if seen_asleep(run.written) else None
-            mark_ready_file(warm.ready_file, now.get("run_id"), rewarm_run_id=None,
-                            slept_at=asleep)
-        run.say(f"ready file {warm.ready_file} left as it was: this run was refused before "
-                f"it sent anything")
-        return
-    same = same_address(warm.vouched.get("base_url"), warm.connection.target)
-    doc, why = ready_of(summary["verdict"], run.written, warm.settings.records_path,
-                        server_pgid=warm.vouched.get("server_pgid") if same else None)
-    if why and summary["verdict"] == "refused":
-        why = f"this run was refused after it sent {sent} requests"
-    why = why or replace_ready_file(warm.ready_file, doc, warm.vouched)
-    if why is None:
-        run.say(f"ready file {warm.ready_file} written: `qualify.py ready --ready-file "
-                f"{warm.ready_file}` says while it stays true")
-        return
-    removed, failed = drop_ready_file(warm.ready_file)
-    gone = "; the old one was removed" if removed else \
-        f"; the old one could not be removed ({failed})" if removed is False else ""
-    run.say(f"ready file {warm.ready_file} not written: {why}{gone}")
-
-
-def same_address(text, target) -> bool:
-    """The ready file's base_url names the server at `target` (localhost and 127.0.0.1 are
-    one address: locks.lock_host)."""
-    try:
-        vouched = parse_url(str(text), "the ready file's base_url")
-    except UsageError:
-        return False
-    return (lock_host(vouched.host), vouched.port) == (lock_host(target.host), target.port)
 
 
 def wave_evidence(warm: WarmUp, run: Run, name: str) -> dict | None:
@@ -672,7 +629,7 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
 
 def build_warmup(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmUp, its dry run); UsageError naming a bad value."""
-    settings = replace(settings, deadline_s=deadline_for(args.deadline_s))
+    settings = settings.replace(deadline_s=deadline_for(args.deadline_s))
     values = {s.dest: s.value(args) for s in SETTINGS}   # name -> (value, where from)
     chunk, chunk_source = values["chunk_tokens"]
     if args.b1_tokens is not None and args.b1_tokens <= chunk:
@@ -707,7 +664,7 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
     if connection.engines is not None:
         given["engines"] = "--engines on the command line" if hasattr(args, "engines") \
             else f"WARMUP_ENGINES={format_engines(connection.engines)} from the environment"
-    plan = replace(plan, given=tuple(given.items()))
+    plan = plan.replace(given=tuple(given.items()))
     counted = values["metrics_counter"][0]
     displays = [t.display for t, _, _ in counted]
     twice = [d for d in displays if displays.count(d) > 1]

@@ -20,8 +20,8 @@ Pure: plain data and functions, no I/O (kinds <- contract <- readback, programs)
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
+from core.values import Value
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
 from core.prompts import MIN_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
 from core.records import FORMAT, JUDGED, label, show
@@ -40,8 +40,7 @@ def wave_name(depth: int) -> str:
     return f"B{depth}"
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Value):
     """What a warm-up sends on each engine: waves by depth (the first, B1, of the long-prompt
     kind; the others greedy short prompts), each request's budget, and --paths kinds after
     the waves. `given`: (setting, where it came from) for each setting a flag or a WARMUP_*
@@ -56,8 +55,9 @@ class Plan:
     b1_tokens: int = 5000
     gauge_interval_ms: int = 20           # 0: no per-wave evidence (counters, observed depth)
     template_kwargs: dict | None = None   # passed to the chat template (chat kinds)
-    given: tuple = field(default=(), compare=False)
-    file: tuple | None = field(default=None, compare=False)   # plan_file.PlanFile, if any
+    given: tuple = ()
+    file: tuple | None = None             # plan_file.PlanFile, if any
+    UNCOMPARED = ("given", "file")
 
     def batches(self) -> list[tuple[Kind, int]]:
         """Every batch in order: (kind, depth) of each wave, then each --paths kind at depth
@@ -373,8 +373,7 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
 # The verdict.
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(Value):
     """A run judged: verdict (pass, custom, fail, refused, killed), exit code, problems,
     how the plan differs from the reviewed one, and the requests ok of each part."""
     verdict: str

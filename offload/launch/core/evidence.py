@@ -12,8 +12,8 @@ from the records written here.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from core.values import Value
 from core.transport import Target, series_name
 from core.contract import cross_check
 from core.vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
@@ -48,8 +48,7 @@ def highlighted(deltas: dict[str, float | None]) -> dict[str, float | None]:
     return shown
 
 
-@dataclass(frozen=True)
-class EvidenceOptions:
+class EvidenceOptions(Value):
     """Where else to look for what moved during the run (from the command line)."""
     metrics_targets: tuple = ()           # more Prometheus endpoints (Targets)
     status_files: tuple = ()

@@ -16,8 +16,8 @@ Reading an answer stays in vllm_client (extract_fields): counts and reasons, nev
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
+from core.values import Value
 from core.records import ANSWER_FIELDS
 from core.cli import comma_list
 from core.transport import count_value
@@ -32,8 +32,7 @@ SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"},
           "required": ["id", "name"]}
 
 
-@dataclass(frozen=True)
-class Holds:
+class Holds(Value):
     """What an answer of a kind is held to."""
     tokens: str = "exact"         # "exact": N; "upto": 1..N (a grammar may end it); "any"
     finishes: tuple = ("length",)  # the finish reasons allowed; () any
@@ -50,8 +49,7 @@ STRUCTURED = Holds(tokens="upto", finishes=("length", "stop"))
 COPY = Holds(tokens="any", finishes=(), stop_null=False, usage=False)
 
 
-@dataclass(frozen=True)
-class Kind:
+class Kind(Value):
     """One request kind: its name (in ids and records), the --paths name it belongs to
     (None: not a --paths kind), where it goes, and what its answer is held to."""
     name: str

@@ -7,6 +7,7 @@
   read_ready_file()               the file as a document, or why it is none
   mark_ready_file()               a read-modify-write under the folder's lock (ReadyLock)
                                   that keeps the marks (MARKS) another writer made
+  rewrite_after_run()             the warm-up's file from its own verdict (--ready-file)
 
 The warm-up's (core); qualify.py ready (tools/ready.py) reads and marks it too. Standard
 library only.
@@ -19,7 +20,8 @@ import os
 import time
 
 from core.files import read_json_file, write_atomically
-from core.transport import UsageError, clean_text, finite_number, parse_base_url
+from core.transport import (UsageError, clean_text, finite_number, parse_base_url,
+                            parse_url)
 
 READY_KIND = "offload-ready/1"
 
@@ -214,3 +216,45 @@ def replace_ready_file(path: str, doc: dict, found: dict) -> str | None:
         now = read_ready_file(path)[0] or {}
         kept = {m: now[m] for m in MARKS if now.get(m) and now.get(m) != found.get(m)}
         return write_ready(path, dict(doc, **kept))
+
+
+def rewrite_after_run(path: str, run, summary: dict, sent: int, vouched: dict,
+                      target) -> None:
+    """The warm-up's ready file from its own verdict (`run`: the run, `sent` requests, the
+    file as it found it, the server at `target`): written anew for a contract pass (a
+    mark that the server slept or stops made while this run ran is kept; one from before
+    goes), left as it was by a refusal that sent nothing (our own mark undone), removed
+    after any other end (the server this run tried to warm is not known warm)."""
+    if summary["verdict"] == "refused" and not sent:
+        now = read_ready_file(path)[0] or {}
+        if now.get("rewarm_run_id") == run.settings.run_id:   # a sleep it saw is marked
+            asleep = iso_time(time.time()) if seen_asleep(run.written) else None
+            mark_ready_file(path, now.get("run_id"), rewarm_run_id=None, slept_at=asleep)
+        run.say(f"ready file {path} left as it was: this run was refused before it sent "
+                f"anything")
+        return
+    same = same_address(vouched.get("base_url"), target)
+    doc, why = ready_of(summary["verdict"], run.written, run.settings.records_path,
+                        server_pgid=vouched.get("server_pgid") if same else None)
+    if why and summary["verdict"] == "refused":
+        why = f"this run was refused after it sent {sent} requests"
+    why = why or replace_ready_file(path, doc, vouched)
+    if why is None:
+        run.say(f"ready file {path} written: `qualify.py ready --ready-file {path}` says "
+                f"while it stays true")
+        return
+    removed, failed = drop_ready_file(path)
+    gone = "; the old one was removed" if removed else \
+        f"; the old one could not be removed ({failed})" if removed is False else ""
+    run.say(f"ready file {path} not written: {why}{gone}")
+
+
+def same_address(text, target) -> bool:
+    """The ready file's base_url names the server at `target` (localhost and 127.0.0.1 are
+    one address: locks.lock_host, loaded by the warm-up, not by `qualify.py ready`)."""
+    from core.locks import lock_host
+    try:
+        vouched = parse_url(str(text), "the ready file's base_url")
+    except UsageError:
+        return False
+    return (lock_host(vouched.host), vouched.port) == (lock_host(target.host), target.port)

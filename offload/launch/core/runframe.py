@@ -26,8 +26,8 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 
+from core.values import Value
 from core.records import FORMAT, field_problems, parts_text
 from core.files import open_own, writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
@@ -59,8 +59,7 @@ class Terminated(BaseException):
         self.signum = signum
 
 
-@dataclass(frozen=True)
-class RunSettings:
+class RunSettings(Value):
     """What every run has, fixed from the command line: who it is, where it writes, its
     bounds."""
     prog: str
@@ -74,8 +73,7 @@ class RunSettings:
     append: bool = False                  # records after an earlier run's in the same file
 
 
-@dataclass(frozen=True)
-class Ending:
+class Ending(Value):
     """How a run's steps ended, as only the run knows it: ran to their end ('pass'), or
     stopped ('fail', 'refused', 'killed') with an exit code; and the problems no record
     shows (a deadline passed, a connection lost, a guard's refusal, a signal)."""
@@ -126,9 +124,9 @@ def late_problem(run: Run) -> list[str]:
     return [f"finished after the deadline ({elapsed:.2f} s > {run.settings.deadline_s:g} s)"]
 
 
-@dataclass
-class Run:
+class Run(Value):
     """One run: its settings, its program, its clock and its two sinks."""
+    FROZEN = False
     settings: RunSettings
     program: Program
     clock: Clock
@@ -138,7 +136,8 @@ class Run:
     current: str | None = None            # the batch in flight, named if the run is killed
     run_record: dict | None = None        # the run record, once written
     final_record: dict | None = None      # what --json prints
-    written: list = field(default_factory=list)   # every record this run wrote, in order
+    written: list                         # every record this run wrote, in order
+    FRESH = {"written": list}
 
     def write(self, record: dict) -> dict:
         """Append one record, sanitized here (the records sink) whatever its origin;

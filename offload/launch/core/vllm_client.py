@@ -32,8 +32,8 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass, field, replace
 
+from core.values import Value
 from core.contract import ENGINE_HEADER, decide
 from core.locks import release_server_lock, take_server_lock
 from core.prompts import (MIN_LONG_PROMPT_TOKENS, long_prompt_budget, new_nonce,
@@ -62,8 +62,7 @@ MAX_ENGINE = 1023
 NO_ROUTING = (None,)                 # the engines of a single-engine server: no header
 
 
-@dataclass(frozen=True)
-class Connection:
+class Connection(Value):
     """How to reach the server, fixed from the command line."""
     target: Target
     api_key: str | None
@@ -73,9 +72,9 @@ class Connection:
     settle_s: float = 2.0
 
 
-@dataclass
-class Server:
+class Server(Value):
     """What the program learned from the server before its first batch."""
+    FROZEN = False
     model: str | None = None
     max_model_len: int | None = None
     version: str | None = None
@@ -85,13 +84,14 @@ class Server:
     spec_positions: int | None = None     # the draft positions it counts: its k
 
 
-@dataclass
-class Tally:
+class Tally(Value):
     """What the program collected so far; only the main thread touches it."""
-    requests: list = field(default_factory=list)     # judged records: each has ok, problems
-    problems: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
-    warnings: list = field(default_factory=list)
+    FROZEN = False
+    requests: list                        # judged records: each has ok, problems
+    problems: list
+    notes: list
+    warnings: list
+    FRESH = {"requests": list, "problems": list, "notes": list, "warnings": list}
 
 
 def routed(engines: tuple) -> tuple[int, ...] | None:
@@ -460,7 +460,7 @@ class ServerProgram(Program):
         said = tuple(self.tally.problems)
         refusal = tuple(self.guard.refusal)
         if ending.verdict != "pass":
-            ending = replace(ending, problems=said + refusal + ending.problems)
+            ending = ending.replace(problems=said + refusal + ending.problems)
         else:
             problems = said + ending.problems + tuple(late_problem(run))
             ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems \
@@ -488,8 +488,7 @@ class ServerProgram(Program):
 # A batch with routing: slots over transport.exchange_batch.
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Slot:
+class Slot(Value):
     """One request of a batch: who it is for, and its Exchange (its bytes, and what the
     client thread saw of them, in the run's clock)."""
     index: int
@@ -505,7 +504,7 @@ FIRST_TEXT = re.compile(rb'"(?:text|content)":\s*"(?:[^"\\]|\\.)')
 def release_batch(target: Target, clock, slots: list[Slot], still_running=None) -> list[Slot]:
     """Release the slots together (transport.exchange_batch); each slot as it ended."""
     done = exchange_batch(target, clock, [slot.exchange for slot in slots], still_running)
-    return [replace(slot, exchange=ex) for slot, ex in zip(slots, done)]
+    return [slot.replace(exchange=ex) for slot, ex in zip(slots, done)]
 
 
 def bearer_for(path: str, api_key: str | None) -> str | None:

@@ -20,7 +20,7 @@ from support import LAUNCH, PACKAGES, copy_product, product_files
 # core and tools, never start; start/ (the launcher's internals) imports all three.
 LAYERS = {
     "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
-    "core.transport": 0, "start.server_command": 0, "tools.procfs": 0, "core.files": 0.05,
+    "core.transport": 0, "core.values": 0, "start.server_command": 0, "tools.procfs": 0, "core.files": 0.05,
     "core.cli": 0.1,
     "start.processes": 0.1, "start.settings": 0.1,
     "core.records": 0.2,

@@ -18,8 +18,8 @@ import argparse
 import re
 import textwrap
 import unicodedata
-from dataclasses import dataclass
 
+from core.values import Value
 from core.cli import emit, number_type, whole
 from core.runframe import Run, RunSettings, add_run_options
 from core.transport import REDACTIONS, UsageError, clean_text, decode_json
@@ -38,8 +38,7 @@ PROG = "qualify.py gate"
 # one batch, greedy; scored in memory; records keep counts and distances, never text.
 # ---------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class GateOptions:
+class GateOptions(Value):
     endpoint: str
     max_tokens: int
     max_cer: float
@@ -47,8 +46,7 @@ class GateOptions:
     max_typos: int = 0
 
 
-@dataclass(frozen=True)
-class Probe:
+class Probe(Value):
     name: str
     kind: str                         # "identifier" or "passage"
     reference: str

@@ -18,8 +18,8 @@ import argparse
 import os
 import statistics
 import textwrap
-from dataclasses import dataclass
 
+from core.values import Value
 from core.contract import B1_FLOOR, NOT_REPORTED
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt, new_nonce
@@ -36,8 +36,7 @@ PROG = "qualify.py probe"
 PROBE_ITEMS = (("single", 1), ("burst3", 3), ("burst4", 4))
 
 
-@dataclass(frozen=True)
-class ProbeOptions:
+class ProbeOptions(Value):
     rounds: int = 3
     long_tokens: int = 0              # 0: no long item
     tokens: int = 32
