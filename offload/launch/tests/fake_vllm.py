@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 import zlib
-from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 VERSION = "0.32.0"
@@ -49,7 +48,6 @@ FAULTS = ("", "one_token", "stop_string", "wrong_finish", "short_prompt_tokens",
 METRICS_MODES = ("normal", "404", "garbage", "absent", "flaky_once")
 
 
-@dataclass
 class FakeConfig:
     model: str = "fake-model"
     extra_models: tuple = ()              # more entries in /v1/models
@@ -84,7 +82,7 @@ class FakeConfig:
     fault_status: int = 500
     fault_message: str = "Internal server error"
     metrics_mode: str = "normal"
-    gauge_values: dict = field(default_factory=dict)   # {(gauge, engine): value}
+    gauge_values: dict = None             # {(gauge, engine): value}; {} for each server
     waiting_by_reason: float = 0.0        # the gauge whose name is a trap for prefix matching
     health_delay_s: float = 0.0           # /health answers 503 until this long after start
     trickle_interval_s: float = 1.0
@@ -95,6 +93,16 @@ class FakeConfig:
     copy: str = "faithful"                # how copy probes are answered: see COPY_MODES
     dev_mode: bool = False                # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping
     sleep_level: int | None = None        # asleep from the start at this level (None: awake)
+
+    def __init__(self, **settings):
+        """The defaults above, these settings over them (a plain class: dataclasses' import
+        was a tenth of the fake's start, paid at every server a test starts)."""
+        for name, value in settings.items():
+            if name not in FakeConfig.__annotations__:
+                raise TypeError(f"FakeConfig has no setting {name!r}")
+            setattr(self, name, value)
+        if self.gauge_values is None:
+            self.gauge_values = {}
 
     def k_at(self, batch: int) -> int:
         """The k the server drafts at a batch size (its schedule, else spec_k)."""

@@ -26,39 +26,54 @@ import unittest
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 CLASS_BOUND_S = 600           # one class's process: far above any class's quiet run
+SPLIT_AFTER_S = 12            # a class this long (runs_long) runs as two halves
 RAN = re.compile(r"^Ran (\d+) tests? in", re.M)
 COUNTS = re.compile(r"(failures|errors|skipped|expected failures|unexpected successes)=(\d+)")
 
 
-def test_classes(pattern: str) -> list[str]:
-    """Every test class's dotted name, the longest to run first so that none starts last:
-    those that set up once for all their tests (the hostile table) or say they run long
-    (a class attribute `runs_long`: real servers, few tests), then by test count."""
-    found: dict[str, bool] = {}
-    count: dict[str, int] = {}
+def test_classes(pattern: str) -> list[tuple[str, list[str]]]:
+    """Every test class as (its name, the names to load), the longest to run first so that
+    none starts last: those that say how long they run (a class attribute `runs_long`:
+    seconds on a quiet run), longest first, then by test count. A class that runs
+    SPLIT_AFTER_S or longer and sets up per test runs as two halves, side by side (each
+    counted as half as long)."""
+    found: dict[str, float] = {}
+    tests: dict[str, list[str]] = {}
+    once: set[str] = set()
     suites = [unittest.defaultTestLoader.discover(TESTS, pattern=pattern, top_level_dir=TESTS)]
     while suites:
         for item in suites.pop():
             if isinstance(item, unittest.TestSuite):
                 suites.append(item)
             elif type(item).__name__ == "_FailedTest":      # a module that cannot import
-                found[item.id().rpartition(".")[2]] = True   # its name: it fails there
+                found[item.id().rpartition(".")[2]] = 0.0    # its name: it fails there
             else:
                 cls = type(item)
-                once = "setUpClass" in vars(cls) or getattr(cls, "runs_long", False)
                 name = f"{cls.__module__}.{cls.__qualname__}"
-                found[name] = once
-                count[name] = count.get(name, 0) + 1
-    return sorted(found, key=lambda name: (not found[name], -count.get(name, 0), name))
+                found[name] = float(getattr(cls, "runs_long", 0))
+                tests.setdefault(name, []).append(item.id())
+                if "setUpClass" in vars(cls):
+                    once.add(name)
+    units = []                          # (seconds, test count, name, names to load)
+    for name, seconds in found.items():
+        ids = sorted(tests.get(name, ()))
+        if seconds < SPLIT_AFTER_S or name in once or len(ids) < 2:
+            units.append((seconds, len(ids), name, [name]))
+        else:
+            units += [(seconds / 2, len(half), f"{name} [{i}/2]", half)
+                      for i, half in ((1, ids[0::2]), (2, ids[1::2]))]
+    return [(name, names) for _, _, name, names in
+            sorted(units, key=lambda unit: (-unit[0], -unit[1], unit[2]))]
 
 
-def run_class(name: str) -> int:
-    """In a forked child: run one class, its output on stdout; the exit status to leave with."""
+def run_class(names: list[str]) -> int:
+    """In a forked child: run one class (or half of one), its output on stdout; the exit
+    status to leave with."""
     sys.stdout = sys.stderr = open(1, "w", encoding="utf-8", errors="replace",
                                    closefd=False, buffering=1)
     os.chdir(TESTS)                     # where `python3 -m unittest NAME` would run it
     unittest.installHandler()           # INT: the test running ends, cleanups and all
-    suite = unittest.defaultTestLoader.loadTestsFromName(name)
+    suite = unittest.defaultTestLoader.loadTestsFromNames(names)
     result = unittest.TextTestRunner(stream=sys.stdout, verbosity=2).run(suite)
     sys.stdout.flush()
     return 0 if result.wasSuccessful() else 1
@@ -68,7 +83,7 @@ class Child:
     """One class's process: forked from this one, so the test modules it imported are
     not imported again (a fresh `python3 -m unittest` paid ~0.1 s of CPU a class)."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, names: list[str]):
         self.name, self.output, self.started = name, bytearray(), time.monotonic()
         read_end, write_end = os.pipe()
         sys.stdout.flush()
@@ -81,7 +96,7 @@ class Child:
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(write_end, 1)
                 os.dup2(write_end, 2)
-                code = run_class(name)
+                code = run_class(names)
             except BaseException:            # the class could not even run: say why
                 traceback.print_exc()
                 sys.stderr.flush()
@@ -132,7 +147,7 @@ def signal_group(pgid: int, signum: int) -> None:
         pass
 
 
-def run_all(classes: list[str], jobs: int, running: dict):
+def run_all(classes: list[tuple[str, list[str]]], jobs: int, running: dict):
     """Each class's result as it ends, `jobs` children at a time (`running`: fd -> Child,
     for stop_children()); one thread, no pool (a child forked beside other threads could
     inherit a lock one of them held). A child has ended when it is reaped, not when its
@@ -140,7 +155,7 @@ def run_all(classes: list[str], jobs: int, running: dict):
     waiting = list(classes)
     while waiting or running:
         while waiting and len(running) < jobs:
-            child = Child(waiting.pop(0))
+            child = Child(*waiting.pop(0))
             running[child.fd] = child
         ready, _, _ = select.select(list(running), [], [], 0.2)
         for fd in ready:

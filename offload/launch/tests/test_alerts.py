@@ -51,7 +51,7 @@ class TestAlertsInARealPrometheus(HelperCase):
     node_exporter with no offload textfile OffloadTextfileMissing; a passing one's raises
     nothing."""
 
-    runs_long = True                      # run.py starts it first: one test, ~15 s
+    runs_long = 13                        # seconds on a quiet run: run.py starts it early
 
     def serve(self, command: list[str], port: int, path: str) -> transport.Target:
         """A process listening on 127.0.0.1:port, answering `path` (60 s at most), stopped

@@ -137,6 +137,7 @@ class TestMatrixIsDocumented(unittest.TestCase):
 
 
 class TestFaults(HelperCase):
+    runs_long = 10                        # seconds on a quiet run: run.py starts it early
     def assert_fails_with(self, result, code: int, text: str):
         self.assertEqual(result.code, code, result.stdout + result.stderr)
         self.assertIn(text, result.stdout)

@@ -937,6 +937,7 @@ def all_cases() -> list[tuple[str, Case]]:
 
 class TestHostile(unittest.TestCase):
     """Each method checks one class of hostile inputs; all cases ran once in setUpClass."""
+    runs_long = 16                        # seconds on a quiet run: run.py starts it early
 
     outcomes: dict = {}
 

@@ -275,7 +275,7 @@ class Pod:
 
 
 class KubeletCase(HelperCase):
-    runs_long = True
+    runs_long = 8                         # seconds on a quiet run: run.py starts it early
 
     def setUp(self):
         super().setUp()
@@ -341,6 +341,7 @@ class TestKubeletCrash(KubeletCase):
 
 
 class TestKubeletHang(KubeletCase):
+    runs_long = 17
     def test_a_hung_server_is_restarted_by_liveness_within_its_budget(self):
         pod = Pod(self, "--latency-s", "0.01").run()
         self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))

@@ -38,6 +38,7 @@ NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid
 
 
 class TestStart(StartCase):
+    runs_long = 19                        # seconds on a quiet run: run.py starts it early
     def test_passing_start(self):
         result = self.start("--ready-file", self.ready,
                             server=self.fake("--compile-lines", "2"))
@@ -495,6 +496,7 @@ PASSED_GATE = {"verdict": "pass", "exit_code": 0, "worst_cer": 0.0, "problems": 
 
 class TestStartGate(StartCase):
     """start.sh --gate, with a stand-in gate (its real side: bounds, OK/WARN, ready file)."""
+    runs_long = 11                        # seconds on a quiet run: run.py starts it early
 
     def setUp(self):
         super().setUp()
@@ -720,7 +722,7 @@ class TestWrapper(HelperCase):
 
 
 class TestSupervise(StartCase):
-    runs_long = True                      # run.py starts it first
+    runs_long = 14                        # seconds on a quiet run: run.py starts it early
     def supervised(self, *launcher: str, server: list[str] | None = None,
                    stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
         """start.sh --supervise against the fake, as a process; running until it logs that

@@ -254,6 +254,7 @@ class TestLeftoversNamed(StartCase):
 
 
 class TestStartStepsLeaveNothing(StartCase):
+    runs_long = 10                        # seconds on a quiet run: run.py starts it early
     def test_a_wrapper_killed_under_start_sh_takes_its_helper_with_it(self):
         textfile = os.path.join(self.tmp, "offload.prom")
         proc = subprocess.Popen(["bash", START_SH, "--base-url", self.url, "--log-dir",

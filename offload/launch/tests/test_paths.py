@@ -12,6 +12,7 @@ import core.kinds as kinds  # noqa: E402  (support puts offload/launch on sys.pa
 
 
 class TestPaths(HelperCase):
+    runs_long = 9                         # seconds on a quiet run: run.py starts it early
     def test_every_path_passes_and_is_recorded(self):
         server = self.start_fake(prompt_tokens_details=True, latency_s=0.01)
         result = self.run_helper(server, "--paths", "all",

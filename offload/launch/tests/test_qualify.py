@@ -50,6 +50,7 @@ class StatusWriter:
 
 
 class TestQualificationRuns(HelperCase):
+    runs_long = 17                        # seconds on a quiet run: run.py starts it early
     def test_warmup_records_counter_deltas_that_match_the_records(self):
         server = self.start_fake()
         result = self.run_helper(server)

@@ -57,6 +57,7 @@ def families(text: str) -> dict:
 
 
 class TestReadyStaysTrue(StartCase):
+    runs_long = 10                        # seconds on a quiet run: run.py starts it early
     def start_fake_on_port(self) -> subprocess.Popen:
         """A fake server on this test's port, as a restarted server would be."""
         proc = subprocess.Popen([*PYTHON, FAKE, "--port", str(self.port)],

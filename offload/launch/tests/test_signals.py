@@ -34,6 +34,7 @@ def shim(folder: str, name: str, body: str) -> str:
 
 
 class TestTheHardBoundComesFirst(HelperCase):
+    runs_long = 11                        # seconds on a quiet run: run.py starts it early
     def setUp(self):
         super().setUp()
         self.textfile = os.path.join(self.tmp, "offload.prom")
@@ -113,6 +114,7 @@ class TestTheHardBoundComesFirst(HelperCase):
 
 
 class TestStartClearsFirst(StartCase):
+    runs_long = 19                        # seconds on a quiet run: run.py starts it early
     def setUp(self):
         super().setUp()
         self.textfile = os.path.join(self.tmp, "offload.prom")

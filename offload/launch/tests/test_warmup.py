@@ -305,6 +305,7 @@ class TestSanitize(unittest.TestCase):
 
 
 class TestRuns(HelperCase):
+    runs_long = 9                         # seconds on a quiet run: run.py starts it early
     def test_passing_run_end_to_end(self):
         server = self.start_fake(prompt_tokens_details=True, latency_s=0.05)
         result = self.run_helper(server)
