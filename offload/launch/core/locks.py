@@ -9,12 +9,10 @@ Standard library only.
 from __future__ import annotations
 
 import fcntl
-import ipaddress
 import os
 import re
 import socket
 import stat
-import tempfile
 
 from core.cli import EXIT_REFUSED, EXIT_USAGE
 from core.runframe import Fatal
@@ -25,8 +23,11 @@ def lock_path(target: Target) -> str:
     """The lock file of a server's address (localhost and 127.0.0.1 are one address), in
     one folder for every helper on the host: WARMUP_LOCK_DIR, else the temporary folder."""
     name = re.sub(r"[^A-Za-z0-9.-]", "_", f"{lock_host(target.host)}_{target.port}")
-    return os.path.join(os.environ.get("WARMUP_LOCK_DIR") or tempfile.gettempdir(),
-                        f"offload-launch-{name}.lock")
+    folder = os.environ.get("WARMUP_LOCK_DIR")
+    if not folder:
+        import tempfile                  # not loaded where the folder is given
+        folder = tempfile.gettempdir()
+    return os.path.join(folder, f"offload-launch-{name}.lock")
 
 
 def lock_host(host: str) -> str:
@@ -38,17 +39,16 @@ def lock_host(host: str) -> str:
     if host == "localhost":
         return "127.0.0.1"
     try:
-        address = ipaddress.ip_address(socket.inet_ntoa(socket.inet_aton(host)))
-    except (OSError, ValueError):
+        packed = socket.inet_aton(host)
+    except OSError:
         try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
+            packed = socket.inet_pton(socket.AF_INET6, host)
+        except OSError:
             return host
-    if address.version == 6 and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    if address.is_unspecified:
-        return "127.0.0.1" if address.version == 4 else "::1"
-    return str(address)
+        packed = packed[12:] if packed[:12] == bytes(10) + b"\xff\xff" else packed  # ::ffff:
+    if not any(packed):
+        return "127.0.0.1" if len(packed) == 4 else "::1"
+    return socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
 
 
 def take_server_lock(target: Target) -> int:
