@@ -351,6 +351,10 @@ class TestEvidenceDecides(HelperCase):
                                                          "2130706433", "::ffff:127.0.0.1",
                                                          "0.0.0.0")}
         self.assertEqual(spellings, {"127.0.0.1"}, "one lock for one address, however spelled")
+        self.assertEqual({locks.lock_host(h) for h in ("::", "::1", "[::1]", "0:0:0:0:0:0:0:1")},
+                         {"::1"})
+        self.assertEqual(locks.lock_host("2001:DB8:0:0::1"), "2001:db8::1")
+        self.assertEqual(locks.lock_host("Server.Example"), "server.example")
 
     def test_a_lock_folder_that_cannot_be_used_is_named(self):
         server = self.start_fake()
