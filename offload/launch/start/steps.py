@@ -148,7 +148,8 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
     log(f"gate: {QUALIFY} gate --records {records} (WARMUP_BASE_URL "
         f"{settings.target.display}) (hard bound {settings.gate_hard_s:g} s)")
     status = Steps.run(["timeout", f"--kill-after={KILL_AFTER_S}s", f"{settings.gate_hard_s:f}",
-                        sys.executable, QUALIFY, "gate", "--records", records], env)
+                        sys.executable, "-I", "-S", QUALIFY, "gate", "--records", records],
+                       env)
     gate = judged(records, status)
     if not (gate["judged"] or {}).get("summary"):
         publish_start_outcome(settings, "gate", status)

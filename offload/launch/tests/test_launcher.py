@@ -470,6 +470,8 @@ if sys.argv[1:2] != ["gate"]:
     os.execv(sys.executable, [sys.executable, {qualify!r}, *sys.argv[1:]])
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate-argv"), "w") as out:
     json.dump(sys.argv[1:] + ["WARMUP_BASE_URL=" + os.environ.get("WARMUP_BASE_URL", "")], out)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate-flags"), "w") as out:
+    json.dump([sys.flags.isolated, sys.flags.no_site], out)
 plan = json.loads(os.environ["STUB_GATE"])
 if plan.get("hang"):
     time.sleep(600)
@@ -535,6 +537,8 @@ class TestStartGate(StartCase):
         self.assertRegex(os.path.basename(argv[2]), r"^gate-\d{8}T\d{6}Z\.jsonl$")
         self.assertEqual(os.path.dirname(argv[2]), self.logs)
         self.assertEqual(argv[3:], [f"WARMUP_BASE_URL={secret_url}"])
+        with open(os.path.join(self.launch, "gate-flags")) as handle:
+            self.assertEqual(json.load(handle), [1, 1], "the gate runs as -I -S, as the others")
         with open(self.ready) as handle:
             ready = handle.read()
         doc = json.loads(ready)
@@ -1003,6 +1007,7 @@ class TestStartWarnsOnACustomPlan(StartCase):
 class TestStartPublishesEveryOutcome(StartCase):
     """The textfile is rewritten for every start that begins a warm-up: a server that never
     became healthy and a warm-up that could not begin both leave success 0."""
+    runs_long = 4                         # seconds on a quiet run: run.py starts it early
 
     def setUp(self):
         super().setUp()
