@@ -35,6 +35,7 @@ def needs(*tools) -> None:
 
 
 class TestRuleUnitTests(unittest.TestCase):
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def test_promtool_checks_and_tests_the_rules(self):
         needs(PROMTOOL)
         for command in (["check", "rules", RULES], ["test", "rules", RULE_TESTS],

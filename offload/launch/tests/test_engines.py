@@ -65,6 +65,7 @@ class TestGuardPerEngine(unittest.TestCase):
 
 
 class TestEngines(HelperCase):
+    runs_long = 6                         # seconds on a quiet run: run.py starts it early
     def completions(self, server):
         return server.state.completions()
 

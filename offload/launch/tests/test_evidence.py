@@ -305,6 +305,7 @@ class TestStatusDelta(unittest.TestCase):
 
 
 class TestEvidenceDecides(HelperCase):
+    runs_long = 6                         # seconds on a quiet run: run.py starts it early
     def test_two_helpers_at_one_server_never_both_pass(self):
         # The first runs four waves of 1 s each; the others start once its B1 was sent,
         # while it holds the lock (about 3 s; a quiet machine starts one in 0.2 s).

@@ -197,6 +197,7 @@ class TestScorers(unittest.TestCase):
 
 
 class TestGateRuns(HelperCase):
+    runs_long = 7                         # seconds on a quiet run: run.py starts it early
     def gate(self, server, *args: str):
         return self.run_argv(["gate", "--base-url", server.url, "--records", self.records_path,
                               "--deadline-s", "20", *args], main=qualify.main)

@@ -218,6 +218,7 @@ class TestWarmupNamesAUsageError(HelperCase):
 
 
 class TestStartPublishes(StartCase):
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def setUp(self):
         super().setUp()
         self.textfile = os.path.join(self.tmp, "offload.prom")

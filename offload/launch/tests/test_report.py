@@ -83,6 +83,7 @@ class TestReportJudgesEvidence(HelperCase):
 
 
 class TestReportBelievesOnlyEvidence(HelperCase):
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def write(self, *records: dict) -> None:
         with open(self.records_path, "w") as handle:
             handle.writelines(json.dumps(r) + "\n" for r in records)
@@ -376,6 +377,7 @@ class TestReportPieces(unittest.TestCase):
 
 class TestReportReading(unittest.TestCase):
     """report reads any file: bad lines, several runs, odd types, huge or endless input."""
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
 
     def setUp(self):
         tmp = tempfile.TemporaryDirectory()

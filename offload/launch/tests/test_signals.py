@@ -318,6 +318,7 @@ class TestStartClearsFirst(StartCase):
 
 
 class TestReadyMarks(HelperCase):
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def setUp(self):
         super().setUp()
         self.ready = os.path.join(self.tmp, "ready")
@@ -392,6 +393,7 @@ class TestReadyMarks(HelperCase):
 
 
 class TestReportJudgesTheLastAttempt(HelperCase):
+    runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def report(self, path: str) -> subprocess.CompletedProcess:
         return subprocess.run([*PYTHON, QUALIFY, "report", path], capture_output=True,
                               text=True, timeout=30)

@@ -131,6 +131,7 @@ class TestRecordedClaimsAreNotTheVerdict(TruthCase):
 class TestFuzz(TruthCase):
     """FUZZ_MUTATIONS mutations of real records files: no exception anywhere a file is
     judged, and no exit 0 for a file whose run did not pass the reviewed plan."""
+    runs_long = 4                         # seconds on a quiet run: run.py starts it early
 
     def originals(self) -> list[tuple[str, list[dict]]]:
         return [

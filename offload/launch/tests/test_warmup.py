@@ -545,6 +545,7 @@ class TestRuns(HelperCase):
 
 class TestProcesses(HelperCase):
     """The helper and the wrapper as real processes: signals and the hard bound."""
+    runs_long = 7                         # seconds on a quiet run: run.py starts it early
 
     def test_wrapper_kills_a_helper_stuck_on_a_trickling_server(self):
         # A deadline at or past the bound is refused, so the helper is made to outlive its
