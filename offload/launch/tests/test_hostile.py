@@ -4,9 +4,11 @@ stderr, an ASCII terminal, keys cut in half) and odd inputs that must give one l
 
 Every case starts a hostile server (hostile.py) that plays scripted bytes, runs
 `python3 warmup.py ...` (or probe, or report) under a 1 GiB address-space cap with a
-3 s deadline, and asserts: the exit status; no traceback on stdout or stderr; exactly
-one `summary` record (none for usage errors found before the run, which write
-nothing); the time bound; the peak memory bound (ru_maxrss from wait4); the message
+3 s deadline (forked by forkserver.py's server, which has imported them once, unless the
+case drives signals or odd stdio: then a fresh interpreter), and asserts: the exit
+status; no traceback on stdout or stderr; exactly one `summary` record (none for usage
+errors found before the run, which write nothing); the time bound; the peak memory
+bound (VmHWM, polled); the message
 fragment, where named, in stdout + stderr + records; no generated text anywhere; and
 what the server received, where it matters (nothing sent, the request line, Host).
 
@@ -41,6 +43,7 @@ from hostile import (MODEL, TEXT_MARKER, Default, Hang, HostileServer, Received,
 from support import (PYTHON, WRAPPER, HelperCase, contract_requests, gate_scrubbed, read_records,
                      run_record, run_script, summary_record, wave_records)
 import tools.gate as gate  # noqa: E402  (support puts offload/launch on sys.path)
+from forkserver import ForkServer
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.dirname(TESTS)
@@ -56,6 +59,8 @@ KILL_MARGIN_S = 10.0               # a case still running this long after its bo
 # its own deadline (runs on to the 60 s socket cap, or hangs), not to time it.
 LOAD_FACTOR = 3.0
 LOAD_MARGIN_S = 5.0
+FORKS: list = []                   # the table's fork server, while the table runs
+PRELOAD = ["warmup", "qualify", "tools.report", "tools.probe"]
 API_KEY = "sk-KEYMARKER-h0st1le"
 NEST = b"[" * 100000               # deeper than any JSON parser's recursion limit
 
@@ -129,18 +134,21 @@ class Outcome:
 
 
 # ---------------------------------------------------------------------------
-# Running one case: a real process, bounded in time and address space.
+# Running one case: a real process (forked, or a fresh interpreter), bounded in time and
+# address space.
 # ---------------------------------------------------------------------------
+
+def clean_env() -> dict:
+    """The test's environment without the helper's variables and proxies."""
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("WARMUP_", "VLLM_")) and k.lower() not in
+            ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
+
 
 def case_env(case: Case, tmp: str) -> dict:
     """The test's environment without the helper's variables, plus the case's own; the
     lock files in the case's folder (none left behind in /tmp)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WARMUP_", "VLLM_")) and k.lower() not in
-           ("http_proxy", "https_proxy", "all_proxy", "no_proxy")}
-    env["WARMUP_LOCK_DIR"] = tmp
-    env.update(case.env)
-    return env
+    return dict(clean_env(), WARMUP_LOCK_DIR=tmp, **case.env)
 
 
 def spawn(argv: list[str], env: dict, stdout, stderr, redirect: str = "") -> subprocess.Popen:
@@ -173,21 +181,27 @@ def reap(proc: subprocess.Popen, timeout: float, peak: int = 0) -> tuple[int, fl
 
     The peak is VmHWM polled every 10 ms (ru_maxrss would count the forking test process).
     """
+    def ended():
+        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+        return status if pid else None
+    status, peak, timed_out = wait_ended(proc.pid, ended, timeout, peak)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, peak, timed_out
+
+
+def wait_ended(pid: int, ended: Callable, timeout: float, peak: int = 0
+               ) -> tuple[int, float, bool]:
+    """Until ended() gives the process's wait status, at most `timeout` s (then KILL):
+    (wait status, peak MiB, killed)."""
     end = time.monotonic() + timeout
     timed_out = False
-    while True:
-        peak = max(peak, peak_kib(proc.pid))
-        pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > end:
-            proc.kill()
-            pid, status, _ = os.wait4(proc.pid, 0)
+    while (status := ended()) is None:
+        peak = max(peak, peak_kib(pid))
+        if time.monotonic() > end and not timed_out:
+            os.kill(pid, signal.SIGKILL)
             timed_out = True
-            break
         time.sleep(0.01)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, peak / 1024, timed_out
+    return status, peak / 1024, timed_out
 
 
 @dataclass
@@ -203,9 +217,14 @@ class Run:
 
 
 def plain_driver(run: Run) -> tuple[int, float, bool]:
+    """The case's program with its stdout and stderr in files: forked by the table's fork
+    server where there is one, else a real interpreter."""
     with open(run.stdout_path, "wb") as out, open(run.stderr_path, "wb") as err:
-        proc = spawn(run.argv, run.env, out, err)
-        return reap(proc, run.timeout)
+        if not FORKS:
+            return reap(spawn(run.argv, run.env, out, err), run.timeout)
+        pid = FORKS[0].spawn(run.argv, run.env, out, err, AS_LIMIT)
+        status, peak, timed_out = wait_ended(pid, lambda: FORKS[0].status(pid), run.timeout)
+        return os.waitstatus_to_exitcode(status), peak, timed_out
 
 
 def build_argv(case: Case, server: HostileServer | None, tmp: str, records: str) -> list[str]:
@@ -947,6 +966,9 @@ class TestHostile(unittest.TestCase):
         cls.addClassCleanup(tmp.cleanup)
         servers: list = []
         cls.addClassCleanup(lambda: [server.stop() for server in list(servers)])
+        forks = ForkServer(LAUNCH, PRELOAD, dict(clean_env(), MALLOC_ARENA_MAX="2"))
+        FORKS.append(forks)
+        cls.addClassCleanup(lambda: (FORKS.clear(), forks.stop()))
         pairs = all_cases()
         outcomes = run_all([case for _, case in pairs], tmp.name, servers)
         cls.outcomes = {}
@@ -1221,3 +1243,47 @@ class TestReviewFindings(HelperCase):
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+FORKED_SCRIPTS = {        # name -> (script, env): each run as python3 -S and by the fork server
+    "exit 3, both streams": ("import sys\nprint('out')\nprint('err', file=sys.stderr)\n"
+                             "sys.exit(3)\n", {}),
+    "a traceback": ("raise ValueError('boom')\n", {}),
+    "a message exit": ("import sys\nsys.exit('said')\n", {}),
+    "a thread that ends late": ("import threading, time\nthreading.Thread(target=lambda: "
+                                "(time.sleep(0.2), print('late', flush=True))).start()\n", {}),
+    "argv, path, env, cap": ("import os, resource, sys\nprint(sys.argv[1:], sys.path[0] == "
+                             "os.path.dirname(os.path.abspath(__file__)), os.environ.get('X'), "
+                             "os.environ.get('WARMUP_X'), resource.getrlimit("
+                             "resource.RLIMIT_AS)[0] == 1 << 30, __name__)\n", {"X": "1"}),
+}
+
+
+class TestForkServer(unittest.TestCase):
+    """The table's fork server runs a script as a real `python3 -S` does: the same exit
+    status, the same streams (a traceback: its last line), threads waited for."""
+
+    def test_a_forked_run_is_a_real_one(self):
+        tmp = self.enterContext(tempfile.TemporaryDirectory())
+        forks = ForkServer(LAUNCH, [], clean_env())
+        self.addCleanup(forks.stop)
+        for name, (script, env) in FORKED_SCRIPTS.items():
+            path = os.path.join(tmp, "script.py")
+            with open(path, "w") as handle:
+                handle.write(script)
+            runs = []
+            for forked in (False, True):
+                with open(os.path.join(tmp, "out"), "w+b") as out, \
+                        open(os.path.join(tmp, "err"), "w+b") as err:
+                    argv = [path, "a b", "c"]
+                    if forked:
+                        pid = forks.spawn(argv, dict(clean_env(), **env), out, err, AS_LIMIT)
+                        status = wait_ended(pid, lambda: forks.status(pid), 10)[0]
+                        code = os.waitstatus_to_exitcode(status)
+                    else:
+                        code = reap(spawn(argv, dict(clean_env(), **env), out, err), 10)[0]
+                    out.seek(0)
+                    err.seek(0)
+                    runs.append((code, out.read(), err.read().splitlines()[-1:]))
+            with self.subTest(name):
+                self.assertEqual(runs[0], runs[1])
