@@ -7,13 +7,16 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import tempfile
 import time
 import unittest
 
 from support import (PYTHON, FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
                      read_records, run_script)
 import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
+import tools.procfs as procfs  # noqa: E402
 import tools.ready as readiness  # noqa: E402
 import core.textfile as textfile  # noqa: E402
 import core.transport as transport  # noqa: E402
@@ -502,3 +505,43 @@ class TestNodeExporter(HelperCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+TCP_HEADER = b"  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  " \
+    b"timeout inode\n"
+
+
+def tcp_line(port: int, state: str, inode: int) -> bytes:
+    return (f"   0: 0100007F:{port:04X} 00000000:0000 {state} 00000000:00000000 00:00000000 "
+            f"00000000     0        0 {inode} 1 0000000000000000 100 0 0 10 0\n").encode()
+
+
+class TestPortOwners(unittest.TestCase):
+    """Who listens on a port, read from /proc/net/tcp{,6}: the listeners, which the kernel
+    lists first, and only they."""
+
+    def test_a_listener_among_connections_is_found_with_its_process(self):
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.addCleanup(listener.close)
+        port = listener.getsockname()[1]
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        for client in clients:
+            self.addCleanup(client.close)
+        self.assertEqual(len(procfs.listening_inodes(port)), 1)
+        self.assertIn((os.getpid(), os.getpgid(0)), procfs.port_owners(port))
+        listener.close()
+        self.assertEqual(procfs.port_owners(port), [], "connections are not listeners")
+
+    def test_reading_stops_at_the_first_line_that_is_not_a_listener(self):
+        proc = self.enterContext(tempfile.TemporaryDirectory())
+        os.makedirs(os.path.join(proc, "net"))
+        tables = {"tcp": TCP_HEADER + tcp_line(8000, "0A", 11) + tcp_line(9000, "0A", 12) +
+                  tcp_line(8000, "01", 13) + tcp_line(8000, "0A", 14),
+                  "tcp6": TCP_HEADER + tcp_line(8000, "06", 15)}
+        for name, table in tables.items():
+            with open(os.path.join(proc, "net", name), "wb") as handle:
+                handle.write(table)
+        self.assertEqual(procfs.listening_inodes(8000, proc), {"11"})
+        self.assertEqual(procfs.listening_inodes(9000, proc), {"12"})
+        self.assertEqual(procfs.listening_inodes(7000, proc), set())
+        self.assertIsNone(procfs.listening_inodes(8000, os.path.join(proc, "none")))

@@ -33,16 +33,27 @@ def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
     for table in ("tcp", "tcp6"):
         try:
             with open(os.path.join(proc, "net", table), "rb") as handle:
-                lines = handle.read(16 << 20).decode("ascii", "replace").splitlines()[1:]
+                read = listeners(handle, f"{port:04X}", found) or read
         except OSError:
             continue
-        read = True
-        for line in lines:
-            fields = line.split()
-            if len(fields) > 9 and fields[3] == "0A" and \
-                    fields[1].rpartition(":")[2] == f"{port:04X}":
-                found.add(fields[9])
     return found if read else None
+
+
+def listeners(handle, port: str, found: set) -> bool:
+    """Add the inodes of a /proc/net/tcp table's listeners on `port` (hex) to `found`.
+    The kernel lists every listening socket first (tcp_get_idx: the listening hash, then
+    the established one), so the reading stops at the first line in another state: on a
+    server with thousands of connections the kernel does not format them all, at every
+    readiness probe. True once the header was read."""
+    if not handle.readline():
+        return False
+    for line in iter(handle.readline, b""):
+        fields = line.decode("ascii", "replace").split()
+        if len(fields) <= 9 or fields[3] != "0A":
+            break
+        if fields[1].rpartition(":")[2] == port:
+            found.add(fields[9])
+    return True
 
 
 def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
