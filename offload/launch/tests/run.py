@@ -15,6 +15,7 @@ The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import select
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--jobs must be at least 1")
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)   # each process imports the same modules
     classes = test_classes(args.pattern)
+    gc.freeze()          # what is imported now, each child shares: its collections skip it
     started = time.monotonic()
     totals: dict[str, int] = {}
     failed_classes = []
