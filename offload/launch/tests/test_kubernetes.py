@@ -155,6 +155,15 @@ class TestPackage(unittest.TestCase):
         files = sorted(f for f in os.listdir(PACKAGE) if f.endswith(".yaml"))
         listed = manifest(os.path.join(PACKAGE, "kustomization.yaml"))["resources"]
         self.assertEqual(sorted(listed), [f for f in files if f != "kustomization.yaml"])
+        docs = package()
+        for kind, doc in docs.items():
+            with self.subTest(kind=kind):
+                self.assertEqual(doc["metadata"].get("namespace", doc["metadata"]["name"]),
+                                 docs["Namespace"]["metadata"]["name"])
+                for key, value in doc["metadata"].get("annotations", {}).items():
+                    if key.startswith("checkov.io/skip"):
+                        self.assertRegex(value, r"^CKV2?_[A-Z0-9_]+=\S.{20,}$",
+                                         "a skipped check says why")
         tool = shutil.which("kubernetes-validate")
         needs(tool is not None, "kubernetes-validate")
         done = subprocess.run([tool, "--strict", *(os.path.join(PACKAGE, f) for f in listed)],
