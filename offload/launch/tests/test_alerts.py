@@ -102,7 +102,7 @@ class TestAlertsInARealPrometheus(HelperCase):
         with open(config, "w") as handle:
             handle.write(f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
                          f"rule_files: [{json.dumps(RULES)}]\n"
-                         f"scrape_configs:\n  - job_name: node\n    static_configs:\n"
+                         f"scrape_configs:\n  - job_name: vllm-offload\n    static_configs:\n"
                          f"      - targets: {json.dumps(list(targets.values()))}\n")
         port = free_port()
         prometheus = self.serve([PROMETHEUS, f"--config.file={config}",

@@ -37,6 +37,7 @@ DEFAULTS = Settings.DEFAULTS
 PACKAGE = os.path.join(REPO, "offload", "deploy", "kubernetes")
 MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
 DOCKERFILE = os.path.join(REPO, "offload", "deploy", "image", "Dockerfile")
+ALERTS = os.path.join(REPO, "offload", "monitoring", "alerts.yml")
 NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
 PROBES = ("startupProbe", "readinessProbe", "livenessProbe")
 
@@ -238,6 +239,64 @@ class TestPackage(unittest.TestCase):
         shm = next(v for v in spec["volumes"] if v["name"] == mounts["/dev/shm"]["name"])
         self.assertEqual(shm["emptyDir"]["medium"], "Memory")
         self.assertEqual(vllm["resources"]["limits"]["nvidia.com/gpu"], 1)
+
+
+def rules_text() -> str:
+    """monitoring/rules.yaml as it must read: alerts.yml's groups in a PrometheusRule."""
+    import yaml
+    with open(ALERTS, encoding="utf-8") as handle:
+        groups = yaml.safe_load(handle)["groups"]
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+    Dumper.add_representer(str, text)
+    doc = {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+           "metadata": {"name": "vllm-offload", "namespace": "offload",
+                        "labels": {"app": "vllm-offload"}},
+           "spec": {"groups": groups}}
+    return ("# offload/monitoring/alerts.yml's groups as a PrometheusRule, rule for rule (a test\n"
+            "# holds them equal; the comments that explain each rule are there). After a change\n"
+            "# there: python3 offload/launch/tests/test_kubernetes.py rules > "
+            "offload/deploy/kubernetes/monitoring/rules.yaml\n"
+            + yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=100))
+
+
+class TestMonitoring(unittest.TestCase):
+    """The package's monitoring: a PodMonitor for the sidecar whose job the rules select,
+    and alerts.yml's rules as a PrometheusRule."""
+
+    def test_the_prometheus_rule_is_alerts_yml(self):
+        path = os.path.join(PACKAGE, "monitoring", "rules.yaml")
+        with open(ALERTS, encoding="utf-8") as handle:
+            import yaml
+            groups = yaml.safe_load(handle)["groups"]
+        rule = manifest(path)
+        self.assertEqual(rule["spec"]["groups"], groups, "regenerate: see rules.yaml's header")
+        with open(path, encoding="utf-8") as handle:
+            self.assertEqual(handle.read(), rules_text())
+
+    def test_the_monitor_scrapes_the_sidecar_under_the_job_the_rules_select(self):
+        listed = manifest(os.path.join(PACKAGE, "monitoring", "kustomization.yaml"))["resources"]
+        self.assertEqual(sorted(listed), sorted(f for f in os.listdir(os.path.join(
+            PACKAGE, "monitoring")) if f != "kustomization.yaml"))
+        monitor = manifest(os.path.join(PACKAGE, "monitoring", "podmonitor.yaml"))
+        deployment = manifest()
+        pod = deployment["spec"]["template"]
+        self.assertEqual(monitor["spec"]["selector"], deployment["spec"]["selector"])
+        job = pod["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+        ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+            self.assertIn(endpoint["port"], ports)
+        for kind in (monitor, manifest(os.path.join(PACKAGE, "monitoring", "rules.yaml"))):
+            self.assertEqual(kind["metadata"]["namespace"], deployment["metadata"]["namespace"])
+        with open(ALERTS, encoding="utf-8") as handle:
+            rules = handle.read()
+        self.assertEqual(re.findall(r'\bup\{job="([^"]+)"\}', rules), [job])
+        self.assertNotIn('job="node"', rules)
 
 
 class Pod:
@@ -539,4 +598,7 @@ def read(path: str) -> str:
 
 
 if __name__ == "__main__":
-    unittest.main()
+    if sys.argv[1:] == ["rules"]:          # monitoring/rules.yaml, from alerts.yml
+        sys.stdout.write(rules_text())
+    else:
+        unittest.main()

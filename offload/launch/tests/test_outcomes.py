@@ -87,12 +87,12 @@ class TestEventTable(unittest.TestCase):
         for number, row in enumerate(rows):
             name = quoted(row["textfile"])[0]
             codes = re.findall(r"\d+", row["exit"]) or ["1"]
-            series = [(f'offload_warmup_last_run_verdict{{instance="e{number}", job="node", '
+            series = [(f'offload_warmup_last_run_verdict{{instance="e{number}", job="vllm-offload", '
                        f'verdict="{v}"}}', "1" if v == name else "0") for v in textfile.VERDICTS]
             series += [(f'offload_warmup_last_run_exit_code{{instance="e{number}", '
-                        f'job="node"}}', codes[0]),
+                        f'job="vllm-offload"}}', codes[0]),
                        (f'offload_warmup_last_run_started_timestamp_seconds{{instance='
-                        f'"e{number}", job="node"}}', "0")]
+                        f'"e{number}", job="vllm-offload"}}', "0")]
             tests.append({"interval": "1m", "input_series": [
                 {"series": s, "values": f"{v}x30"} for s, v in series],
                 "alert_rule_test": [{"eval_time": "25m", "alertname": a, "exp_alerts": []}
