@@ -333,6 +333,7 @@ def supervise(settings: Settings, server: LaunchedServer, log: Log) -> int:
         code = status
         log(f"server ended {how} after {server.ended_after} s, asked to stop ({asked[0][0]} "
             f"passed on): start.sh exits {code}")
+        log(stop_said(asked[0][0], time.monotonic() - asked[0][1], grace, killed))
     else:
         code = status or 1
         log.error(f"server ended {how} after {server.ended_after} s, unasked (a crash, a "
@@ -348,6 +349,15 @@ def supervise(settings: Settings, server: LaunchedServer, log: Log) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     return code
+
+
+def stop_said(signal_name: str, took_s: float, grace_s: float, killed: bool) -> str:
+    """How an asked stop went, for start.log: drained within the grace, or KILLed."""
+    if killed:
+        return (f"stop: KILLed after the {grace_s:g} s grace (START_STOP_GRACE_S): the server "
+                f"did not end within it, and what it still had in flight was lost")
+    return (f"stop: drained: the server ended {took_s:.1f} s after {signal_name}, within the "
+            f"{grace_s:g} s grace (START_STOP_GRACE_S; vLLM's own teardown counts against it)")
 
 
 class AttachedServer(LaunchedServer):

@@ -769,7 +769,17 @@ class TestSupervise(StartCase):
         self.assertIn("TERM received: passed on to the server (pid ", self.start_log())
         self.assertRegex(self.start_log(), r"server ended with status 0 after \d+ s, asked to "
                                            r"stop \(TERM passed on\): start.sh exits 0")
+        self.assertRegex(self.start_log(), r"stop: drained: the server ended \d+\.\d s after "
+                                           r"TERM, within the 3 s grace")
         self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
+
+    def test_a_server_that_outlasts_the_grace_is_killed_and_the_stop_says_so(self):
+        fake = " ".join(f"'{arg}'" for arg in self.fake())
+        proc = self.supervised(server=["bash", "-c", f"trap '' TERM; {fake} & wait"])
+        os.kill(proc.pid, signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
+        self.assertIn("stop: KILLed after the 3 s grace (START_STOP_GRACE_S)", self.start_log())
+        self.assertNotIn("stop: drained", self.start_log())
 
     def test_a_server_killed_from_outside_ends_start_sh_at_once(self):
         proc = self.supervised()
