@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import platform
 import re
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -348,10 +350,64 @@ def bench_ready(runs: int, tmp: str) -> dict:
         peak = run_peak(probe, env)
         if peak.code != 0:
             raise BenchError(f"qualify.py ready said not ready: {peak.error}")
-        return dict(medians, rss_kib=peak.peak_kib)
+        probes = {"ready -I -S": [PYTHON, "-I", "-S", QUALIFY, "ready", "--ready-file",
+                                  ready_file],
+                  "health": [PYTHON, QUALIFY, "health", "--base-url", url]}
+        quiet = probe_costs(probes, env, url, runs)
+        with cpu_hogs(2):
+            loaded = probe_costs(probes, env, url, runs)
+        return dict(medians, rss_kib=peak.peak_kib, quiet=quiet, loaded=loaded)
     finally:
         fake.terminate()
         fake.wait(10)
+
+
+def probe_costs(probes: dict, env: dict, url: str, runs: int) -> dict:
+    """Each exec probe's median (wall, CPU) as the kubelet starts it in the container, and
+    the kubelet's own httpGet of /health (no process in the container: its CPU is the
+    kubelet's): median wall time."""
+    found = {}
+    for name, command in probes.items():
+        done = [run_timed(command, env) for _ in range(runs)]
+        if any(d.code != 0 for d in done):
+            raise BenchError(f"the {name} probe failed: {done[-1].error}")
+        found[name] = (statistics.median(d.wall for d in done),
+                       statistics.median(d.cpu for d in done))
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    walls = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        with direct.open(f"{url}/health", timeout=10) as answer:
+            answer.read()
+        walls.append(time.perf_counter() - started)
+    found["httpGet"] = (statistics.median(walls), 0.0)
+    return found
+
+
+@contextlib.contextmanager
+def cpu_hogs(count: int):
+    """`count` busy Python loops for the duration, stopped after."""
+    hogs = [subprocess.Popen([PYTHON, "-c", "while 1: pass"]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for hog in hogs:
+            stop_process(hog)
+
+
+def probe_row(ready: dict) -> str:
+    """The probes side by side, quiet and under two CPU hogs."""
+    def said(name: str) -> str:
+        (q_wall, q_cpu), (l_wall, _) = ready["quiet"][name], ready["loaded"][name]
+        cpu = f", CPU {fmt_ms(q_cpu)}" if q_cpu else ""
+        return f"{name} {fmt_ms(q_wall)}{cpu} / {fmt_ms(l_wall)}"
+    worst = ready["loaded"]["ready -I -S"][0]
+    return row("probes as the manifest runs them, wall quiet / under two CPU hogs: exec "
+               "`python3 -I -S qualify.py ready` (readiness), exec `python3 qualify.py "
+               "health` (the old startup and liveness), the kubelet's httpGet /health (the "
+               "new)", "; ".join(said(n) for n in ("ready -I -S", "health", "httpGet")),
+               "-", "readiness ≤ its 5 s timeout under hogs", worst <= 5.0)
 
 
 def bench_sizes(tmp: str) -> dict[str, int]:
@@ -923,6 +979,7 @@ def run_bench(args: argparse.Namespace, deadline: float) -> list[str]:
                         f"{fmt_ms(ready['ready'])} vs {fmt_ms(ready['pass'])}, peak "
                         f"{mib(ready['rss_kib'])}", f"{ratio:.2f}", f"≤ {READY_TARGET}",
                         ratio <= READY_TARGET))
+        rows.append(probe_row(ready))
         progress("record sizes: a default warm-up and one with --paths all")
         rows += size_rows(bench_sizes(tmp))
     return rows

@@ -62,7 +62,7 @@ def scaled(spec: dict, scale: float) -> dict:
         probe = spec[name]
         probe["periodSeconds"] = max(probe["periodSeconds"] * scale, 1.0)
         probe["timeoutSeconds"] = max(probe["timeoutSeconds"] * scale, 3.0)
-        args = probe["exec"]["command"]
+        args = probe.get("exec", {}).get("command", [])
         if "--timeout-s" in args:
             at = args.index("--timeout-s") + 1
             args[at] = f"{max(float(args[at]) * scale, 2.0):g}"
@@ -129,12 +129,14 @@ class TestManifest(unittest.TestCase):
         self.assertNotIn("--start-guard-s", command)
         self.assertGreater(startup["periodSeconds"] * startup["failureThreshold"], guard_s,
                            "start.sh ends a server that misses its guard before the probe")
-        for probe in (startup, liveness):
-            args = probe["exec"]["command"]
-            self.assertEqual(args[args.index("--url-file") + 1],
-                             env["START_LOG_DIR"] + "/server.url",
-                             "the probes read the address start.sh writes")
-            self.assertGreater(probe["timeoutSeconds"], float(args[args.index("--timeout-s") + 1]))
+        ports = {p["name"]: p["containerPort"] for p in vllm["ports"]}
+        self.assertEqual(ports["http"], int(command[command.index("--port") + 1]),
+                         "the port is the server's, said once")
+        for probe in (startup, liveness):             # the kubelet's own, no process
+            self.assertEqual(probe["httpGet"], {"path": "/health", "port": "http"})
+        ready = vllm["readinessProbe"]
+        self.assertEqual(ready["exec"]["command"][:3], ["python3", "-I", "-S"])
+        self.assertGreaterEqual(ready["failureThreshold"], 2, "one slow answer is tolerated")
         shutdown = float(command[command.index("--shutdown-timeout") + 1])
         grace = float(env["START_STOP_GRACE_S"])
         pre_stop = float(vllm["lifecycle"]["preStop"]["exec"]["command"][1])
@@ -204,7 +206,9 @@ class TestPackage(unittest.TestCase):
         self.assertEqual(vllm["command"][0], copies["start.sh"])
         self.assertEqual(json.loads(said["ENTRYPOINT"]), vllm["command"][:3])
         for name in PROBES:
-            script = vllm[name]["exec"]["command"][1]
+            if "exec" not in vllm[name]:
+                continue                              # the kubelet's httpGet
+            script = next(a for a in vllm[name]["exec"]["command"] if a.endswith(".py"))
             self.assertTrue(script.startswith(copies["offload/launch/"]), script)
             self.assertTrue(os.path.exists(os.path.join(REPO, script[len("/opt/offload/"):])))
         pod = manifest()["spec"]["template"]["spec"]["securityContext"]
@@ -362,6 +366,8 @@ class Pod:
 
     def probe(self, name: str) -> bool:
         spec = self.spec[name]
+        if "httpGet" in spec:
+            return self.http_get(spec)
         args = [sys.executable if a == "python3" else self.path(a)
                 for a in spec["exec"]["command"]]
         try:
@@ -370,6 +376,20 @@ class Pod:
         except subprocess.TimeoutExpired:
             return False
         return done.returncode == 0
+
+    def http_get(self, spec: dict) -> bool:
+        """The kubelet's HTTP probe: GET the path on the port (named: the container's),
+        an answer from 200 to 399 within the timeout."""
+        port = spec["httpGet"]["port"]
+        port = {p["name"]: p["containerPort"] for p in self.spec["ports"]}.get(port, port)
+        port = self.port if port == 8000 else port        # the command's 8000 is ours
+        url = f"http://127.0.0.1:{port}{spec['httpGet']['path']}"
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            with direct.open(url, timeout=spec["timeoutSeconds"]) as answer:
+                return 200 <= answer.status < 400
+        except (OSError, ValueError):                # refused, timed out, 4xx/5xx
+            return False
 
     def kill_container(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -426,7 +446,7 @@ class Pod:
                 self.restart("liveness probe")
             elif name == "readinessProbe":
                 with self.lock:
-                    self.ready = ok and failures == 0
+                    self.ready = ok or self.ready and failures < spec["failureThreshold"]
                     if self.ready and self.ready_at is None:
                         self.ready_at = time.monotonic() - self.started_at
 
@@ -540,8 +560,9 @@ class TestKubeletSleep(KubeletCase):
                                          method="POST")
         with urllib.request.urlopen(request, timeout=5) as answer:
             self.assertEqual(json.load(answer)["status"], "sleeping")
-        self.assertTrue(pod.wait_for(lambda: not pod.ready,
-                                     2 * pod.spec["readinessProbe"]["periodSeconds"] + 3))
+        ready = pod.spec["readinessProbe"]
+        self.assertTrue(pod.wait_for(lambda: not pod.ready, (ready["failureThreshold"] + 1) *
+                                     ready["periodSeconds"] + ready["timeoutSeconds"]))
         time.sleep(pod.spec["livenessProbe"]["periodSeconds"] + 1)
         self.assertEqual(pod.restarts, 0, pod.exits)
         self.assertFalse(pod.ready)
@@ -587,6 +608,8 @@ class TestKubeletDrain(KubeletCase):
         self.assertEqual(pod.proc.wait(30), 0, "asked to stop: start.sh exits 0")
         log = read(os.path.join(pod.logs(), "start.log"))
         self.assertIn("marked stopping: not ready", log)
+        self.assertRegex(log, r"stop: drained: the server ended \d+\.\d s after TERM, within "
+                              r"the 40 s grace")
 
 
 def read(path: str) -> str:
