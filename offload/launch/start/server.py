@@ -333,7 +333,14 @@ def supervise(settings: Settings, server: LaunchedServer, log: Log) -> int:
         code = status
         log(f"server ended {how} after {server.ended_after} s, asked to stop ({asked[0][0]} "
             f"passed on): start.sh exits {code}")
-        log(stop_said(asked[0][0], time.monotonic() - asked[0][1], grace, killed))
+        took = time.monotonic() - asked[0][1]
+        log(stop_said(asked[0][0], took, grace, killed))
+        if settings.textfile:
+            from core.textfile import publish
+            why = publish(settings.textfile, "offload_stop", stop_samples(took, grace, killed,
+                                                                         time.time()))
+            if why:
+                log(why)
     else:
         code = status or 1
         log.error(f"server ended {how} after {server.ended_after} s, unasked (a crash, a "
@@ -358,6 +365,19 @@ def stop_said(signal_name: str, took_s: float, grace_s: float, killed: bool) -> 
                 f"did not end within it, and what it still had in flight was lost")
     return (f"stop: drained: the server ended {took_s:.1f} s after {signal_name}, within the "
             f"{grace_s:g} s grace (START_STOP_GRACE_S; vLLM's own teardown counts against it)")
+
+
+def stop_samples(took_s: float, grace_s: float, killed: bool, at: float) -> list[tuple]:
+    """The textfile's record of the last asked stop (offload_stop_*; the warm-up's series
+    stay as they are). Pure."""
+    return [("offload_stop_last_timestamp_seconds", {}, at,
+             "When start.sh --supervise last saw its server end after a TERM or INT."),
+            ("offload_stop_last_duration_seconds", {}, round(took_s, 3),
+             "From the signal to the server's end (its drain and teardown)."),
+            ("offload_stop_last_grace_seconds", {}, float(grace_s),
+             "START_STOP_GRACE_S: how long start.sh waits before it KILLs the server."),
+            ("offload_stop_last_killed", {}, 1.0 if killed else 0.0,
+             "1 when the server outlasted the grace and was KILLed (its in-flight work lost).")]
 
 
 class AttachedServer(LaunchedServer):

@@ -31,6 +31,7 @@ from start.settings import Settings  # noqa: E402
 from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
 from start.processes import group_alive
 from tools.procfs import proc_stat
+import core.transport as transport  # noqa: E402
 
 SUPERVISING = "supervising server process group"
 NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
@@ -732,6 +733,7 @@ class TestSupervise(StartCase):
         """start.sh --supervise against the fake, as a process; running until it logs that
         it supervises (60 s at most; a quiet machine needs about 1 s)."""
         command = [*launcher, "bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                   "--textfile", os.path.join(self.tmp, "offload.prom"),
                    "--supervise", "--", *(server or self.fake())]
         proc = subprocess.Popen(command, stdout=stdout, stderr=subprocess.STDOUT,
                                 env=dict(os.environ, START_POLL_S="0.2",
@@ -771,6 +773,10 @@ class TestSupervise(StartCase):
                                            r"stop \(TERM passed on\): start.sh exits 0")
         self.assertRegex(self.start_log(), r"stop: drained: the server ended \d+\.\d s after "
                                            r"TERM, within the 3 s grace")
+        found = self.textfile_samples()
+        self.assertEqual(found["offload_stop_last_killed"], 0.0)
+        self.assertLess(found["offload_stop_last_duration_seconds"], 3.0)
+        self.assertIn("offload_warmup_last_run_success", found, "the warm-up's stay")
         self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
 
     def test_a_server_that_outlasts_the_grace_is_killed_and_the_stop_says_so(self):
@@ -780,6 +786,16 @@ class TestSupervise(StartCase):
         self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
         self.assertIn("stop: KILLed after the 3 s grace (START_STOP_GRACE_S)", self.start_log())
         self.assertNotIn("stop: drained", self.start_log())
+        found = self.textfile_samples()
+        self.assertEqual((found["offload_stop_last_killed"], found["offload_stop_last_grace_seconds"]),
+                         (1.0, 3.0))
+        self.assertGreaterEqual(found["offload_stop_last_duration_seconds"], 3.0)
+
+    def textfile_samples(self) -> dict:
+        """The unlabelled samples of the textfile start.sh --supervise published."""
+        with open(os.path.join(self.tmp, "offload.prom")) as handle:
+            return {name: value for name, labels, value in
+                    transport.parse_prometheus(handle.read()).samples if not labels}
 
     def test_a_server_killed_from_outside_ends_start_sh_at_once(self):
         proc = self.supervised()
