@@ -43,7 +43,11 @@ class ForkServer:
              *preload], pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, env=env)
         theirs.close()
-        self.ask(None, [])                            # the imports are done once it answers
+        try:
+            self.ask(None, [])                        # the imports are done once it answers
+        except BaseException:
+            self.stop()
+            raise
 
     def ask(self, request: dict | None, fds: list[int]) -> int:
         """Send a request (None: a ping); the pid it started (0 for a ping)."""

@@ -61,6 +61,9 @@ LOAD_FACTOR = 3.0
 LOAD_MARGIN_S = 5.0
 FORKS: list = []                   # the table's fork server, while the table runs
 PRELOAD = ["warmup", "qualify", "tools.report", "tools.probe"]
+# What an interpreter reads as it starts (streams' encoding, locale, time zone): a case
+# that sets one runs in a fresh interpreter, never a forked one.
+STARTUP_VARIABLES = ("PYTHON", "LC_", "LANG", "TZ")
 API_KEY = "sk-KEYMARKER-h0st1le"
 NEST = b"[" * 100000               # deeper than any JSON parser's recursion limit
 
@@ -220,7 +223,7 @@ def plain_driver(run: Run) -> tuple[int, float, bool]:
     """The case's program with its stdout and stderr in files: forked by the table's fork
     server where there is one, else a real interpreter."""
     with open(run.stdout_path, "wb") as out, open(run.stderr_path, "wb") as err:
-        if not FORKS:
+        if not FORKS or any(name.startswith(STARTUP_VARIABLES) for name in run.case.env):
             return reap(spawn(run.argv, run.env, out, err), run.timeout)
         pid = FORKS[0].spawn(run.argv, run.env, out, err, AS_LIMIT)
         status, peak, timed_out = wait_ended(pid, lambda: FORKS[0].status(pid), run.timeout)

@@ -545,3 +545,8 @@ class TestPortOwners(unittest.TestCase):
         self.assertEqual(procfs.listening_inodes(9000, proc), {"12"})
         self.assertEqual(procfs.listening_inodes(7000, proc), set())
         self.assertIsNone(procfs.listening_inodes(8000, os.path.join(proc, "none")))
+        # Before Linux 4.4 a listener's half-open connections follow it in its section.
+        with open(os.path.join(proc, "net", "tcp"), "wb") as handle:
+            handle.write(TCP_HEADER + tcp_line(22, "0A", 21) + tcp_line(22, "03", 22) +
+                         tcp_line(8000, "0A", 23) + tcp_line(22, "01", 24))
+        self.assertEqual(procfs.listening_inodes(8000, proc), {"23"})

@@ -42,15 +42,18 @@ def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
 def listeners(handle, port: str, found: set) -> bool:
     """Add the inodes of a /proc/net/tcp table's listeners on `port` (hex) to `found`.
     The kernel lists every listening socket first (tcp_get_idx: the listening hash, then
-    the established one), so the reading stops at the first line in another state: on a
+    the established one; before Linux 4.4 each listener's half-open connections, SYN_RECV,
+    follow it there), so the reading stops at the first line in another state: on a
     server with thousands of connections the kernel does not format them all, at every
     readiness probe. True once the header was read."""
     if not handle.readline():
         return False
     for line in iter(handle.readline, b""):
         fields = line.decode("ascii", "replace").split()
-        if len(fields) <= 9 or fields[3] != "0A":
+        if len(fields) <= 9 or fields[3] not in ("0A", "03"):
             break
+        if fields[3] != "0A":
+            continue
         if fields[1].rpartition(":")[2] == port:
             found.add(fields[9])
     return True
