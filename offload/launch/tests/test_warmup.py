@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -127,6 +128,21 @@ class TestGuard(unittest.TestCase):
         self.assertEqual(len(by_name["vllm:num_requests_running"]), 2)
         self.assertTrue(math.isnan(by_name["vllm:gpu_cache_usage_perc"][0][1]))
         self.assertEqual(by_name["vllm:something"][0][1], math.inf)
+
+    def test_the_samplers_quick_read_keeps_exactly_the_lines_naming_a_gauge(self):
+        pieces = [*vllm_metrics.GAUGES, "vllm:num_requests_runn", "x 1", "\n", "\n", "\r",
+                  " ", '{engine="0"} 2', "\u2028"]
+        rng = random.Random(43)
+        for _ in range(3000):
+            text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+            by_line = "\n".join(line for line in text.split("\n")
+                                if any(name in line for name in vllm_metrics.GAUGES))
+            self.assertEqual(vllm_metrics.lines_naming(text, vllm_metrics.GAUGES), by_line,
+                             repr(text))
+        busy = self.TEXT + 'vllm:filler_total{n="1"} 1.0\n' * 5000 + \
+            'vllm:num_requests_waiting{engine="1"} 3'
+        self.assertEqual(vllm_metrics.lines_naming(busy, vllm_metrics.GAUGES).split("\n"),
+                         self.TEXT.split("\n")[:6] + ['vllm:num_requests_waiting{engine="1"} 3'])
 
     def test_by_reason_gauge_is_not_the_waiting_gauge(self):
         self.assertEqual(vllm_client.guard_problems(transport.parse_prometheus(self.TEXT)), ([], []))
