@@ -110,14 +110,6 @@ def whole(low: int, high: int):
                        f"must be a whole number from {low} to {high}", "number")
 
 
-def sha256_type(text: str) -> str:
-    """An argparse type: a SHA-256 digest, 64 hex digits (as sha256sum prints it)."""
-    if len(text) != 64 or text.strip("0123456789abcdefABCDEF"):
-        raise argparse.ArgumentTypeError(f"must be a SHA-256 digest (64 hex digits, as "
-                                         f"sha256sum prints it), got {text[:80]!r}")
-    return text.lower()
-
-
 def comma_list(text: str, item, wants: str) -> tuple:
     """The one reader of a comma list: each part through `item`, each once; ValueError
     saying what it `wants` when a part is not one, or says one twice."""

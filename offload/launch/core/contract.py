@@ -23,14 +23,13 @@ from collections import Counter
 
 from core.values import Value
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
-from core.prompts import MIN_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
+from core.prompts import ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
 from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
 from core.transport import count_value, finite_number
 from core.vllm_metrics import engine_index, engine_label, series_sum
 
-B1_FLOOR = MIN_LONG_PROMPT_TOKENS     # the probe's long prompt: more than K1's chunk, 4096
 ENGINE_HEADER = "X-data-parallel-rank"
 MAX_WAVE_DEPTH = 64
 MODES = tuple(JUDGED)

@@ -8,6 +8,7 @@
   mark_ready_file()               a read-modify-write under the folder's lock (ReadyLock)
                                   that keeps the marks (MARKS) another writer made
   rewrite_after_run()             the warm-up's file from its own verdict (--ready-file)
+  sha256_type()                   --plan-sha256: the reviewed plan the file must name
 
 The warm-up's (core); qualify.py ready (tools/ready.py) reads and marks it too. Standard
 library only.
@@ -15,6 +16,7 @@ library only.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -258,3 +260,11 @@ def same_address(text, target) -> bool:
     except UsageError:
         return False
     return (lock_host(vouched.host), vouched.port) == (lock_host(target.host), target.port)
+
+
+def sha256_type(text: str) -> str:
+    """An argparse type: a SHA-256 digest, 64 hex digits (as sha256sum prints it)."""
+    if len(text) != 64 or text.strip("0123456789abcdefABCDEF"):
+        raise argparse.ArgumentTypeError(f"must be a SHA-256 digest (64 hex digits, as "
+                                         f"sha256sum prints it), got {text[:80]!r}")
+    return text.lower()

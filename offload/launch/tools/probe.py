@@ -20,9 +20,10 @@ import statistics
 import textwrap
 
 from core.values import Value
-from core.contract import B1_FLOOR, NOT_REPORTED
+from core.contract import NOT_REPORTED
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
-from core.prompts import MAX_LONG_PROMPT_TOKENS, make_short_prompt, new_nonce
+from core.prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, make_short_prompt,
+                          new_nonce)
 from core.cli import EXIT_USAGE, argument_type, emit, given_value, whole
 from core.runframe import Fatal, Run, RunSettings, add_run_options
 from core.transport import UsageError, clean_text, count_value, finite_number
@@ -287,8 +288,8 @@ def probe_main(argv: list[str]) -> int:
 
 def build_probe(args: argparse.Namespace, settings: RunSettings):
     """The parsed options -> (the WarmthProbe, its dry run); UsageError naming a bad value."""
-    if args.long_tokens and args.long_tokens < B1_FLOOR:
-        raise UsageError(f"--long-tokens must be more than {B1_FLOOR - 1}")
+    if args.long_tokens and args.long_tokens < MIN_LONG_PROMPT_TOKENS:
+        raise UsageError(f"--long-tokens must be more than {MIN_LONG_PROMPT_TOKENS - 1}")
     paths, _ = given_value(args.paths, "--paths", "WARMUP_PATHS", parse_paths, ())
     options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
                            tokens=args.tokens, priority=args.priority, paths=paths,

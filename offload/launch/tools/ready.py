@@ -18,8 +18,9 @@ import sys
 import time
 import urllib.parse
 
-from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds, sha256_type
-from core.readyfile import iso_time, mark_ready_file, read_ready_file, served_counts
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
+from core.readyfile import (iso_time, mark_ready_file, read_ready_file, served_counts,
+                            sha256_type)
 from core.files import open_regular
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
                             clean_text, fetch, finite_number, parse_base_url)

@@ -23,11 +23,11 @@ import re
 import sys
 
 from core.contract import batch_name, chunk_said, identity, read_plan
-from core.readyfile import last_gauges
+from core.readyfile import last_gauges, sha256_type
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
 from core.records import JUDGED, label, parts_text, show
-from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, sha256_type
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from core.transport import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
