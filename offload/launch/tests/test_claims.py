@@ -66,6 +66,15 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
                       for n in n.split("/")}
         self.assertEqual(help_codes, expected)
 
+    def test_the_commands_sharing_the_warm_ups_codes_point_to_its_table(self):
+        for command in ("probe", "gate", "report"):
+            with self.subTest(command=command):
+                help_text = " ".join(subprocess.run(
+                    [sys.executable, "-I", "-S", QUALIFY, command, "--help"],
+                    capture_output=True, text=True, timeout=30).stdout.split())
+                self.assertIn("warmup.py --help's table", help_text)
+                self.assertNotRegex(help_text, r"\b(124|137|143)\b", "a second exit table")
+
     def test_each_table_is_in_the_contract_only(self):
         readme = read(os.path.join(REPO, "README.md"))
         contract = read(CONTRACT)

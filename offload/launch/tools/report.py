@@ -340,11 +340,10 @@ def report_main(argv: list[str]) -> int:
                     "otherwise the run is 'incomplete', whatever its summary claims. A "
                     "warm-up that passed a plan other than the contract's is 'custom', never "
                     "'pass'. The warm-up judged itself by the same rules (core/contract.py "
-                    "decide()). Exit status, for scripts to decide by: 0 only for the "
-                    "contract's pass (of the last run); 1 fail, incomplete, a custom plan, "
-                    "no run in the file, or --expect-k not holding; 3 refused; 124, 137, "
-                    "129, 130, 143 ended by the hard bound or a signal; 2 when the file "
-                    "cannot be read.")
+                    "decide()). Exit status: the last run's, judged again, by warmup.py "
+                    "--help's table (0 only for the contract's pass); 1 also for an "
+                    "incomplete run, a custom plan, no run in the file, or --expect-k not "
+                    "holding; 2 when the file cannot be read.")
     parser.add_argument("records", help="the JSON Lines records file")
     parser.add_argument("--json", action="store_true",
                         help="the report as one JSON object: runs (each with its run, requests, "
