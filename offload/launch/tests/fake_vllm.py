@@ -1132,6 +1132,17 @@ def human_int(text: str) -> int:
     return int(number) * 1024 ** ("KMGT".index(suffix) + 1)
 
 
+def process_start_time() -> float:
+    """This process's start as prometheus_client's process collector reads it (boot time
+    plus the start in clock ticks): never after the process began, so never after a
+    /health that start.sh timed after launching it."""
+    with open("/proc/stat") as stat:
+        boot = next(int(line.split()[1]) for line in stat if line.startswith("btime "))
+    with open("/proc/self/stat") as own:
+        ticks = int(own.read().rpartition(")")[2].split()[19])   # field 22, starttime
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = FakeConfig(model=args.model, max_model_len=args.max_model_len,
@@ -1155,7 +1166,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.fail_start:
         return fail_start()
     try:
-        server = FakeServer(config, 0 if args.demo else args.port).start()
+        server = FakeServer(config, 0 if args.demo else args.port)
+        server.state.process_start = process_start_time()
+        server.start()
     except OSError as exc:
         print(f"fake_vllm.py: cannot listen on 127.0.0.1:{args.port}: "
               f"{exc.strerror or exc}", file=sys.stderr)
