@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 import signal
@@ -44,9 +45,10 @@ MAX_LINES = 900
 WARM_UP_LINES = 5500                 # what warmup.py loads without its four plug-in flags
 
 
-def local_imports(path: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def local_imports(path: str) -> frozenset[str]:
     """The modules of offload/launch/ that a file imports (at any depth of its code), by
-    their dotted names (core.transport)."""
+    their dotted names (core.transport); each file parsed once a run."""
     with open(path, encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
     names = set()
@@ -55,7 +57,7 @@ def local_imports(path: str) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
-    return names & set(LAYERS)
+    return frozenset(names & set(LAYERS))
 
 
 def modules() -> dict[str, str]:
