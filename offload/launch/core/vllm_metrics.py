@@ -366,12 +366,11 @@ def exposition_of(response, only: tuple = ()) -> tuple[Exposition | None, str | 
 def lines_naming(text: str, names: tuple) -> str:
     """The lines of `text` (split on LF) that hold one of `names`, found by the regex
     engine, not line by line (a sampler reads a large /metrics every 20 ms)."""
-    kept, after = [], 0
-    for found in re.finditer("|".join(map(re.escape, names)), text):
-        if found.start() >= after:                  # not in the line just kept
-            start = text.rfind("\n", 0, found.start()) + 1
-            after = text.find("\n", found.end()) % (len(text) + 1)   # -1: the text's end
-            kept.append(text[start:after])
+    pattern, kept, at = re.compile("|".join(map(re.escape, names))), [], 0
+    while found := pattern.search(text, at):        # then from the next line on
+        start = text.rfind("\n", 0, found.start()) + 1
+        at = text.find("\n", found.end()) % (len(text) + 1) + 1    # -1: the text's end
+        kept.append(text[start:at - 1])
     return "\n".join(kept)
 
 
