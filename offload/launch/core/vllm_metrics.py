@@ -91,7 +91,8 @@ def sleep_states(samples: list, engines: tuple | None = None) -> dict[str, str]:
     seen: dict[str, dict] = {}
     for name, labels, value in samples:
         if name == SLEEP_GAUGE:
-            engine = clean_text(labels.get("engine", "0"), 8)
+            index = engine_index(labels.get("engine", "0"))     # a label not an index: as is
+            engine = clean_text(labels["engine"], 8) if index is None else str(index)
             seen.setdefault(engine, {}).setdefault(labels.get("sleep_state"), []).append(value)
     if not seen:
         return {}

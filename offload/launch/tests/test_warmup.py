@@ -178,6 +178,11 @@ class TestGuard(unittest.TestCase):
                          "two awake samples of one engine must both say awake")
         self.assertEqual(states(text((0, 1, 0, 0)), engines=(0, 1)),
                          {"0": "awake", "1": "sleep state not published"})
+        # The engine label read by the one rule (engine_index): "01" is engine 1, as the
+        # guard reads it; a label that is no index keeps its own name, and is judged too.
+        self.assertEqual(states(text(("01", 0, 1, 0)), engines=(1,)), {"1": "weights offloaded"})
+        self.assertEqual(states(text(("x", 0, 1, 0), (0, 1, 0, 0))),
+                         {"0": "awake", "x": "weights offloaded"})
 
         def problem(*states, engines=None, extra=""):
             lines = [f'vllm:engine_sleep_state{{engine="{e}",sleep_state="{s}"}} {v}'
