@@ -903,11 +903,11 @@ def bench_quick_read(reps: int) -> dict:
     text = "\n".join(f'vllm:filler_total{{engine="0",n="{i}"}} 1.0' for i in range(20000))
     text += '\nvllm:num_requests_running{engine="0"} 0.0\n'
     names = vllm_metrics.GAUGES
-    ways = {"regex": lambda: vllm_metrics.lines_naming(text, names),
+    ways = {"find": lambda: vllm_metrics.lines_naming(text, names),
             "per line": lambda: "\n".join(line for line in text.split("\n")
                                            if any(name in line for name in names)),
             "parse": lambda: transport.parse_prometheus(text)}
-    assert ways["regex"]() == ways["per line"]()
+    assert ways["find"]() == ways["per line"]()
     took: dict = {name: [] for name in ways}
     for _ in range(reps):
         for name, way in ways.items():
@@ -918,13 +918,13 @@ def bench_quick_read(reps: int) -> dict:
 
 
 def quick_read_row(read: dict, reps: int) -> str:
-    ratio = read["per line"] / read["regex"]
+    ratio = read["per line"] / read["find"]
     return row("gauge sampler's quick read of a 0.9 MB /metrics (20,000 lines; read every "
                f"20 ms while a batch runs), median of {reps}: the lines naming a gauge found "
-               "by the regex engine vs a test per line (the reading before)",
-               f"{fmt_ms(read['regex'])} vs {fmt_ms(read['per line'])}; the whole text "
+               "by str.find vs a test per line (the reading before)",
+               f"{fmt_ms(read['find'])} vs {fmt_ms(read['per line'])}; the whole text "
                f"parsed: {fmt_ms(read['parse'])}", f"{ratio:.0f}× faster",
-               "≤ 1 ms a read (5% of the interval)", read["regex"] <= 0.001)
+               "≤ 1 ms a read (5% of the interval)", read["find"] <= 0.001)
 
 
 def row(name: str, measured: str, ratio: str, target: str, verdict: bool | None) -> str:

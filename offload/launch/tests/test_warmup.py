@@ -131,14 +131,16 @@ class TestGuard(unittest.TestCase):
 
     def test_the_samplers_quick_read_keeps_exactly_the_lines_naming_a_gauge(self):
         pieces = [*vllm_metrics.GAUGES, "vllm:num_requests_runn", "x 1", "\n", "\n", "\r",
-                  " ", '{engine="0"} 2', "\u2028"]
+                  " ", '{engine="0"} 2', "\u2028", "process_start_time_seconds"]
         rng = random.Random(43)
-        for _ in range(3000):
-            text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
-            by_line = "\n".join(line for line in text.split("\n")
-                                if any(name in line for name in vllm_metrics.GAUGES))
-            self.assertEqual(vllm_metrics.lines_naming(text, vllm_metrics.GAUGES), by_line,
-                             repr(text))
+        for names in (vllm_metrics.GAUGES, ("vllm:num_requests_", "process_start_time_seconds",
+                                            "x"), ("",)):      # "": every line, and it ends
+            for _ in range(1500):
+                text = "".join(rng.choice(pieces) for _ in range(rng.randrange(12)))
+                by_line = "\n".join(line for line in text.split("\n")
+                                    if any(name in line for name in names))
+                self.assertEqual(vllm_metrics.lines_naming(text, names), by_line,
+                                 repr((text, names)))
         busy = self.TEXT + 'vllm:filler_total{n="1"} 1.0\n' * 5000 + \
             'vllm:num_requests_waiting{engine="1"} 3'
         self.assertEqual(vllm_metrics.lines_naming(busy, vllm_metrics.GAUGES).split("\n"),
