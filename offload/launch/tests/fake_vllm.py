@@ -173,9 +173,13 @@ def chat_doc(doc: dict, body: dict) -> dict:
 
 
 def go_float(value: float) -> str:
-    """A float as prometheus_client writes a large one: 1.7960769266e+09."""
-    mantissa, exponent = f"{value:.10e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+    """A float as prometheus_client writes it (floatToGoString): repr, in Go's exponent form
+    past six digits before the point, every digit kept: 1.79641114152e+09."""
+    text = repr(float(value))
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        return f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.") + f"e+{dot - 1:02d}"
+    return text
 
 
 def tokenize(text: str) -> list[int]:

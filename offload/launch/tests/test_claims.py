@@ -230,6 +230,14 @@ class TestMessages(HelperCase):
         self.assertEqual(status_files.status_delta({"pid": 1, "steps": 1},
                                              {"pid": 1, "steps": 4})["state"], "valid")
 
+    def test_the_fake_writes_a_float_as_prometheus_client_does(self):
+        # floatToGoString: repr with every digit, Go's exponent past six digits before the
+        # point (a process start cut to 0.1 s could read later than the process began).
+        from fake_vllm import go_float
+        for value, written in ((1796411141.52, "1.79641114152e+09"), (1e9, "1e+09"),
+                               (1796411141.0, "1.796411141e+09"), (123.5, "123.5")):
+            self.assertEqual(go_float(value), written)
+
     def test_fake_on_a_busy_port_says_one_line(self):
         with socket.socket() as busy:
             busy.bind(("127.0.0.1", 0))
