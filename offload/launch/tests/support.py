@@ -35,7 +35,6 @@ if LAUNCH not in sys.path:
 
 import core.contract as contract  # noqa: E402
 import qualify  # noqa: E402
-import tools.ready as ready  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import warmup  # noqa: E402

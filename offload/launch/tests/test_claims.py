@@ -22,8 +22,7 @@ import time
 import unittest
 
 from support import PYTHON, FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
-import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
-import core.cli as cli  # noqa: E402
+import core.cli as cli  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.status_files as status_files  # noqa: E402

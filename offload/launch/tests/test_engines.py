@@ -13,7 +13,6 @@ import unittest
 
 from support import HelperCase
 import core.contract as contract  # noqa: E402
-import core.evidence as evidence  # noqa: E402  (support puts offload/launch on sys.path)
 import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
 import core.vllm_client as vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 

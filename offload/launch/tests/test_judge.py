@@ -14,7 +14,6 @@ import core.contract as contract  # noqa: E402  (support puts offload/launch on 
 import core.kinds as kinds  # noqa: E402
 import start.steps as steps  # noqa: E402
 import qualify  # noqa: E402
-import tools.ready as ready  # noqa: E402
 import tools.readback as readback  # noqa: E402
 import core.records as records  # noqa: E402
 

@@ -24,7 +24,6 @@ from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 from support import (PYTHON, FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase,
                      SilentServer, StartCase, copy_product, free_port, gate_record, product_files, read_records,
                      run_record, summary_record)
-import launcher  # noqa: E402
 import start.server_command as server_command  # noqa: E402
 from start.server import LaunchedServer, Log  # noqa: E402
 from start.settings import Settings  # noqa: E402
