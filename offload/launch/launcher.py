@@ -3,7 +3,7 @@
   main() -> start.settings.Settings(argv, env).check() (flags over START_* variables,
             all checked before anything is launched) -> start.steps.start() (or, with
             --rewarm, start.steps.rewarm()): launch, guard, warm up, OK or WARN, and with
-            --supervise stay the server's parent (start.server.supervise)
+            --supervise stay the server's parent and own its readiness (start.owner)
 
 start.sh execs this file; its internals are start/ (the server, the steps, the settings).
 Standard library only.
@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the folder's packages
 MODULES = ("start.processes", "start.server_command", "start.settings", "start.supervisor",
-           "start.server", "start.steps", "tools.procfs", "tools.readback", "tools.ready",
+           "start.server", "start.owner", "start.steps", "tools.procfs", "tools.readback", "tools.ready",
            "core.readyfile", "core.textfile", "core.vllm_client", "core.plan_file")
 
 
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         return 2
     from start.server import Exit, Log
     from start.settings import HELP, Settings, Usage
+    from start.owner import Owner, ask_owner
     from start.steps import publish_start_outcome, rewarm, start, start_usage_error
     settings = None
     try:
@@ -48,7 +49,8 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         return start_usage_error(str(exc))
     log = Log(settings.log_dir)
     try:
-        return rewarm(settings, log) if settings.rewarm else start(settings, log)
+        return rewarm(settings, log, ask_owner) if settings.rewarm else \
+            start(settings, log, Owner)
     except Exit as exc:
         return exc.code
     finally:

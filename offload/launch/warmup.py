@@ -106,11 +106,8 @@ class WarmUp(ServerProgram):
     def steps(self, run: Run) -> None:
         """Everything the warm-up sends, in order; Fatal ends it early."""
         self.learn_server(run)        # the server to ourselves: no other helper runs now
-        if self.ready_file:           # a re-warm killed mid-run leaves the file not ready
-            from core.readyfile import mark_ready_file, read_ready_file
-            self.vouched = read_ready_file(self.ready_file)[0] or {}
-            mark_ready_file(self.ready_file, self.vouched.get("run_id"),
-                            rewarm_run_id=run.settings.run_id)
+        if self.ready_file:           # taken away first: a run that does not pass leaves none
+            self.vouched = plug_in("core.readyfile").take_for_run(self.ready_file)
         self.b1_prompts = self.size_long_prompts(run, self.plan.b1_target, self.plan.tokens,
                                                  self.plan.chunk_tokens)
         self.plan = self.plan.replace(context=self.server.max_model_len)
@@ -170,8 +167,7 @@ class WarmUp(ServerProgram):
         """With --ready-file: the ready file from this run's own verdict."""
         if self.ready_file:
             plug_in("core.readyfile").rewrite_after_run(
-                self.ready_file, run, summary, len(self.tally.requests), self.vouched,
-                self.connection.target)
+                self.ready_file, run, summary, self.vouched, self.connection.target)
 
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         return exported_samples(self.server.engines, self.tally.requests,
@@ -336,11 +332,12 @@ def wave_record(run: Run, name: str, kind_: Kind, depth: int, engine, mine: list
 def exported_samples(engines: tuple, requests: list[dict], per_engine: int,
                      summary: dict, server_start: float | None) -> list[tuple]:
     """Requests ok and failed in the last run, per engine (the engine index only), the
-    time to warm (process start -> first /health 200 -> warm-up end) and when the server
-    started (what an alert on 'no pass since the server started' compares)."""
+    time to warm of a pass (process start -> first /health 200 -> warm-up end) and when
+    the server started (what an alert on 'no pass since the server started' compares)."""
+    warm = (summary.get("time_to_warm") or {}) if summary.get("verdict") == "pass" else {}
     samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
                for phase, help_text in TIME_TO_WARM_HELP.items()
-               if (value := (summary.get("time_to_warm") or {}).get(phase)) is not None]
+               if (value := warm.get(phase)) is not None]
     if server_start is not None:
         samples.append(("offload_warmup_server_start_time_seconds", {}, float(server_start),
                         "When the server the last run warmed started (its "
@@ -616,10 +613,10 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="how long to wait for each status file to be rewritten, before "
                              "the first wave and after the last (default: %(default)g)")
     add_file_option(parser, "--ready-file", "WARMUP_READY_FILE",
-                    "the ready file `qualify.py ready` checks: written after the run when "
-                    "the records show a contract pass (as start.sh does), left as it was "
-                    "when the run was refused, removed after any other end: how to warm "
-                    "again after a wake")
+                    "the ready file `qualify.py ready` checks: removed when the run begins, "
+                    "written after it only when the records show a contract pass (as "
+                    "start.sh does): how to warm again after a wake. One creator per file: "
+                    "not a file start.sh --supervise owns")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan (waves, prompt sizes, budgets, bounds) and exit 0 "
                              "without touching the network")

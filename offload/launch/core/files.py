@@ -1,20 +1,16 @@
-"""Files a program reads and writes: regular files only (a FIFO or a device could block,
-a link could point anywhere), small JSON files within a bound, and atomic writes (a
-temporary file beside the target, then a rename).
-
-The layer under the records sink, the textfile and the ready file; standard library only.
-"""
+"""Files a program reads, writes and removes: regular files only (a FIFO or a device could
+block, a link could point anywhere), small JSON files within a bound, atomic writes."""
 
 from __future__ import annotations
 
 import os
+import stat
 
 from core.transport import MAX_BODY_BYTES, decode_json
 
 
 def open_regular(path: str):
     """A regular file opened for reading without blocking on a FIFO; OSError otherwise."""
-    import stat
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -29,7 +25,6 @@ def open_regular(path: str):
 def open_own(path: str, mode: str = "ab"):
     """A file this program writes (a log, a pid file), opened to append ("ab", "a") or
     rewrite ("w"), never through a link (ELOOP): what is planted there is not written."""
-    import stat
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (
         os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
     fd = os.open(path, flags, 0o644)          # a FIFO planted there never blocks the open
@@ -54,7 +49,6 @@ def read_json_file(path: str, limit: int = MAX_BODY_BYTES) -> tuple[object, str 
 def _temporary_beside(path: str) -> tuple[int, str, str | None]:
     """A new temporary file beside `path`, which must be a regular file or nothing:
     (descriptor, its path, None), or (-1, '', why not)."""
-    import stat
     import tempfile
     try:
         mode = os.lstat(path).st_mode
@@ -102,3 +96,12 @@ def write_atomically(path: str, text: str) -> str | None:
             pass
         return f"{exc.strerror or exc}"
     return None
+
+
+def remove_regular(path: str) -> tuple[bool | None, str]:
+    """A regular file of ours removed, never a link: (True, ''), (None, '') none, (False, why)."""
+    try:
+        return (os.remove(path) or True, "") if os.path.isfile(path) and \
+            not os.path.islink(path) else (None, "")
+    except OSError as exc:
+        return False, exc.strerror or type(exc).__name__

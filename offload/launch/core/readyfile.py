@@ -1,17 +1,14 @@
 """The ready file: what a passing warm-up vouches for, written, read, marked and removed.
 
   ready_document(), ready_of()    the document from a passing run's verdict and records (pure)
-  write_ready(), replace_ready_file(), drop_ready_file()   the writers' one way to write and
-                                  remove it (the warm-up from its own verdict, the launcher
-                                  from the records')
+  write_ready(), remove_regular()   the creator's one way to write it, and to remove it
+  take_away()                     what every other process may do: remove it, never rewrite
   read_ready_file()               the file as a document, or why it is none
-  mark_ready_file()               a read-modify-write under the folder's lock (ReadyLock)
-                                  that keeps the marks (MARKS) another writer made
   rewrite_after_run()             the warm-up's file from its own verdict (--ready-file)
   sha256_type()                   --plan-sha256: the reviewed plan the file must name
 
-The warm-up's (core); qualify.py ready (tools/ready.py) reads and marks it too. Standard
-library only.
+One creator per file (start.sh --supervise's owner, else the start.sh or warm-up holding
+the server's lock); qualify.py ready (tools/ready.py) reads it and may only take it away.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ import json
 import os
 import time
 
-from core.files import read_json_file, write_atomically
+from core.files import read_json_file, remove_regular, write_atomically
 from core.transport import (UsageError, clean_text, finite_number, parse_base_url,
                             parse_url)
 
@@ -60,7 +57,7 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "elapsed_s": summary.get("elapsed_s"), "records": records,
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
-        "server_pgid": server_pgid, "slept_at": None,
+        "server_pgid": server_pgid,
         "chunk_tokens": run.get("plan", {}).get("chunk_tokens"),
         "plan": {k: file[k] for k in ("name", "sha256")} if (file := run.get("plan", {})
                                                                .get("file")) else None,
@@ -70,14 +67,6 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
 def last_gauges(records: list[dict]) -> dict:
     """The last guard read's record of a run ({} when none)."""
     return ([r for r in records if r["record"] == "gauges"] or [{}])[-1]
-
-
-def seen_asleep(records: list[dict]) -> bool:
-    """A run's last guard read saw an engine asleep (a re-warm refused so: the ready file
-    is marked, and stays not ready after the wake)."""
-    states = last_gauges(records).get("sleep_state") or {}
-    return any(state not in ("awake", "sleep state not published")
-               for state in states.values())
 
 
 def served_after(records: list[dict]) -> dict | None:
@@ -111,18 +100,6 @@ def write_ready(path: str, doc: dict) -> str | None:
     return write_atomically(path, json.dumps(doc, indent=1) + "\n")
 
 
-def drop_ready_file(path: str) -> tuple[bool | None, str]:
-    """Remove the ready file (a regular file only): (True removed, None none to remove,
-    False could not; why not)."""
-    if not os.path.isfile(path) or os.path.islink(path):
-        return None, ""
-    try:
-        os.remove(path)
-        return True, ""
-    except OSError as exc:
-        return False, exc.strerror or type(exc).__name__
-
-
 def read_ready_file(path: str) -> tuple[dict | None, str | None]:
     """The ready file as a document, or (None, why it is not one)."""
     where = clean_text(path, 200)
@@ -131,7 +108,8 @@ def read_ready_file(path: str) -> tuple[dict | None, str | None]:
     try:
         doc, why = read_json_file(path, MAX_READY_BYTES)
     except FileNotFoundError:
-        return None, f"{where} is missing: no warm-up has passed since the last start"
+        return None, (f"{where} is missing: no warm-up has passed since the last start, "
+                      f"re-warm, sleep or stop")
     except OSError as exc:
         return None, f"{where} cannot be read ({exc.strerror or type(exc).__name__})"
     if not isinstance(doc, dict) or doc.get("kind") != READY_KIND or doc.get("verdict") != "pass" \
@@ -152,103 +130,37 @@ def iso_time(seconds_since_epoch: float) -> str:
         return f"{seconds_since_epoch:g} (not a calendar time)"
 
 
-MARKS = ("slept_at", "stopping_at")      # what makes a ready file not ready, kept by every writer
+def take_away(path: str, run_id=None) -> tuple[bool | None, str]:
+    """What every process but the creator may do to a ready file: remove it (when it still
+    vouches for run `run_id`, if one is named; a newer pass is not ours to judge). Never a
+    rewrite: readiness is only taken away here, never restored. remove_regular's answer."""
+    now = read_ready_file(path)[0] if run_id is not None else None
+    if now is not None and now.get("run_id") != run_id:
+        return None, "it vouches for another run now"
+    return remove_regular(path)
 
 
-class ReadyLock:
-    """An exclusive lock on the ready file's folder (flock), tried for wait_s, held for a
-    `with` block so that every read-modify-write of the file sees the one before it;
-    `held` says whether it was had."""
-
-    def __init__(self, path: str, wait_s: float = 2.0):
-        self.path, self.wait_s, self.fd = path, wait_s, None
-
-    def __enter__(self) -> "ReadyLock":
-        import fcntl
-        try:
-            fd = os.open(os.path.dirname(os.path.abspath(self.path)),
-                         os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return self
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self.fd = fd
-                return self
-            except OSError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    return self
-                time.sleep(0.02)
-
-    @property
-    def held(self) -> bool:
-        return self.fd is not None
-
-    def __exit__(self, *exc) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
+def take_for_run(path: str) -> dict:
+    """The ready file as a warm-up (--ready-file) found it ({} without one), then removed:
+    a run that does not pass leaves none."""
+    found = read_ready_file(path)[0] or {}
+    remove_regular(path)
+    return found
 
 
-def mark_ready_file(path: str, run_id, wait_s: float = 2.0, **fields) -> str | None:
-    """The ready file rewritten with `fields` changed (None removes one), if it is still
-    run `run_id`'s (a newer warm-up's is not ours to mark), under the folder's lock; None
-    when done, else why not. A not-ready mark that cannot be written (a full disk, the
-    lock not had) removes the file instead: unlinking needs no space."""
-    with ReadyLock(path, wait_s) as lock:
-        now, why = read_ready_file(path)
-        if now is None or now.get("run_id") != run_id:
-            return why or "it vouches for another run now"
-        changed = {k: v for k, v in dict(now, **fields).items()
-                   if v is not None or k not in fields}
-        why = write_ready(path, changed) if lock.held else \
-            "the ready file's folder could not be locked"
-    if why and any(v is not None for v in fields.values()):
-        removed, failed = drop_ready_file(path)
-        why += "; removed it instead: not ready" if removed else \
-            f"; nor could it be removed ({failed})"
-    return why
-
-
-def replace_ready_file(path: str, doc: dict, found: dict) -> str | None:
-    """Write `doc` as the ready file under the folder's lock, keeping the marks (a sleep,
-    a stop) another writer made since the file was `found`; None when written."""
-    with ReadyLock(path):
-        now = read_ready_file(path)[0] or {}
-        kept = {m: now[m] for m in MARKS if now.get(m) and now.get(m) != found.get(m)}
-        return write_ready(path, dict(doc, **kept))
-
-
-def rewrite_after_run(path: str, run, summary: dict, sent: int, vouched: dict,
-                      target) -> None:
-    """The warm-up's ready file from its own verdict (`run`: the run, `sent` requests, the
-    file as it found it, the server at `target`): written anew for a contract pass (a
-    mark that the server slept or stops made while this run ran is kept; one from before
-    goes), left as it was by a refusal that sent nothing (our own mark undone), removed
-    after any other end (the server this run tried to warm is not known warm)."""
-    if summary["verdict"] == "refused" and not sent:
-        now = read_ready_file(path)[0] or {}
-        if now.get("rewarm_run_id") == run.settings.run_id:   # a sleep it saw is marked
-            asleep = iso_time(time.time()) if seen_asleep(run.written) else None
-            mark_ready_file(path, now.get("run_id"), rewarm_run_id=None, slept_at=asleep)
-        run.say(f"ready file {path} left as it was: this run was refused before it sent "
-                f"anything")
-        return
+def rewrite_after_run(path: str, run, summary: dict, vouched: dict, target) -> None:
+    """The warm-up's ready file from its own verdict (--ready-file; the file was taken away
+    when the run began): written anew for a contract pass, else left absent."""
     same = same_address(vouched.get("base_url"), target)
     doc, why = ready_of(summary["verdict"], run.written, run.settings.records_path,
                         server_pgid=vouched.get("server_pgid") if same else None)
-    if why and summary["verdict"] == "refused":
-        why = f"this run was refused after it sent {sent} requests"
-    why = why or replace_ready_file(path, doc, vouched)
+    why = why or write_ready(path, doc)
     if why is None:
         run.say(f"ready file {path} written: `qualify.py ready --ready-file {path}` says "
                 f"while it stays true")
         return
-    removed, failed = drop_ready_file(path)
-    gone = "; the old one was removed" if removed else \
-        f"; the old one could not be removed ({failed})" if removed is False else ""
-    run.say(f"ready file {path} not written: {why}{gone}")
+    remove_regular(path)
+    run.say(f"ready file {path} not written: {why}")
 
 
 def same_address(text, target) -> bool:

@@ -138,7 +138,13 @@ def merged(prefix: str, fresh: list[tuple], before: list[tuple]) -> list[tuple]:
 def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
     """Write the textfile; None when written, else why not (one line). A file that cannot
     be rewritten is removed (unlinking needs no space): no older success stays standing."""
-    why = write_atomically(path, render(merged(prefix, fresh, previous_samples(path))))
+    return write_or_remove(path, render(merged(prefix, fresh, previous_samples(path))))
+
+
+def write_or_remove(path: str, text: str) -> str | None:
+    """The textfile written atomically; one that cannot be is removed (no older success
+    stays standing). None when written, else why not."""
+    why = write_atomically(path, text)
     if why is None:
         return None
     try:
@@ -148,6 +154,18 @@ def publish(path: str, prefix: str, fresh: list[tuple]) -> str | None:
     except OSError as exc:
         return f"cannot write the textfile {path}: {why}; nor remove it ({exc.strerror or exc})"
     return f"cannot write the textfile {path}: {why}"
+
+
+def carry(stage: str, path: str) -> str | None:
+    """What a step published to its own file `stage` moved into `path` in one write (each
+    program's families replacing that program's, its last success kept as publish keeps
+    it): start.sh --supervise, the one writer of `path`. None when written."""
+    fresh = previous_samples(stage)
+    samples = previous_samples(path)
+    for mode in sorted({name.split("_")[1] for name, *_ in fresh if name.count("_") > 1}):
+        prefix = f"offload_{mode}"
+        samples = merged(prefix, [s for s in fresh if s[0].startswith(prefix + "_")], samples)
+    return write_or_remove(path, render(samples)) if fresh else None
 
 
 def publish_outcome(path: str, mode: str, verdict: str, exit_code: int) -> str | None:

@@ -7,7 +7,6 @@ guard, whether it is the one answering its port, and --supervise.
   refuse_a_running_server(), wait_ready(), refuse_a_foreign_answer()   before a warm-up:
                           no server already here, /health 200 within the guard, the port
                           held by the launched group and the command's model served
-  supervise()             stay the server's parent until it ends (a container's entry point)
 
 The launcher's (start/); standard library only.
 """
@@ -32,7 +31,6 @@ from tools.procfs import foreign_holders, port_owners
 TAIL_LINES = 20
 SIGNALS = {s.value for s in signal.Signals}
 PROBE_TIMEOUT_S = 2.0
-SLEEP_WATCH_S = 3.0                   # --supervise reads the sleep gauge this often
 
 
 class Exit(Exception):
@@ -54,6 +52,7 @@ class Log:
         self.path = os.path.join(folder, "start.log")
         self.writer = None                # a runframe.LineWriter under --supervise
         self.lost = ""                    # why start.log could not be written, once said
+        self.tee = None                   # also to this callable (a re-warm's asker)
 
     def __call__(self, text: str, stream=None) -> None:
         line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text
@@ -68,6 +67,8 @@ class Log:
                 self.show(f"WARN: {self.lost}; start.log lines go to the terminal only",
                           sys.stderr)
         self.show(line, stream or sys.stdout)
+        if self.tee is not None:
+            self.tee(line)
 
     def show(self, text: str, stream) -> None:
         """Text to the terminal only: under --supervise through the writer (nobody reading
@@ -89,11 +90,14 @@ class LaunchedServer(ServerProcess):
     """The launched server as start.sh reports it: its launch line, server.pid, the first
     error and end of its log, an ERROR when it is gone."""
 
+    stop_words = "stopping the launched server"
+
     def __init__(self, settings: Settings, log: Log):
         super().__init__(os.path.join(settings.log_dir, "server.log"))
         self.settings, self.log = settings, log
         self.server_log = self.log_path
         self.log_offset = 0
+        self.lock: int | None = None      # the server's lock (server.pid), held to the end
 
     def start(self) -> None:
         """Launch the command; under --supervise its output also reaches our own, and
@@ -227,11 +231,13 @@ def refuse_a_foreign_answer(settings: Settings, server: LaunchedServer, log: Log
             f"see; run it where it sees its server (a pod with shareProcessNamespace, or "
             f"start.sh as the server itself) and as the same user"))
     others = [owner for owner in owners if owner[1] != server.pid]
-    if others:
+    if others or not any(pid == server.pid for pid, _ in owners):
+        other = (others or owners)[0]
         refuse_the_server(server, log, (
             f"{settings.target.display}/health answered 200, but port {port} is held by "
-            f"pid {others[0][0]} (process group {others[0][1]}), not by the server start.sh "
-            f"launched (process group {server.pid})"))
+            f"pid {other[0]} (process group {other[1]}), not by the server process start.sh "
+            f"launched (pid {server.pid}; another member of its group, such as a proxy, "
+            f"does not count: a wrapper script must exec the server)"))
     named = commanded_model(settings.command)
     served, why = served_model_ids(settings) if named else ([], None)
     if why:                           # the warm-up reads /v1/models too, and fails on it
@@ -246,8 +252,9 @@ def refuse_a_foreign_answer(settings: Settings, server: LaunchedServer, log: Log
 
 
 def refuse_the_server(server: LaunchedServer, log: Log, problem: str) -> None:
-    """ERROR naming the problem: no warm-up, no ready file, the launched server stopped."""
-    log.error(f"{problem}: no warm-up, no ready file; stopping the launched server")
+    """ERROR naming the problem: no warm-up, no ready file, the launched server stopped
+    (an attached one, --rewarm's, is left running)."""
+    log.error(f"{problem}: no warm-up, no ready file; {server.stop_words}")
     server.stop_group()
     server.show_error()
     raise Exit(1)
@@ -281,108 +288,11 @@ def interrupt_while_starting() -> None:
     signal.signal(signal.SIGINT, handler)
 
 
-def supervise(settings: Settings, server: LaunchedServer, log: Log) -> int:
-    """Stay the server's parent until its launched process ends (a container's entry
-    point): TERM and INT go to the server process (vLLM drains first); every child is
-    reaped (as PID 1, orphans too).
-    When it ends, say how and after how long, stop what is left of its group (KILL after
-    the grace), and exit: with its status when a signal asked it to stop, else non-zero
-    (a crash, a signal from elsewhere, or an exit 0 nobody asked for), so that every
-    restart policy restarts it."""
-    asked: list = []                        # (signal name, when), from the handler
-    marked: list = []                       # what marking the ready file stopping did
-    from tools.ready import mark_stopping, watch_sleep
-
-    def pass_on(signum, frame):
-        """Not ready first (the ready file marked stopping: no lock is taken here), then the
-        signal to the server, which drains while traffic leaves."""
-        if settings.ready_file and not asked:
-            marked.append(mark_stopping(settings.ready_file))
-        asked.append((signal.Signals(signum).name[3:], time.monotonic()))
-        server.signal_server(signum)
-    signal.signal(signal.SIGTERM, pass_on)
-    signal.signal(signal.SIGINT, pass_on)
-    log(f"supervising server process group {server.pid} (--supervise): TERM and INT go to "
-        f"the server; start.sh ends when the server does")
-    told, killed, watched = 0, False, time.monotonic()
-    grace = settings.stop_grace_s
-    while True:
-        server.reap()
-        if settings.ready_file and not asked and time.monotonic() - watched >= SLEEP_WATCH_S:
-            watched = time.monotonic()            # a short sleep between probes is seen too
-            said = watch_sleep(settings.ready_file, settings.target, PROBE_TIMEOUT_S)
-            if said:
-                log(f"server asleep: {said}")
-        while told < len(asked):
-            log(f"{asked[told][0]} received: passed on to the server (pid {server.pid}); "
-                f"what is left of its group is stopped when it ends")
-            if told == 0 and marked:
-                log(f"ready file {settings.ready_file}: {marked[0]}")
-            told += 1
-        if not server.alive():
-            break
-        if asked and not killed and time.monotonic() - asked[0][1] >= grace:
-            log(f"server group {server.pid} still alive {grace} s after the signal: KILL")
-            server.kill(signal.SIGKILL)
-            killed = True
-        time.sleep(0.1)
-    status = 1 if server.status is None else server.status
-    how = f"with status {status}" if status < 128 else \
-        f"by signal {signal.Signals(status - 128).name if status - 128 in SIGNALS else status - 128}"
-    if asked:
-        code = status
-        log(f"server ended {how} after {server.ended_after} s, asked to stop ({asked[0][0]} "
-            f"passed on): start.sh exits {code}")
-        took = time.monotonic() - asked[0][1]
-        log(stop_said(asked[0][0], took, grace, killed))
-        if settings.textfile:
-            from core.textfile import publish
-            why = publish(settings.textfile, "offload_stop", stop_samples(took, grace, killed,
-                                                                         time.time()))
-            if why:
-                log(why)
-    else:
-        code = status or 1
-        log.error(f"server ended {how} after {server.ended_after} s, unasked (a crash, a "
-                  f"signal from elsewhere, or an exit nobody asked for): start.sh exits "
-                  f"{code}, so that a restart policy restarts it")
-    if server.left():                 # asked: within the one grace since the signal
-        log(f"stopping what is left of server process group {server.pid}")
-        server.stop_group(max(int(grace - (time.monotonic() - asked[0][1])), 1)
-                          if asked else None)
-    if log.writer is not None and log.writer.dropped:
-        log(f"{log.writer.dropped} lines of output were dropped: nobody read them in time "
-            f"(server.log keeps the server's)")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    return code
-
-
-def stop_said(signal_name: str, took_s: float, grace_s: float, killed: bool) -> str:
-    """How an asked stop went, for start.log: drained within the grace, or KILLed."""
-    if killed:
-        return (f"stop: KILLed after the {grace_s:g} s grace (START_STOP_GRACE_S): the server "
-                f"did not end within it, and what it still had in flight was lost")
-    return (f"stop: drained: the server ended {took_s:.1f} s after {signal_name}, within the "
-            f"{grace_s:g} s grace (START_STOP_GRACE_S; vLLM's own teardown counts against it)")
-
-
-def stop_samples(took_s: float, grace_s: float, killed: bool, at: float) -> list[tuple]:
-    """The textfile's record of the last asked stop (offload_stop_*; the warm-up's series
-    stay as they are). Pure."""
-    return [("offload_stop_last_timestamp_seconds", {}, at,
-             "When start.sh --supervise last saw its server end after a TERM or INT."),
-            ("offload_stop_last_duration_seconds", {}, round(took_s, 3),
-             "From the signal to the server's end (its drain and teardown)."),
-            ("offload_stop_last_grace_seconds", {}, float(grace_s),
-             "START_STOP_GRACE_S: how long start.sh waits before it KILLs the server."),
-            ("offload_stop_last_killed", {}, 1.0 if killed else 0.0,
-             "1 when the server outlasted the grace and was KILLed (its in-flight work lost).")]
-
-
 class AttachedServer(LaunchedServer):
     """The server an earlier start.sh launched in LOG_DIR (--rewarm): alive while its
     launched pid is; a re-warm never stops it."""
+
+    stop_words = "the server keeps running (a re-warm stops nothing)"
 
     def __init__(self, settings: Settings, log: Log, pid: int):
         super().__init__(settings, log)

@@ -99,3 +99,12 @@ def logged_chunk(text: str) -> str:
     max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
     found = CHUNK_LINES.findall(text)
     return found[-1] if found else ""
+
+
+def seconds_of(text: str) -> float | None:
+    """A flag's seconds (vLLM's --shutdown-timeout), or None when not a number."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and 0 <= value < 1e9 else None

@@ -49,22 +49,34 @@ options (environment variable in brackets):
                       WARMUP_TEXTFILE]
   --no-warmup         start and guard only [START_WARMUP=0]
   --rewarm            no start: warm again the server an earlier start.sh launched in
-                      LOG_DIR (server.pid must be alive and hold the port server.url
-                      names; the chunk comes from server.chunk), the ready file removed
-                      first and written only if it passes, the textfile as a start's;
-                      exit 0 only when it passed (a pod whose warm-up failed, or that
-                      slept: kubectl exec POD -c vllm -- /opt/offload/start.sh --rewarm)
+                      LOG_DIR: under --supervise its owner runs it (its lines shown here);
+                      else here (server.pid must be alive and hold the port server.url
+                      names; the chunk from server.chunk when it names that server), the
+                      ready file removed first and written only if it passes, the
+                      textfile as a start's; exit 0 only when it passed (a pod whose
+                      warm-up failed: kubectl exec POD -c vllm -- /opt/offload/start.sh
+                      --rewarm)
   --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
   --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
                       [START_GATE_HARD_S, 180]
   --keep N            keep the records of the last N warm-ups (and gates) in the log
                       folder, removing older ones, each named in start.log; 0 keeps
                       every one [START_KEEP, 10]
+  --ready-port N      with --supervise: answer GET /ready on port N of every address,
+                      200 only while the warm-up (and gate) passed for the launched
+                      process, awake, not stopping; 503 naming the state otherwise (the
+                      pod's readiness probe, an httpGet) [START_READY_PORT, 0: none]
   --supervise         a container's entry point: stay the server's parent, its output
                       also on start.sh's own ("server| " before each line) and
                       server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
                       server.log.1); pass TERM and INT on to the server process (it
-                      drains, then stops its engines). When
+                      drains, then stops its engines). It owns readiness: it alone writes
+                      the ready file and the textfile's outcome, retries a warm-up the
+                      guard refused (backoff 2 s doubling to 30 s, within the start
+                      guard), takes readiness away on a sleep or another process on the
+                      port and warms again after the wake, runs --rewarm when asked
+                      (LOG_DIR/owner.sock), and says at a stop whether requests in flight
+                      were cut (WARN at launch without --shutdown-timeout). When
                       the server ends, stop what is left of its group (KILL after
                       START_STOP_GRACE_S) and exit: with its status when TERM or INT
                       asked it to stop, else non-zero (a crash, or an exit 0 nobody
@@ -112,6 +124,7 @@ class Settings:
         "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
         "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
         "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
+        "ready_port": ("START_READY_PORT", "0"),
     }
 
     def __init__(self, argv: list[str], env: dict):
@@ -134,7 +147,7 @@ class Settings:
 
     VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
               "--ready-file": "ready_file", "--textfile": "textfile",
-              "--gate-hard-s": "gate_hard_s", "--keep": "keep"}
+              "--gate-hard-s": "gate_hard_s", "--keep": "keep", "--ready-port": "ready_port"}
     SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
                 "--gate": ("gate", "1")}
 
@@ -185,10 +198,18 @@ class Settings:
         check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
         check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
                     prefix="must be ")
+        check_whole(self.ready_port, 5, self.source["ready_port"], "a port from 0 to 65535",
+                    prefix="must be ", zero=True)
+        if int(self.ready_port) > 65535 or int(self.ready_port) and not (
+                self.supervise or self.rewarm):   # a re-warm shares the pod's variables
+            raise Usage(f"{self.source['ready_port']} must be a port from 1 to 65535, and "
+                        f"only with --supervise (its owner answers it), got "
+                        f"'{self.ready_port}'")
         if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
             raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
                         f"got '{self.gate_hard_s}'")
-        for name in ("guard_s", "say_s", "stop_grace_s", "keep", "log_max_bytes"):
+        for name in ("guard_s", "say_s", "stop_grace_s", "keep", "log_max_bytes",
+                     "ready_port"):
             setattr(self, name, int(getattr(self, name)))
         self.poll_s, self.gate_hard_s = float(self.poll_s), float(self.gate_hard_s)
         if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:

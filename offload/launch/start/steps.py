@@ -22,17 +22,15 @@ import subprocess
 import sys
 import time
 
-from core.readyfile import (drop_ready_file, iso_time, mark_ready_file, read_ready_file,
-                            seen_asleep)
 from core.contract import NOT_REPORTED, chunk_said, read_plan
-from core.files import open_own
+from core.files import open_own, remove_regular
 from core.runframe import records_name
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log,
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
-                          refuse_a_running_server, supervise, wait_ready)
+                          refuse_a_running_server, wait_ready)
 from start.server_command import logged_chunk
-from start.settings import Settings, Usage, check_file_place, os_problem
+from start.settings import NUMBER, Settings, Usage, check_file_place, os_problem
 from start.supervisor import shell_status, size_of
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
@@ -217,27 +215,31 @@ def gate_said(found: dict | None) -> str:
         f"{cer:.3f}" if cer is not None else "n/a")
 
 
-def write_ready_file(settings: Settings, log: Log, records: str, gate_records: str | None,
-                     server_pgid: int, found: dict | None = None):
-    """The ready file from the verdicts of the warm-up's (and the gate's) records, naming
-    the process group that must hold the port (a re-warm: keeping the marks made since
-    it `found` the file)."""
-    from tools.readback import ready_from_records
-    why = ready_from_records(settings.ready_file, records, gate_records=gate_records,
-                             server_pgid=server_pgid, found=found)
-    if why is None:
-        log(f"ready file {settings.ready_file} written: it names the server it vouches for; "
-            f"`qualify.py ready --ready-file {settings.ready_file}` says while it stays true")
-    else:
-        log(f"WARN: the ready file {settings.ready_file} was not written: {why}")
+def ready_file_writer(settings: Settings, log: Log, server_pid: int):
+    """How a start or re-warm without --supervise vouches (it holds the server's lock: the
+    one creator): the ready file from the verdicts of the warm-up's (and the gate's)
+    records, naming the server process that must hold the port; why not, or None."""
+    def vouch(run: dict, gate_records: str | None) -> str | None:
+        if not settings.ready_file:
+            return None
+        from tools.readback import ready_from_records
+        why = ready_from_records(settings.ready_file, run["records"],
+                                 gate_records=gate_records, server_pgid=server_pid)
+        if why is None:
+            log(f"ready file {settings.ready_file} written: it names the server it vouches "
+                f"for; `qualify.py ready --ready-file {settings.ready_file}` says while it "
+                f"stays true")
+        return why
+    return vouch
 
 
 def warm_up_and_report(settings: Settings, server: LaunchedServer, log: Log, env: dict,
-                       when: str, found: dict | None = None, chunk_from: str = "") -> dict:
+                       when: str, vouch, chunk_from: str = "") -> dict:
     """Warm-up (and gate), then OK or WARN from the warm-up's one verdict; the server must
-    still run after them. A WARN names only files that exist; both say the chunk B1 was
-    sized past (`chunk_from`: where start.sh found it, '' when it did not). The warm-up's
-    run, with `passed` True for OK."""
+    still run after them. OK only once `vouch(run, gate records)` said None (the ready
+    file written, the state warm); its reason is a WARN. A WARN names only files that
+    exist; both say the chunk B1 was sized past (`chunk_from`: where start.sh found it,
+    '' when it did not). The warm-up's run, with `passed` True for OK."""
     run = run_warmup(settings, server, log, env, when)
     notes = f"{run['compiles']} compile lines during warm-up"
     if run["plan"] is not None:
@@ -267,9 +269,11 @@ def warm_up_and_report(settings: Settings, server: LaunchedServer, log: Log, env
             log(f"WARN: warm-up passed, gate failed (exit {gate['status']}, verdict "
                 f"{gate['verdict']}; {gate['figures']}); {records} — {inspect}")
             return dict(run, passed=False)
-    if settings.ready_file:
-        write_ready_file(settings, log, run["records"], gate and gate["records"], server.pid,
-                         found)
+    why = vouch(run, gate and gate["records"])
+    if why:
+        log(f"WARN: warm-up passed, but the ready file was not written: {why}; {records} "
+            f"— {inspect}")
+        return dict(run, passed=False)
     what = f": {run['counts']}" if run["counts"] else ""
     what += f" ({run['given']})" if run["given"] else ""
     passed = f"gate passed ({gate['figures']})" if gate else ""
@@ -294,10 +298,12 @@ def start_usage_error(problem: str) -> int:
     return 2
 
 
-def start(settings: Settings, log: Log) -> int:
+def start(settings: Settings, log: Log, owner=None) -> int:
     """Launch, guard, warm up: the exit status. The textfile says 'starting' first (no
     older success stays standing), and how the start ended when no warm-up says it; a
-    server it launched and stopped leaves no ready file."""
+    server it launched and stopped leaves no ready file. With --supervise the warm-up and
+    everything after are the readiness owner's: `owner(settings, server, log, env,
+    chunk_from, healthy_at)` (start.owner.Owner) and its run()."""
     publish_starting(settings, log)
     server = LaunchedServer(settings, log)
     env = settings.server_env()
@@ -307,14 +313,16 @@ def start(settings: Settings, log: Log) -> int:
         server_chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"),
                           env.get("WARMUP_CHUNK_TOKENS"),
                           "the server command's --max-num-batched-tokens")
-        removed, why = drop_ready_file(settings.ready_file) if settings.ready_file else \
+        removed, why = remove_regular(settings.ready_file) if settings.ready_file else \
             (None, "")                 # a start it launches vouches anew (a refused one not)
         if removed is False:
             ended = 2, "usage"
             return start_usage_error(f"--ready-file '{settings.ready_file}' cannot be "
                                      f"removed ({why})")
         interrupt_while_starting()
-        launch_and_warm(settings, server, log, env)
+        supervised = launch_and_warm(settings, server, log, env)
+        if supervised is not None:
+            return owner(settings, server, log, env, *supervised).run()
     except Interrupted as signalled:
         ended = signalled.code, "killed"
         log.error(f"interrupted by {signalled.name} while starting: stopping the server it "
@@ -336,24 +344,26 @@ def start(settings: Settings, log: Log) -> int:
         if ended is not None:
             publish_start_outcome(settings, "warmup", ended[0], ended[1], log)
         if ended is not None and server.pid and settings.ready_file:
-            drop_ready_file(settings.ready_file)
+            remove_regular(settings.ready_file)
     if settings.textfile and settings.warmup and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
-    if settings.supervise:
-        return supervise(settings, server, log)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     log(f"exit 0: server process group {server.pid} keeps running")
     return 0
 
 
-def rewarm(settings: Settings, log: Log) -> int:
-    """start.sh --rewarm: the server LOG_DIR's server.pid names, at the address its
-    server.url says, warmed again as a start warms it (its port held by its group, the
-    chunk from server.chunk); the ready file marked while it runs (not ready), written
-    anew from a pass, left as it was by a refusal that sent nothing, else removed; 0 only
-    for a pass."""
+def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
+    """start.sh --rewarm: under --supervise asked of the readiness owner (`ask_owner`:
+    start.owner.ask_owner, over LOG_DIR/owner.sock), which runs it; else the server LOG_DIR's server.pid names, at the address its
+    server.url says, warmed again here as a start warms it (its port held by that process,
+    the chunk from server.chunk when it names that process): the ready file taken away
+    first, written anew only from a pass; 0 only for a pass."""
     from core.transport import UsageError, parse_base_url
+    asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(settings),
+                                    lambda line: print(line, flush=True))
+    if asked is not None:
+        return asked
     read = {name: read_small(os.path.join(settings.log_dir, name))
             for name in ("server.pid", "server.url", "server.chunk")}
     pid = int(read["server.pid"]) if read["server.pid"].isascii() and \
@@ -367,48 +377,59 @@ def rewarm(settings: Settings, log: Log) -> int:
                   f"must name the live server an earlier start.sh launched there")
         return 1
     settings.base_url = settings.target.display
-    held = rewarm_lock(settings.log_dir)
-    if held is None:
-        log.error(f"another re-warm of the server in {settings.log_dir} runs: one at a time")
+    if server_lock(settings.log_dir) is None:
+        log.error(f"a start or another re-warm of the server in {settings.log_dir} runs: "
+                  f"one at a time; nothing was sent and nothing changed")
         return 1
     log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
     publish_starting(settings, log)
-    found = mark_rewarm(settings, log)       # not ready until this re-warm passes
+    if settings.ready_file and remove_regular(settings.ready_file)[0]:
+        log(f"ready file {settings.ready_file} removed: not ready until this re-warm passes")
     server = AttachedServer(settings, log, pid)
     env = settings.server_env()
-    kept = read["server.chunk"].isascii() and read["server.chunk"].isdigit()
+    chunk, _, owner = read["server.chunk"].partition(" ")
+    kept = chunk.isascii() and chunk.isdigit() and owner == str(pid)
     if kept:
-        env["WARMUP_CHUNK_TOKENS"] = read["server.chunk"]
+        env["WARMUP_CHUNK_TOKENS"] = chunk
     interrupt_while_starting()
     when = run_stamp(settings.log_dir)
     try:
         refuse_a_foreign_answer(settings, server, log)
-        run = warm_up_and_report(settings, server, log, env, when, found,
+        run = warm_up_and_report(settings, server, log, env, when,
+                                 ready_file_writer(settings, log, pid),
                                  "server.chunk" if kept else "")
-        if not run["passed"]:
-            end_rewarm(settings, log, found, run)
         return 0 if run["passed"] else 1
     except Interrupted as signalled:
         log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
         Steps.stop()
         publish_start_outcome(settings, "warmup", signalled.code, "killed", log)
-        end_rewarm(settings, log, found, None)
         return signalled.code
     except Exit as exc:
         publish_start_outcome(settings, "warmup", exc.code, "not_started", log)
-        end_rewarm(settings, log, found, None)
         return exc.code
     finally:
         prune_records(settings.log_dir, settings.keep,
                       (records_name("warmup", when), records_name("gate", when)))
 
 
-def rewarm_lock(folder: str) -> int | None:
-    """An exclusive flock on the log folder's server.pid for a re-warm, held until the
-    process ends (not on the folder: the ready file's writers lock its folder, which may
-    be this one); None when another re-warm holds it."""
+def rewarm_bound_s(settings: Settings) -> float:
+    """How long start.sh --rewarm waits for the owner: a warm-up and a gate under their
+    hard bounds, one more that may be running, and a margin."""
+    hard = settings.env.get("WARMUP_HARD_S", "")
+    hard_s = float(hard) if NUMBER.fullmatch(hard) else 95.0
+    return 2 * (hard_s + KILL_AFTER_S) + (settings.gate_hard_s + KILL_AFTER_S
+                                          if settings.gate else 0) + 30
+
+
+def server_lock(folder: str) -> int | None:
+    """An exclusive flock on the log folder's server.pid, held until the process ends: the
+    one creator of the ready file without --supervise (a start from launch to its end, a
+    re-warm); None when another holds it."""
     import fcntl
-    fd = os.open(os.path.join(folder, "server.pid"), os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(os.path.join(folder, "server.pid"), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -425,58 +446,52 @@ def publish_starting(settings: Settings, log: Log) -> None:
         publish_start_outcome(settings, "gate", 0, "starting", log)
 
 
-def mark_rewarm(settings: Settings, log: Log) -> dict:
-    """The ready file, if any, marked as a re-warm runs (not ready until it ends); the file
-    as it was found ({} without one)."""
-    found = read_ready_file(settings.ready_file)[0] if settings.ready_file else None
-    if found:
-        why = mark_ready_file(settings.ready_file, found.get("run_id"),
-                              rewarm_run_id=f"start.sh-{os.getpid()}")
-        log(f"ready file {settings.ready_file}: " + (f"not marked ({why})" if why else
-                                                     "marked: a re-warm runs, not ready"))
-    return found or {}
-
-
-def end_rewarm(settings: Settings, log: Log, found: dict, run: dict | None) -> None:
-    """A re-warm that did not pass: its ready file left as it was found when the warm-up
-    was refused before it sent anything (our mark undone), else removed."""
-    if not settings.ready_file:
-        return
-    records = ((run or {}).get("judged") or {}).get("records") or []
-    sent = sum(1 for r in records if r.get("record") == "request")
-    if found and run is not None and run["verdict"] == "refused" and not sent:
-        asleep = iso_time(time.time()) if seen_asleep(records) else None
-        mark_ready_file(settings.ready_file, found.get("run_id"), rewarm_run_id=None,
-                        slept_at=asleep)
-        log(f"ready file {settings.ready_file} left as it was: the re-warm was refused before "
-            f"it sent anything (hold producers, then --rewarm again)")
-        return
-    if drop_ready_file(settings.ready_file)[0]:
-        log(f"ready file {settings.ready_file} removed: the re-warm did not pass")
-
-
-def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: dict) -> None:
-    """Launch the server, wait for /health within the guard, warm it up (and gate it)."""
+def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: dict):
+    """Launch the server, wait for /health within the guard, warm it up (and gate it);
+    with --supervise, what the readiness owner needs to (chunk_from, healthy_at), else
+    None."""
     server.start()
+    if server.pid:                               # the one creator: held to the end
+        server.lock = server_lock(settings.log_dir)
+    if settings.supervise:
+        shutdown_warned(settings, log)
     env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
     chunk = logged_chunk(server.logged_since(server.log_offset))
     if chunk and not settings.command_chunk():
         server_chunk_said(log, env.get("WARMUP_CHUNK_TOKENS"), chunk, "server.log")
         env["WARMUP_CHUNK_TOKENS"] = chunk       # B1 must be longer than the chunk
+    chunk_file = os.path.join(settings.log_dir, "server.chunk")
+    remove_regular(chunk_file)                  # never an earlier server's
     if chunk or settings.command_chunk():       # for a re-warm (--rewarm) of this server
-        with open_own(os.path.join(settings.log_dir, "server.chunk"), "w") as handle:
-            handle.write(env["WARMUP_CHUNK_TOKENS"] + "\n")
+        with open_own(chunk_file, "w") as handle:
+            handle.write(f"{env['WARMUP_CHUNK_TOKENS']} {server.pid}\n")
+    chunk_from = "the command" if settings.command_chunk() else "server.log" if chunk else ""
     if not settings.warmup:
         log(f"warm-up skipped (--no-warmup); server process group {server.pid} is up")
         publish_start_outcome(settings, "warmup", 0, "not_warmed", log)
-        return
+        return None
+    if settings.supervise:
+        return chunk_from, float(env["WARMUP_HEALTHY_AT"])
     when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:
-        warm_up_and_report(settings, server, log, env, when, chunk_from="the command"
-                           if settings.command_chunk() else "server.log" if chunk else "")
+        warm_up_and_report(settings, server, log, env, when,
+                           ready_file_writer(settings, log, server.pid), chunk_from)
     finally:
         removed = prune_records(settings.log_dir, settings.keep,
                                 (records_name("warmup", when), records_name("gate", when)))
         if removed:
             log(f"removed {len(removed)} records file(s) older than the last "
                 f"{settings.keep} runs (--keep): {', '.join(removed)}")
+    return None
+
+
+def shutdown_warned(settings: Settings, log: Log) -> None:
+    """WARN at launch when the server command gives vLLM no --shutdown-timeout (or 0, its
+    default): a stop then fails the requests in flight."""
+    from start.server_command import flag_value, seconds_of
+    given = flag_value("--shutdown-timeout", settings.command)
+    if not seconds_of(given):
+        log("WARN: the server command gives " + (f"--shutdown-timeout {given}" if given else
+                                                  "no --shutdown-timeout") +
+            f": vLLM's default, 0, fails the requests in flight at a stop (HTTP 500); give it "
+            f"one below START_STOP_GRACE_S ({settings.stop_grace_s} s)")

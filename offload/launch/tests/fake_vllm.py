@@ -1103,6 +1103,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shutdown-timeout", type=float, default=0.0, metavar="S",
                         help="on TERM, wait up to S s for requests in flight (vLLM 0.32's "
                              "--shutdown-timeout; 0, its default: abort them, HTTP 500)")
+    parser.add_argument("--ignore-term", action="store_true",
+                        help="ignore TERM and INT (a server stuck in its teardown): only a "
+                             "KILL ends it")
     parser.add_argument("--demo", action="store_true",
                         help="serve on a free port, run warmup_serve.sh against it, stop; "
                              "exits with the warm-up's status")
@@ -1181,7 +1184,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(server)
     done = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: done.set())
+        signal.signal(signum, signal.SIG_IGN if args.ignore_term else lambda *_: done.set())
     if args.engine_process:
         engine_core(server)
     # vLLM 0.32 says its prefill chunk at start, in this line (the only place it does).

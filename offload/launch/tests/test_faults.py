@@ -337,8 +337,9 @@ class TestFaults(HelperCase):
         self.assertEqual(proc.returncode, -signal.SIGKILL)
         probe = run_script(QUALIFY, "ready", "--ready-file", ready_file)
         self.assertEqual(probe.returncode, 1, "a killed re-warm leaves no old 'ready'")
-        self.assertRegex(probe.stderr, r"^not ready: a re-warm \(run [0-9a-fTZ-]+\) began and "
-                                       r"has not ended")
+        self.assertRegex(probe.stderr, r"^not ready: \S+ is missing: no warm-up has passed "
+                                       r"since")
+        self.assertFalse(os.path.exists(ready_file), "taken away when the re-warm began")
         with open(self.records_path, encoding="utf-8") as handle:
             text = handle.read()
         self.assertTrue(text.endswith("\n"))

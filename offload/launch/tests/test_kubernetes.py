@@ -134,9 +134,10 @@ class TestManifest(unittest.TestCase):
                          "the port is the server's, said once")
         for probe in (startup, liveness):             # the kubelet's own, no process
             self.assertEqual(probe["httpGet"], {"path": "/health", "port": "http"})
-        ready = vllm["readinessProbe"]
-        self.assertEqual(ready["exec"]["command"][:3], ["python3", "-I", "-S"])
-        self.assertGreaterEqual(ready["failureThreshold"], 2, "one slow answer is tolerated")
+        ready = vllm["readinessProbe"]                # the owner's answer, no process
+        self.assertEqual(ready["httpGet"], {"path": "/ready", "port": "ready"})
+        self.assertEqual(ports["ready"], int(env["START_READY_PORT"]), "said once")
+        self.assertIn("--supervise", command[:command.index("--")], "the owner answers it")
         shutdown = float(command[command.index("--shutdown-timeout") + 1])
         grace = float(env["START_STOP_GRACE_S"])
         pre_stop = float(vllm["lifecycle"]["preStop"]["exec"]["command"][1])
@@ -310,6 +311,7 @@ class Pod:
         self.case, self.doc = case, manifest()
         self.spec = scaled(container(self.doc), time_scale())
         self.port = free_port()
+        self.ready_port = free_port()             # the manifest's START_READY_PORT, here
         self.mounts = {}
         for mount in self.spec["volumeMounts"]:
             folder = os.path.join(case.tmp, mount["name"])
@@ -346,6 +348,7 @@ class Pod:
             if "value" in item:
                 env[item["name"]] = self.path(item["value"])
         env["WARMUP_LOCK_DIR"] = self.case.tmp      # the test's, as every test's
+        env["START_READY_PORT"] = str(self.ready_port)
         return env
 
     def start_container(self) -> None:
@@ -382,7 +385,7 @@ class Pod:
         an answer from 200 to 399 within the timeout."""
         port = spec["httpGet"]["port"]
         port = {p["name"]: p["containerPort"] for p in self.spec["ports"]}.get(port, port)
-        port = self.port if port == 8000 else port        # the command's 8000 is ours
+        port = {8000: self.port, 8081: self.ready_port}.get(port, port)   # ours, here
         url = f"http://127.0.0.1:{port}{spec['httpGet']['path']}"
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
@@ -601,15 +604,18 @@ class TestKubeletDrain(KubeletCase):
         pod.stopping.set()                         # the kubelet deletes the pod: TERM
         init = pod.in_container()
         os.kill(int(init[2]) if init else pod.proc.pid, signal.SIGTERM)
-        self.assertFalse(pod.probe("readinessProbe"), "not Ready from the TERM on")
+        self.assertTrue(pod.wait_for(lambda: not pod.probe("readinessProbe"), 1.0),
+                        "not Ready from the TERM on")
         for client in clients:
             client.join(30)
         self.assertEqual(answers, [200] * 4, "every client answered")
         self.assertEqual(pod.proc.wait(30), 0, "asked to stop: start.sh exits 0")
         log = read(os.path.join(pod.logs(), "start.log"))
-        self.assertIn("marked stopping: not ready", log)
+        self.assertIn("TERM received: passed on to the server", log)
         self.assertRegex(log, r"stop: drained: the server ended \d+\.\d s after TERM, within "
-                              r"the 40 s grace")
+                              r"the 40 s grace; 4 requests in flight at the TERM, ended "
+                              r"within its --shutdown-timeout 30")
+        self.assertFalse(os.path.exists(pod.path("/run/offload/warm")))
 
 
 def read(path: str) -> str:

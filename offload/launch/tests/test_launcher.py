@@ -261,8 +261,8 @@ time.sleep(0.8)
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
         # Caught when /health first answers: the port is held outside the launched group.
         self.assertRegex(result.stderr, r"/health answered 200, but port \d+ is held by pid "
-                                        r"\d+ \(process group \d+\), not by the server start.sh "
-                                        r"launched")
+                                        r"\d+ \(process group \d+\), not by the server "
+                                        r"process start.sh launched")
         self.assertNotIn("warm-up:", result.stdout)
         self.assertNotIn("OK:", result.stdout)
         self.assertFalse(os.path.exists(self.ready), "no ready file for a server that is gone")
@@ -779,11 +779,10 @@ class TestSupervise(StartCase):
         self.assertFalse(os.path.exists(f"/proc/{server}"), "the server is gone and reaped")
 
     def test_a_server_that_outlasts_the_grace_is_killed_and_the_stop_says_so(self):
-        fake = " ".join(f"'{arg}'" for arg in self.fake())
-        proc = self.supervised(server=["bash", "-c", f"trap '' TERM; {fake} & wait"])
+        proc = self.supervised(server=self.fake("--ignore-term"))
         os.kill(proc.pid, signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=30), 128 + signal.SIGKILL)
-        self.assertIn("stop: KILLed after the 3 s grace (START_STOP_GRACE_S)", self.start_log())
+        self.assertIn("stop: cut: KILLed after the 3 s grace (START_STOP_GRACE_S)", self.start_log())
         self.assertNotIn("stop: drained", self.start_log())
         found = self.textfile_samples()
         self.assertEqual((found["offload_stop_last_killed"], found["offload_stop_last_grace_seconds"]),

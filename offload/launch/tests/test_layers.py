@@ -35,7 +35,7 @@ LAYERS = {
     "tools.readback": 2.8, "tools.ready": 2.9, "tools.lines": 2.9,
     "core.vllm_client": 3, "core.status_files": 3.5, "core.counted": 3.5, "core.dry_run": 3.5,
     "core.evidence": 4,
-    "start.server": 4.5, "start.steps": 4.6,
+    "start.server": 4.5, "start.steps": 4.6, "start.owner": 4.7,
     "warmup": 5, "qualify": 5, "tools.gate": 5, "tools.report": 5, "tools.probe": 5,
     "launcher": 5,
 }

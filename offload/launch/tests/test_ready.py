@@ -90,34 +90,36 @@ class TestReadyStaysTrue(StartCase):
                                  {"status": "sleeping", "level": level})
                 asleep = ready(self.ready, "--base-url", server.url)
                 self.assertEqual(asleep.returncode, 1)
-                self.assertEqual(asleep.stderr.strip(), f"not ready: {said}; marked in the "
-                                 f"ready file: after the wake, warm it again")
+                self.assertEqual(asleep.stderr.strip(), f"not ready: {said}; the ready file "
+                                 f"is removed: warm it again")
+                self.assertFalse(os.path.exists(self.ready), "the probe only takes away")
                 refused = self.run_helper(server, "--ready-file", self.ready)
                 self.assertEqual(refused.code, 3, refused.stdout)
                 self.assertIn(said, refused.stdout)
                 self.assertEqual(refused.kind("summary")[-1]["verdict"], "refused")
-                self.assertIn("left as it was", refused.stdout)
+                self.assertFalse(os.path.exists(self.ready), "a refusal restores nothing")
                 self.assertEqual(post(server.url + "/wake_up"), {"status": "awake", "tags": None})
                 woken = ready(self.ready, "--base-url", server.url)
                 self.assertEqual(woken.returncode, 1, "a woken server must be warmed again")
-                self.assertIn("not ready: the server slept since its warm-up", woken.stderr)
+                self.assertIn("is missing", woken.stderr)
                 again = self.run_helper(server, "--ready-file", self.ready)
                 self.assertEqual(again.code, 0, again.stdout)
                 self.assertEqual(ready(self.ready, "--base-url", server.url).returncode, 0)
 
-    def test_a_refused_re_warm_keeps_the_mark_of_the_one_running(self):
+    def test_a_refused_re_warm_restores_nothing_of_the_one_running(self):
         server = self.start_fake(latency_s=0.5)
         self.assertEqual(self.run_helper(server, "--ready-file", self.ready).code, 0)
         running = self.start_helper_process(server, "--ready-file", self.ready)
         self.wait_for_completions(server, 11)           # the re-warm is sending
-        self.assertIn("a re-warm", ready(self.ready).stderr)
+        self.assertIn("is missing", ready(self.ready).stderr, "taken away while it runs")
         other = os.path.join(self.tmp, "other.jsonl")
-        refused = self.run_argv(["--ready-file", self.ready, "--records", other])
+        refused = self.run_argv(["--base-url", server.url, "--ready-file", self.ready,
+                                 "--records", other])
         self.assertEqual(refused.code, 3, refused.stdout)     # another helper at the server
-        shown = ready(self.ready)
-        self.assertEqual(shown.returncode, 1, "still not ready while the re-warm runs")
-        self.assertIn("a re-warm", shown.stderr)
+        self.assertFalse(os.path.exists(self.ready), "still not ready while the re-warm runs")
         running.kill()
+        running.wait(10)
+        self.assertFalse(os.path.exists(self.ready), "a KILLed re-warm leaves it not ready")
 
     def test_a_ready_file_that_does_not_say_pass_is_not_one(self):
         server = self.start_fake()
@@ -169,7 +171,7 @@ class TestReadyStaysTrue(StartCase):
         custom = self.run_helper(server, "--ready-file", self.ready, "--tokens", "2")
         self.assertEqual(custom.code, 0)
         self.assertFalse(os.path.exists(self.ready), "a custom plan leaves no ready file")
-        self.assertIn("the old one was removed", custom.stdout)
+        self.assertIn("not written: the warm-up's records show custom", custom.stdout)
         bad = self.run_helper(server, "--dry-run", env={"WARMUP_HEALTHY_AT": "soon"})
         self.assertEqual(bad.code, 2)
         self.assertIn("WARMUP_HEALTHY_AT: must be a Unix time in seconds", bad.stderr)

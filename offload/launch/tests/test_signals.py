@@ -11,13 +11,12 @@ import subprocess
 import sys
 import time
 import unittest
-from unittest import mock
 
 from support import (FAKE, PYTHON, QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
                      read_records)
 from test_outcomes import stale_success, verdict_of
 import core.readyfile as readyfile  # noqa: E402
-import tools.ready as ready  # noqa: E402  (support puts offload/launch on sys.path)
+# (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402
 
 NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
@@ -232,7 +231,7 @@ class TestStartClearsFirst(StartCase):
         said = [proc.communicate(timeout=120) for proc in both]
         codes = sorted(proc.returncode for proc in both)
         self.assertEqual(codes, [0, 1], said)
-        self.assertTrue(any("another re-warm" in err for _, err in said), said)
+        self.assertTrue(any("a start or another re-warm" in err for _, err in said), said)
         records = [n for n in os.listdir(self.logs) if n.startswith("warmup-")]
         self.assertEqual(len(records), len(set(records)))
         self.assertTrue(os.path.exists(self.ready))
@@ -240,20 +239,19 @@ class TestStartClearsFirst(StartCase):
                        capture_output=True, timeout=10)
         asleep = self.run_process(command + ["--gate"], timeout=120)
         self.assertEqual(asleep.code, 1, asleep.stdout + asleep.stderr)
-        with open(self.ready) as handle:      # refused before sending: kept, marked slept
-            self.assertTrue(json.load(handle).get("slept_at"))
+        self.assertFalse(os.path.exists(self.ready), "refused: taken away, never restored")
         subprocess.run(["curl", "-s", "-X", "POST", self.url + "/wake_up"],
                        capture_output=True, timeout=10)
         woken = subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready],
                                capture_output=True, text=True, timeout=30)
         self.assertEqual(woken.returncode, 1)
-        self.assertIn("slept since its warm-up", woken.stderr)
+        self.assertIn("is missing", woken.stderr)
         with open(self.textfile) as handle:
             text = handle.read()
         self.assertNotRegex(text, r"(?m)^offload_gate_last_run_success 1")
         self.assertNotRegex(text, r"(?m)^offload_warmup_last_run_success 1")
 
-    def test_a_re_warm_refused_by_a_busy_server_leaves_a_serving_pod_ready(self):
+    def test_a_re_warm_refused_by_a_busy_server_takes_readiness_away_for_good(self):
         self.ready = os.path.join(self.logs, "ready")   # one folder: its lock and the ready file's
         passed = self.start("--ready-file", self.ready, server=self.fake(
             "--fault", "slow", "--fault-match", "producer-"))
@@ -268,12 +266,12 @@ class TestStartClearsFirst(StartCase):
         busy = self.run_process(["bash", START_SH, "--rewarm", "--log-dir", self.logs,
                                  "--ready-file", self.ready], timeout=120)
         self.assertEqual(busy.code, 1, busy.stdout + busy.stderr)
-        self.assertIn("marked: a re-warm runs, not ready", busy.stdout)
-        self.assertIn("left as it was: the re-warm was refused before it sent anything",
-                      busy.stdout)
+        self.assertIn("removed: not ready until this re-warm passes", busy.stdout)
+        self.assertIn("verdict refused", busy.stdout)
         ready = subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready],
                                capture_output=True, text=True, timeout=30)
-        self.assertEqual(ready.returncode, 0, ready.stderr)
+        self.assertEqual(ready.returncode, 1, "no warm-up passed since it was taken away")
+        self.assertIn("is missing", ready.stderr)
 
     def test_a_term_stops_the_step_start_sh_runs_and_all_it_left(self):
         hang = shim(self.tmp, "hang-marker", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
@@ -339,34 +337,30 @@ class TestReadyMarks(HelperCase):
         return subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready,
                                *args], capture_output=True, text=True, timeout=30)
 
-    def test_a_stopping_mark_that_cannot_be_written_removes_the_file(self):
-        self.warmed()
-        with mock.patch.object(readyfile, "write_ready", return_value="No space left on device"):
-            said = ready.mark_stopping(self.ready)
-        self.assertIn("could not be marked stopping (No space left on device; removed it "
-                      "instead: not ready)", said)
-        self.assertFalse(os.path.exists(self.ready))
-        self.assertEqual(self.probe().returncode, 1)
-
-    def test_a_sleep_seen_during_a_re_warm_outlives_it(self):
+    def test_an_earlier_release_s_mark_still_means_not_ready(self):
         server = self.warmed()
+        self.assertEqual(self.probe("--base-url", server.url).returncode, 0)
         with open(self.ready) as handle:
-            run_id = json.load(handle)["run_id"]
-        self.assertIsNone(ready.mark_ready_file(self.ready, run_id, rewarm_run_id="r-1"))
-        subprocess.run(["curl", "-s", "-X", "POST", server.url + "/sleep?level=1"],
-                       capture_output=True, timeout=10)
-        seen = self.probe("--base-url", server.url)
-        self.assertEqual(seen.returncode, 1)
-        self.assertIn("a re-warm (run r-1) began", seen.stderr)
+            doc = json.load(handle)
+        for mark in ("slept_at", "stopping_at", "rewarm_run_id"):
+            with self.subTest(mark=mark):
+                readyfile.write_ready(self.ready, dict(doc, **{mark: "2026-12-01T00:00:00Z"}))
+                shown = self.probe("--base-url", server.url)
+                self.assertEqual(shown.returncode, 1)
+                self.assertIn(f"marked {mark}", shown.stderr)
+
+    def test_a_taker_removes_only_the_run_it_judged_and_never_writes(self):
+        self.warmed()
         with open(self.ready) as handle:
-            self.assertTrue(json.load(handle).get("slept_at"), "read during the re-warm")
-        # The re-warm ends refused, having sent nothing: it undoes its own mark only.
-        self.assertIsNone(ready.mark_ready_file(self.ready, run_id, rewarm_run_id=None))
-        subprocess.run(["curl", "-s", "-X", "POST", server.url + "/wake_up"],
-                       capture_output=True, timeout=10)
-        woken = self.probe("--base-url", server.url)
-        self.assertEqual(woken.returncode, 1)
-        self.assertIn("the server slept since its warm-up", woken.stderr)
+            doc = json.load(handle)
+        self.assertEqual(readyfile.take_away(self.ready, "another-run"),
+                         (None, "it vouches for another run now"))
+        with open(self.ready) as handle:
+            self.assertEqual(json.load(handle), doc, "a newer pass is not the taker's to judge")
+        self.assertEqual(readyfile.take_away(self.ready, doc["run_id"]), (True, ""))
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertEqual(readyfile.take_away(self.ready, doc["run_id"]), (None, ""))
+        self.assertFalse(os.path.exists(self.ready), "nothing here ever writes it")
 
     def test_a_re_warm_refused_after_it_sent_requests_removes_the_file(self):
         self.warmed()
@@ -374,7 +368,7 @@ class TestReadyMarks(HelperCase):
         os.remove(self.records_path)
         result = self.run_helper(server, "--ready-file", self.ready, "--settle-s", "0.3")
         self.assertEqual(result.code, 3, result.stdout)
-        self.assertIn("refused after it sent 2 requests", result.stdout)
+        self.assertIn("not written: the warm-up's records show refused", result.stdout)
         self.assertFalse(os.path.exists(self.ready))
 
 

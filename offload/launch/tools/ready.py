@@ -3,7 +3,7 @@
   health_main()        one bounded GET /health (the check the launcher polls)
   ready_main()         read_ready_file() -> check_ready(): one /health and one /metrics,
                        check_identity() (pure: the ready file against what /metrics says)
-  mark_stopping(), watch_sleep()   the launcher's marks (start.sh --supervise)
+  slept()              some engine says it sleeps (the launcher's owner watches it too)
 
 What a Kubernetes exec readiness probe runs every few seconds: over core's transport, cli,
 files, vllm_metrics and readyfile and tools/procfs only (qualify.py loads a command's
@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import urllib.parse
 
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
-from core.readyfile import (iso_time, mark_ready_file, read_ready_file, served_counts,
-                            sha256_type)
+from core.readyfile import iso_time, read_ready_file, served_counts, sha256_type, take_away
 from core.files import open_regular
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
                             clean_text, fetch, finite_number, parse_base_url)
@@ -175,32 +173,24 @@ def check_ready(doc: dict, warmed, target, timeout_s: float, path: str | None = 
                 ) -> tuple[int, str]:
     """(exit code, one line): the server at `target` against the ready file `doc` (at
     `path`) of the one at `warmed` (its base_url, parsed); one /health and one /metrics
-    within timeout_s. A server seen asleep is marked in the file (mark_slept): it stays
-    not ready after the wake until a warm-up passes again."""
+    within timeout_s. A server seen asleep or held by another process takes the file away
+    (take_away): after the wake it stays not ready until a warm-up passes again."""
     if warmed.port != target.port:
         return EXIT_FAIL, (f"not ready: the ready file vouches for the server at "
                            f"{warmed.display}, not at {target.display} (another port, "
                            f"another server)")
-    if doc.get("slept_at"):
-        return EXIT_FAIL, (f"not ready: the server slept since its warm-up (seen asleep at "
-                           f"{shown(doc.get('slept_at'))}): warm it again; a warm-up that "
-                           f"passes writes a new ready file")
-    if doc.get("stopping_at"):
-        return EXIT_FAIL, (f"not ready: the server is stopping (asked at "
-                           f"{shown(doc.get('stopping_at'))})")
+    marked = [m for m in ("slept_at", "stopping_at", "rewarm_run_id") if doc.get(m)]
+    if marked:                        # an earlier release's marks: not ready, as they said
+        return EXIT_FAIL, f"not ready: the ready file is marked {marked[0]}: warm it again"
     foreign = foreign_listener(doc, target.port)
     if foreign:
-        return EXIT_FAIL, f"not ready: {foreign}"
-    code, line = read_server(doc, target, timeout_s, path)
-    if doc.get("rewarm_run_id"):      # the server was read all the same: a sleep is marked
-        return EXIT_FAIL, (f"not ready: a re-warm (run {shown(doc.get('rewarm_run_id'))}) "
-                           f"began and has not ended; its records say how it went")
-    return code, line
+        return EXIT_FAIL, f"not ready: {foreign}{taken(path, doc)}"
+    return read_server(doc, target, timeout_s, path)
 
 
 def read_server(doc: dict, target, timeout_s: float, path: str | None) -> tuple[int, str]:
     """(exit code, one line): one /health and one /metrics against the ready file; a
-    server seen asleep is marked in the file."""
+    server seen asleep takes the file away."""
     clock = Clock.start(timeout_s, timeout_s)
     code, line = check_health(target, clock)
     if code == EXIT_NO_ANSWER:
@@ -217,9 +207,9 @@ def read_server(doc: dict, target, timeout_s: float, path: str | None) -> tuple[
         return EXIT_FAIL, f"not ready: {why}"
     engines = tuple(e for e in engines if isinstance(e, int)) if engines else None
     asleep = asleep_problem(exposition, engines)
-    if asleep:                        # marked: after the wake, not ready until warmed
-        marked = mark_slept(path, doc) if path and slept(exposition, engines) else ""
-        return EXIT_FAIL, f"not ready: {asleep}{marked}"
+    if asleep:                        # taken away: after the wake, not ready until warmed
+        gone = taken(path, doc) if slept(exposition, engines) else ""
+        return EXIT_FAIL, f"not ready: {asleep}{gone}"
     return EXIT_PASS, (f"ready: {target.display} serves {clean_text(doc['model'], 80)}, "
                        f"warmed by run {shown(doc.get('run_id'))} at "
                        f"{shown(doc.get('warmed_at'))}")
@@ -227,7 +217,8 @@ def read_server(doc: dict, target, timeout_s: float, path: str | None) -> tuple[
 
 def foreign_listener(doc: dict, port: int) -> str | None:
     """Why the process holding the port is not, or cannot be told to be, the one the ready
-    file vouches for (its server_pgid, where start.sh wrote one); None when it is."""
+    file vouches for: the server process start.sh launched itself (its pid is its group,
+    server_pgid), never another member of its group (a proxy it started); None when it is."""
     pgid = doc.get("server_pgid")
     if pgid is None:              # a re-warm by hand names no group: nothing to hold it to
         return None
@@ -239,42 +230,22 @@ def foreign_listener(doc: dict, port: int) -> str | None:
     if owners is None:            # what cannot be seen is not trusted
         return (f"/proc cannot tell which process holds port {port}: run the probe where "
                 f"it sees the server's processes (the same PID namespace and user)")
-    if any(group == pgid for _, group in owners):
+    others = [owner for owner in owners if owner[1] != pgid]
+    if any(pid == pgid for pid, _ in owners) and not others:
         return None
-    return (f"another process answers port {port} (pid {owners[0][0]}, process group "
-            f"{owners[0][1]}), not the server process group {pgid} the ready file vouches "
-            f"for")
+    other = (others or owners)[0]
+    return (f"another process answers port {port} (pid {other[0]}, process group "
+            f"{other[1]}), not the server process {pgid} the ready file vouches for")
 
 
-def mark_stopping(path: str) -> str:
-    """The ready file marked: the server is stopping (start.sh --supervise got TERM or
-    INT; run in a signal handler, so the lock is waited on briefly); what was done."""
-    doc, why = read_ready_file(path)
-    if doc is None:
-        return f"nothing to mark ({why})"
-    why = mark_ready_file(path, doc.get("run_id"), 0.5, stopping_at=iso_time(time.time()))
-    return f"could not be marked stopping ({why})" if why else "marked stopping: not ready"
-
-
-def mark_slept(path: str, doc: dict) -> str:
-    """The ready file marked slept, if it is still this run's: after the wake it stays
-    not ready until a warm-up passes. What to add to the line that says so."""
-    why = mark_ready_file(path, doc.get("run_id"), slept_at=iso_time(time.time()))
-    return f" (the ready file could not be marked: {why})" if why else \
-        "; marked in the ready file: after the wake, warm it again"
-
-
-def watch_sleep(path: str, target, timeout_s: float) -> str | None:
-    """One read of the sleep gauge for the launcher under --supervise: the ready file
-    marked when an engine is asleep (mark_slept); what was done, or None."""
-    doc, _ = read_ready_file(path)
-    if doc is None or doc.get("slept_at"):
-        return None
-    exposition, _ = read_exposition(target, Clock.start(timeout_s, timeout_s),
-                                    only=(SLEEP_GAUGE,), headers=basic_auth(target))
-    if exposition is None or not slept(exposition):
-        return None
-    return f"{asleep_problem(exposition)}{mark_slept(path, doc)}"
+def taken(path: str | None, doc: dict) -> str:
+    """The ready file taken away (when it still vouches for doc's run): what to add to
+    the line that says why."""
+    if not path:
+        return ""
+    removed, why = take_away(path, doc.get("run_id"))
+    return "; the ready file is removed: warm it again" if removed else \
+        f" (the ready file could not be removed: {why})" if removed is False else ""
 
 
 def slept(exposition, engines: tuple | None = None) -> bool:
@@ -297,10 +268,9 @@ def ready_main(argv: list[str]) -> int:
                  "--timeout-s, and its /metrics shows the same process start "
                  "(process_start_time_seconds) and the same model, every engine awake "
                  "(vllm:engine_sleep_state, where the server has it), its port held by the "
-                 "process group start.sh launched; not ready either after a sleep (marked "
-                 "in the file: until a warm-up passes again), while a re-warm runs or after "
-                 "one was killed, and once start.sh was asked to stop; otherwise exit 1 with "
-                 "one line saying which. One /health and one /metrics, no records: what a "
+                 "server process start.sh launched; otherwise exit 1 with one line saying "
+                 "which. A sleep or another process on the port also removes the file (only "
+                 "a warm-up that passes writes it again); nothing here ever writes it. One /health and one /metrics, no records: what a "
                  "Kubernetes exec readiness probe runs. start.sh writes the file from the "
                  "records of a passing warm-up (and gate).",
         "exit status: 0 ready; 1 not ready; 2 usage error",
