@@ -1,0 +1,325 @@
+"""The readiness owner (start.sh --supervise, start/owner.py): its table, held to
+CONTRACT §12 row by row; and each finding of issue 53 driven through real processes (the
+real start.sh, the fake server, real files, a real TERM, the owner's GET /ready).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+from support import CONTRACT_PLAN, START, StartCase, free_port, read_records  # noqa: F401
+import start.owner as owner  # noqa: E402
+import warmup  # noqa: E402
+
+CONTRACT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "CONTRACT.md")
+
+
+def table_rows() -> list[list[str]]:
+    """CONTRACT §12's readiness table: its rows, cell by cell."""
+    with open(CONTRACT, encoding="utf-8") as handle:
+        text = handle.read()
+    section = text[text.index("## 12."):text.index("## 13.")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+
+
+def names(cell: str) -> tuple[str, ...]:
+    """The `names` of a cell, in order."""
+    return tuple(re.findall(r"`([^`]+)`", cell))
+
+
+class TestTheTable(unittest.TestCase):
+    def test_every_row_of_the_contract_is_a_move_of_the_code(self):
+        rows = table_rows()
+        self.assertEqual([names(row[0])[0] for row in rows], list(owner.MOVES))
+        for event, seen_by, leaves, enters, published in rows:
+            event = names(event)[0]
+            with self.subTest(event=event):
+                expected = owner.STATES[:-1] if leaves == "every state" else names(leaves)
+                self.assertEqual(owner.MOVES[event], (tuple(expected), names(enters)[0]))
+                for state in owner.STATES:         # walked: from each state, or not at all
+                    self.assertEqual(owner.move(state, event),
+                                     names(enters)[0] if state in expected else None)
+                self.assertTrue(seen_by and published)
+
+    def test_ready_only_in_warm_and_stopping_is_the_end(self):
+        self.assertEqual([s for s in owner.STATES if any(
+            to == s for _, to in owner.MOVES.values())], list(owner.STATES[1:]))
+        self.assertEqual([e for e in owner.MOVES if owner.move("stopping", e)], [])
+        self.assertEqual(owner.move("warm", "passed"), None, "a pass never re-enters warm")
+
+    def test_how_a_stop_went_for_the_requests_in_flight(self):
+        cases = [((0, None, 1.5, False), "drained"), ((4, 30.0, 28.5, False), "drained"),
+                 ((2, None, 0.7, False), "cut"), ((2, 0.0, 0.7, False), "cut"),
+                 ((2, 30.0, 35.0, False), "unknown"), ((None, None, 1.0, False), "unknown"),
+                 ((None, 30.0, 3.0, False), "drained"), ((0, 30.0, 50.0, True), "cut")]
+        for args, outcome in cases:
+            with self.subTest(args=args):
+                self.assertEqual(owner.stop_outcome(*args)[0], outcome)
+        self.assertIn("2 requests in flight at the TERM, no --shutdown-timeout",
+                      owner.stop_outcome(2, None, 0.7, False)[1])
+
+    def test_time_to_warm_is_published_for_a_pass_only(self):
+        summary = {"time_to_warm": {"start_to_healthy_s": 3.0, "healthy_to_warm_s": 4.0,
+                                    "start_to_warm_s": 7.0}}
+        for verdict, count in (("pass", 3), ("refused", 0), ("fail", 0), ("killed", 0)):
+            with self.subTest(verdict=verdict):
+                samples = warmup.exported_samples((None,), [], 10, dict(summary,
+                                                                        verdict=verdict), 1.0)
+                self.assertEqual(sum(s[0].endswith("warm_seconds") or "to_healthy" in s[0]
+                                     for s in samples), count)
+
+
+class OwnerCase(StartCase):
+    """start.sh --supervise against the fake as a process, its GET /ready on a free port."""
+
+    runs_long = 12
+
+    def setUp(self):
+        super().setUp()
+        self.ready_port = free_port()
+        self.textfile = os.path.join(self.tmp, "offload.prom")
+
+    def supervised(self, *fake: str, env: dict | None = None,
+                   ready_file: bool = True) -> subprocess.Popen:
+        command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                   "--textfile", self.textfile, "--supervise",
+                   *(["--ready-file", self.ready] if ready_file else []), "--",
+                   *self.fake(*fake)]
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env=dict(os.environ, START_POLL_S="0.2", START_STOP_GRACE_S="5",
+                                         START_READY_PORT=str(self.ready_port), **(env or {})),
+                                start_new_session=True)
+        self.addCleanup(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        return proc
+
+    def answer(self) -> tuple[int, str]:
+        """GET /ready: (status, body); (0, why) when nothing answers."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ready_port}/ready",
+                                        timeout=5) as got:
+                return got.status, got.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+        except OSError as exc:
+            return 0, str(exc)
+
+    def wait_for(self, condition, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            time.sleep(0.05)
+        self.fail(f"{what} within {seconds} s; start.log:\n{self.log_text()}")
+
+    def log_text(self) -> str:
+        try:
+            with open(os.path.join(self.logs, "start.log"), encoding="utf-8") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def ready_answer(self, status: int, seconds: float = 60) -> None:
+        self.wait_for(lambda: self.answer()[0] == status, seconds, f"GET /ready {status}")
+
+    def post(self, path: str) -> None:
+        request = urllib.request.Request(self.url + path, method="POST")
+        with urllib.request.urlopen(request, timeout=5):
+            pass
+
+    def rewarm(self) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs],
+                              capture_output=True, text=True, timeout=150,
+                              env=dict(os.environ, START_READY_PORT=str(self.ready_port)))
+
+    def send(self, request_id: str, answers: list) -> None:
+        body = json.dumps({"model": "fake-model", "prompt": "p", "max_tokens": 4,
+                           "request_id": request_id}).encode()
+        request = urllib.request.Request(self.url + "/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as got:
+                answers.append(got.status)
+        except urllib.error.HTTPError as exc:
+            answers.append(exc.code)
+        except OSError as exc:
+            answers.append(type(exc).__name__)
+
+
+class TestOwnerAnswers(OwnerCase):
+    def test_ready_by_http_only_while_warm_for_its_process_sleep_wake_rewarm_stop(self):
+        proc = self.supervised("--dev-mode")
+        self.ready_answer(200)
+        self.assertTrue(os.path.exists(self.ready))
+        self.assertIn("readiness: warming -> warm", self.log_text())
+        self.assertEqual(self.answer(), (200, "warm\n"))
+        # A sleep: not Ready within the owner's 2 s watch (and a period), the file taken away.
+        self.post("/sleep?level=1")
+        slept = time.monotonic()
+        self.ready_answer(503, 10)
+        self.assertLess(time.monotonic() - slept, 5 * owner.WATCH_S)
+        self.assertEqual(self.answer(), (503, "asleep\n"))
+        self.assertFalse(os.path.exists(self.ready))
+        refused = self.rewarm()                    # asleep: the owner refuses, sends nothing
+        self.assertEqual(refused.returncode, 1, refused.stdout + refused.stderr)
+        self.assertIn("re-warm refused: the pod is asleep", refused.stdout)
+        self.post("/wake_up")                      # the owner warms again by itself
+        self.ready_answer(200, 60)
+        self.assertIn("readiness: asleep -> rewarming (woke", self.log_text())
+        self.assertIn("readiness: rewarming -> warm", self.log_text())
+        asked = self.rewarm()                      # the kubectl exec recipe, through the owner
+        self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
+        self.assertIn("readiness: warm -> rewarming (asked: start.sh --rewarm)", asked.stdout)
+        self.assertIn("OK: warm-up passed", asked.stdout)
+        self.assertEqual(self.answer()[0], 200)
+        os.kill(proc.pid, signal.SIGTERM)
+        self.ready_answer(503, 2)
+        self.assertEqual(proc.wait(30), 0)
+        self.assertFalse(os.path.exists(self.ready))
+        self.assertFalse(os.path.exists(os.path.join(self.logs, "owner.sock")))
+        self.assertRegex(self.log_text(), r"stop: drained: the server ended \d+\.\d s after "
+                                          r"TERM, within the 5 s grace; nothing was in flight")
+
+    def test_a_warm_up_refused_at_the_first_healthy_second_is_retried_until_ready(self):
+        # One producer request as the port opens, 2 s before /health says 200; it runs 5 s
+        # (the fake's slow fault), so the warm-up at the first healthy second is refused;
+        # the owner retries until it is idle.
+        self.supervised("--health-delay-s", "2", "--fault", "slow", "--fault-match",
+                        "producer-")
+        answers: list = []
+        deadline = time.monotonic() + 30
+        while not answers and time.monotonic() < deadline:
+            attempt: list = []
+            self.send("producer-1", attempt)
+            if attempt and attempt[0] == 200:
+                answers = attempt
+            time.sleep(0.05)
+        self.assertEqual(answers, [200])
+        self.ready_answer(200, 60)
+        log = self.log_text()
+        self.assertIn("readiness: warming -> refused (refused: the guard refused)", log)
+        self.assertIn("warm-up refused (1): retried in 2 s", log)
+        self.assertIn("readiness: refused -> warming (retry", log)
+        records = sorted(n for n in os.listdir(self.logs) if n.startswith("warmup-"))
+        self.assertGreaterEqual(len(records), 2, "each attempt keeps its records")
+        first, _ = read_records(os.path.join(self.logs, records[0]))
+        self.assertEqual(first[-1]["verdict"], "refused")
+        with open(self.textfile) as handle:
+            text = handle.read()
+        self.assertIn('offload_warmup_last_run_verdict{verdict="pass"} 1.0', text)
+
+    def test_refusals_past_the_start_guard_end_failed_and_critical(self):
+        self.supervised("--busy", "1", env={"START_GUARD_S": "3"})
+        self.wait_for(lambda: "readiness: refused -> failed" in self.log_text(), 60,
+                      "given up")
+        self.assertEqual(self.answer(), (503, "failed\n"))
+        with open(self.textfile) as handle:
+            text = handle.read()
+        self.assertIn('offload_warmup_last_run_verdict{verdict="fail"} 1.0', text)
+        self.assertNotIn("offload_warmup_start_to_warm_seconds", text, "never warmed")
+        self.assertFalse(os.path.exists(self.ready))
+
+    def test_a_term_during_a_re_warm_stays_stopping_and_cuts_are_said(self):
+        # --shutdown-timeout absent (vLLM's default 0): a WARN at launch, and the requests
+        # in flight at the TERM are said cut; a re-warm running then writes no pass back.
+        proc = self.supervised("--fault", "slow", "--fault-match", "producer-")
+        self.ready_answer(200)
+        self.assertIn("WARN: the server command gives no --shutdown-timeout", self.log_text())
+        rewarm = subprocess.Popen(["bash", START, "--rewarm", "--log-dir", self.logs],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
+        self.ready_answer(503, 10)                  # re-warming: not Ready
+        answers: list = []
+        clients = [threading.Thread(target=self.send, args=(f"producer-{n}", answers))
+                   for n in range(2)]
+        for client in clients:
+            client.start()
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGTERM)
+        said, _ = rewarm.communicate(timeout=60)
+        for client in clients:
+            client.join(30)
+        self.assertEqual(proc.wait(30), 0)
+        self.assertNotEqual(rewarm.returncode, 0, said)
+        self.assertNotIn("OK: warm-up passed", said)
+        self.assertFalse(os.path.exists(self.ready), "nothing written back after the TERM")
+        self.assertEqual(answers.count(500), 2, answers)
+        self.assertRegex(self.log_text(), r"stop: cut: .*2 requests in flight at the TERM, "
+                                          r"no --shutdown-timeout")
+        with open(self.textfile) as handle:
+            text = handle.read()
+        self.assertIn("offload_stop_last_in_flight 2.0", text)
+        self.assertIn("offload_stop_last_drained 0.0", text)
+
+
+class TestOnlyTheCreatorVouches(StartCase):
+    runs_long = 6
+
+    def test_a_proxy_in_the_launched_group_does_not_vouch(self):
+        # The launched process is a shell that runs the server as a child (no exec): the
+        # port is held by a member of the group, never by the launched process itself.
+        fake = " ".join(f"'{arg}'" for arg in self.fake())
+        result = self.start("--ready-file", self.ready,
+                            server=["bash", "-c", f"{fake} & wait"], timeout=60)
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn("not by the server process start.sh launched", result.stderr)
+        self.assertIn("a wrapper script must exec the server", result.stderr)
+        self.assertFalse(os.path.exists(self.ready))
+
+    def test_a_re_warm_refused_during_a_start_removes_no_records_and_no_chunk_is_borrowed(self):
+        slow = self.fake("--fault", "slow", "--fault-match=-B1-")
+        os.makedirs(self.logs)
+        command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs, "--keep", "1",
+                   "--ready-file", self.ready, "--", *slow]
+        started = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=dict(os.environ, START_POLL_S="0.2"))
+        self.addCleanup(lambda: started.poll() is None and started.kill())
+        deadline = time.monotonic() + 30
+        while not any(n.startswith("warmup-") and os.path.getsize(os.path.join(self.logs, n))
+                      for n in os.listdir(self.logs)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        busy = subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs, "--keep", "1",
+                               "--ready-file", self.ready], capture_output=True, text=True,
+                              timeout=60)
+        self.assertEqual(busy.returncode, 1, busy.stdout + busy.stderr)
+        self.assertIn("a start or another re-warm of the server", busy.stderr)
+        out, _ = started.communicate(timeout=120)
+        self.assertIn("OK: warm-up passed", out)
+        self.assertTrue(os.path.exists(self.ready))
+        records = [n for n in os.listdir(self.logs) if n.startswith("warmup-")]
+        self.assertEqual(len(records), 1, "the running warm-up's records are kept")
+        # server.chunk names its server: another's is not borrowed by a re-warm.
+        with open(os.path.join(self.logs, "server.chunk")) as handle:
+            self.assertEqual(handle.read().split(), ["4096", str(self.server_pid())])
+        with open(os.path.join(self.logs, "server.chunk"), "w") as handle:
+            handle.write("2048 999999\n")            # left by another server
+        again = subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs,
+                                "--ready-file", self.ready], capture_output=True, text=True,
+                               timeout=120)
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        self.assertNotIn("chunk 2048", again.stdout)
+        self.assertNotIn("from server.chunk", again.stdout)
+
+    def test_a_ready_file_asked_for_and_not_written_is_a_warn(self):
+        # The server command plants a FIFO where the ready file goes, after start.sh
+        # checked the place: the write is refused, and the last word is WARN, not OK.
+        fake = " ".join(f"'{arg}'" for arg in self.fake())
+        result = self.start("--ready-file", self.ready, server=[
+            "bash", "-c", f"mkfifo '{self.ready}'; exec {fake}"], timeout=60)
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("WARN: warm-up passed, but the ready file was not written", result.stdout)
+        self.assertNotIn("OK: warm-up passed", result.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
