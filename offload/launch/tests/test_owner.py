@@ -310,6 +310,22 @@ class TestOnlyTheCreatorVouches(StartCase):
         self.assertNotIn("chunk 2048", again.stdout)
         self.assertNotIn("from server.chunk", again.stdout)
 
+    def test_a_re_warm_that_meets_another_process_says_only_what_it_did(self):
+        started = self.start("--ready-file", self.ready, server=self.fake())
+        self.assertIn("OK: warm-up passed", started.stdout, started.stderr)
+        other = self.start_fake()                  # in this process: not the launched server
+        with open(os.path.join(self.logs, "server.url"), "w") as handle:
+            handle.write(other.url + "\n")
+        again = subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs,
+                                "--ready-file", self.ready], capture_output=True, text=True,
+                               timeout=60)
+        self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
+        self.assertIn("not by the server process start.sh launched", again.stderr)
+        self.assertIn("the server keeps running (a re-warm stops nothing)", again.stderr)
+        self.assertNotIn("stopping the launched server", again.stderr)
+        os.kill(self.server_pid(), 0)              # and it does
+        self.assertFalse(os.path.exists(self.ready), "taken away when the re-warm began")
+
     def test_a_ready_file_asked_for_and_not_written_is_a_warn(self):
         # The server command plants a FIFO where the ready file goes, after start.sh
         # checked the place: the write is refused, and the last word is WARN, not OK.
