@@ -192,14 +192,14 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
 class Owner:
     """The pod's readiness, held in memory and moved only here (see MOVES)."""
 
-    def __init__(self, settings, server, log, env: dict, chunk_from: str, healthy_at: float):
+    def __init__(self, settings, server, log, env: dict, chunk_from: str):
         self.settings, self.server, self.log, self.env = settings, server, log, env
         self.chunk_from = chunk_from
         self.state, self.warmed_pid = "starting", 0
         self.budget_until = time.monotonic() + settings.guard_s   # retries of a refusal
         self.retry_at, self.backoff, self.refusals = None, RETRY_FIRST_S, 0
         self.next_watch = time.monotonic() + WATCH_S
-        self.asked: list = []                  # (signal name, when), from the handler
+        self.asked: list = []                  # (signal name, when, number), the handler's
         self.said_stop = False
         self.in_flight: int | None = None      # at the TERM
         self.requests: queue.Queue = queue.Queue()
@@ -265,7 +265,7 @@ class Owner:
                                      chunk_from=self.chunk_from, vouch=self.vouch)
         finally:
             settings.textfile = textfile
-            if textfile and self.state != "stopping":
+            if textfile:
                 why = carry(stage, textfile)
                 if why:
                     self.log(f"WARN: {why}")

@@ -15,22 +15,30 @@ from __future__ import annotations
 import re
 
 SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
+SECRET_VARIABLE = re.compile(r"([A-Za-z0-9_]*_)?(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?"
+                             r"=", re.I)          # env HF_TOKEN=..., VLLM_API_KEY=...
 # How vLLM 0.32 says its prefill chunk at start (the only place it does).
 CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_tokens=|"
                          r"max_num_scheduled_tokens is set to )([0-9]{1,7})")
 
 
 def redacted_command(command: list[str]) -> str:
-    """The command as it may be logged: the values of secret flags (--api-key, --hf-token,
+    """The command as it may be logged: every value of a secret flag (--api-key, --hf-token,
     any flag ending in -key, -token, -secret or -password, also with _; not
-    --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE` and
-    `--api-key=VALUE`; everything else as given."""
+    --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE`, `--api-key
+    OLD NEW` (vLLM takes several: every word up to the next flag) and `--api-key=VALUE`,
+    and a secret given as a variable (`env HF_TOKEN=VALUE`); everything else as given."""
     shown, hide = [], False
     for arg in command:
         name, equals, _ = arg.partition("=")
-        secret = arg.startswith("-") and SECRET_FLAG.fullmatch(name) is not None
-        shown.append("[redacted]" if hide else name + "=[redacted]" if secret and equals else arg)
-        hide = secret and not equals and not hide
+        flag = arg.startswith("-")
+        secret = flag and SECRET_FLAG.fullmatch(name) is not None
+        hide = hide and not flag
+        variable = not flag and SECRET_VARIABLE.match(arg) is not None and \
+            name.isidentifier()
+        shown.append("[redacted]" if hide else name + "=[redacted]" if (
+            secret and equals or variable) else arg)
+        hide = hide or secret and not equals
     return " ".join(shown)
 
 

@@ -303,7 +303,7 @@ def start(settings: Settings, log: Log, owner=None) -> int:
     older success stays standing), and how the start ended when no warm-up says it; a
     server it launched and stopped leaves no ready file. With --supervise the warm-up and
     everything after are the readiness owner's: `owner(settings, server, log, env,
-    chunk_from, healthy_at)` (start.owner.Owner) and its run()."""
+    chunk_from)` (start.owner.Owner) and its run()."""
     publish_starting(settings, log)
     server = LaunchedServer(settings, log)
     env = settings.server_env()
@@ -448,8 +448,8 @@ def publish_starting(settings: Settings, log: Log) -> None:
 
 def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: dict):
     """Launch the server, wait for /health within the guard, warm it up (and gate it);
-    with --supervise, what the readiness owner needs to (chunk_from, healthy_at), else
-    None."""
+    with --supervise, what the readiness owner needs to: (where the chunk came from,),
+    else None."""
     server.start()
     if server.pid:                               # the one creator: held to the end
         server.lock = server_lock(settings.log_dir)
@@ -471,7 +471,7 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
         publish_start_outcome(settings, "warmup", 0, "not_warmed", log)
         return None
     if settings.supervise:
-        return chunk_from, float(env["WARMUP_HEALTHY_AT"])
+        return (chunk_from,)
     when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:
         warm_up_and_report(settings, server, log, env, when,

@@ -226,6 +226,24 @@ class SilentServer:
         self.listener.close()
 
 
+def send_completion(url: str, request_id: str, answers: list, prompt: str = "p") -> None:
+    """One short completion to the server at `url`, as a producer sends it; its HTTP
+    status (or the error's name) appended to `answers`."""
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"model": "fake-model", "prompt": prompt, "max_tokens": 4,
+                       "request_id": request_id}).encode()
+    request = urllib.request.Request(url + "/v1/completions", body,
+                                     {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            answers.append(answer.status)
+    except urllib.error.HTTPError as exc:
+        answers.append(exc.code)
+    except OSError as exc:
+        answers.append(type(exc).__name__)
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
     with socket.socket() as sock:

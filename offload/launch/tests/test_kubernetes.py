@@ -28,7 +28,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from support import FAKE, REPO, HelperCase, free_port, read_records
+from support import FAKE, REPO, HelperCase, free_port, read_records, send_completion
 from start.settings import Settings  # noqa: E402  (support puts offload/launch on sys.path)
 from start.steps import KILL_AFTER_S  # noqa: E402
 
@@ -576,19 +576,6 @@ class TestKubeletDrain(KubeletCase):
     command, its engine core a child of the server's group): not Ready at once, every
     client answered, the container's exit 0."""
 
-    def send(self, port: int, number: int, answers: list) -> None:
-        body = json.dumps({"model": "fake-model", "prompt": f"drain {number}", "max_tokens": 4,
-                           "request_id": f"drain-{number}"}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
-                answers.append(answer.status)
-        except urllib.error.HTTPError as exc:
-            answers.append(exc.code)
-        except OSError as exc:
-            answers.append(type(exc).__name__)
-
     def test_a_term_with_requests_in_flight_drains_them(self):
         # The four requests take 5 s each (the fake's 'slow' fault, on their ids only).
         pod = Pod(self, "--latency-s", "0.01", "--fault", "slow", "--fault-match", "drain-",
@@ -596,7 +583,8 @@ class TestKubeletDrain(KubeletCase):
         pod.run()
         self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
         answers: list = []
-        clients = [threading.Thread(target=self.send, args=(pod.port, n, answers))
+        clients = [threading.Thread(target=send_completion, args=(
+            f"http://127.0.0.1:{pod.port}", f"drain-{n}", answers, f"drain {n}"))
                    for n in range(4)]
         for client in clients:
             client.start()

@@ -5,7 +5,6 @@ real start.sh, the fake server, real files, a real TERM, the owner's GET /ready)
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from support import CONTRACT_PLAN, START, StartCase, free_port, read_records  # noqa: F401
+from support import START, StartCase, free_port, read_records, send_completion
 import start.owner as owner  # noqa: E402
 import warmup  # noqa: E402
 
@@ -142,19 +141,6 @@ class OwnerCase(StartCase):
                               capture_output=True, text=True, timeout=150,
                               env=dict(os.environ, START_READY_PORT=str(self.ready_port)))
 
-    def send(self, request_id: str, answers: list) -> None:
-        body = json.dumps({"model": "fake-model", "prompt": "p", "max_tokens": 4,
-                           "request_id": request_id}).encode()
-        request = urllib.request.Request(self.url + "/v1/completions", body,
-                                         {"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as got:
-                answers.append(got.status)
-        except urllib.error.HTTPError as exc:
-            answers.append(exc.code)
-        except OSError as exc:
-            answers.append(type(exc).__name__)
-
 
 class TestOwnerAnswers(OwnerCase):
     def test_ready_by_http_only_while_warm_for_its_process_sleep_wake_rewarm_stop(self):
@@ -200,7 +186,7 @@ class TestOwnerAnswers(OwnerCase):
         deadline = time.monotonic() + 30
         while not answers and time.monotonic() < deadline:
             attempt: list = []
-            self.send("producer-1", attempt)
+            send_completion(self.url, "producer-1", attempt)
             if attempt and attempt[0] == 200:
                 answers = attempt
             time.sleep(0.05)
@@ -240,7 +226,8 @@ class TestOwnerAnswers(OwnerCase):
         self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
         self.ready_answer(503, 10)                  # re-warming: not Ready
         answers: list = []
-        clients = [threading.Thread(target=self.send, args=(f"producer-{n}", answers))
+        clients = [threading.Thread(target=send_completion,
+                                    args=(self.url, f"producer-{n}", answers))
                    for n in range(2)]
         for client in clients:
             client.start()
@@ -264,6 +251,12 @@ class TestOwnerAnswers(OwnerCase):
 
 class TestOnlyTheCreatorVouches(StartCase):
     runs_long = 6
+
+    def rewarm(self) -> subprocess.CompletedProcess:
+        """start.sh --rewarm on this test's folder and ready file (no owner: here)."""
+        return subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs,
+                               "--ready-file", self.ready], capture_output=True, text=True,
+                              timeout=120)
 
     def test_a_proxy_in_the_launched_group_does_not_vouch(self):
         # The launched process is a shell that runs the server as a child (no exec): the
@@ -303,9 +296,7 @@ class TestOnlyTheCreatorVouches(StartCase):
             self.assertEqual(handle.read().split(), ["4096", str(self.server_pid())])
         with open(os.path.join(self.logs, "server.chunk"), "w") as handle:
             handle.write("2048 999999\n")            # left by another server
-        again = subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs,
-                                "--ready-file", self.ready], capture_output=True, text=True,
-                               timeout=120)
+        again = self.rewarm()
         self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
         self.assertNotIn("chunk 2048", again.stdout)
         self.assertNotIn("from server.chunk", again.stdout)
@@ -316,9 +307,7 @@ class TestOnlyTheCreatorVouches(StartCase):
         other = self.start_fake()                  # in this process: not the launched server
         with open(os.path.join(self.logs, "server.url"), "w") as handle:
             handle.write(other.url + "\n")
-        again = subprocess.run(["bash", START, "--rewarm", "--log-dir", self.logs,
-                                "--ready-file", self.ready], capture_output=True, text=True,
-                               timeout=60)
+        again = self.rewarm()
         self.assertEqual(again.returncode, 1, again.stdout + again.stderr)
         self.assertIn("not by the server process start.sh launched", again.stderr)
         self.assertIn("the server keeps running (a re-warm stops nothing)", again.stderr)
