@@ -495,9 +495,9 @@ SETTINGS = (
             "client concurrency of each wave, in order: distinct depths of 1 to 64, the "
             "first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; not 1,2,3,4 is a custom plan",
             shown="1,2,3,4", metavar="1,2,3,4", note="not 1,2,3,4: a custom plan"),
-    Setting("--tokens", "WARMUP_TOKENS", whole(2, 4096), REVIEWED.tokens,
-            "completion tokens per request: max_tokens = min_tokens, 2 to 4096; not 32 is "
-            "a custom plan", note="not 32: a custom plan"),
+    Setting("--tokens", "WARMUP_TOKENS", whole(2, 32), REVIEWED.tokens,
+            "completion tokens per request: max_tokens = min_tokens, 2 to 32 (never a "
+            "longer generation); not 32 is a custom plan", note="not 32: a custom plan"),
     Setting("--priority", "WARMUP_PRIORITY", PRIORITY, REVIEWED.priority,
             "request priority; with --scheduling-policy priority, real traffic at 0 goes "
             "first; not 20 is a custom plan", note="not 20: a custom plan"),

@@ -19,7 +19,6 @@ from base64 import b64decode, b64encode
 from collections import namedtuple
 
 from core.files import open_regular
-from core.kinds import PATH_NAMES, kinds_of
 from core.transport import UsageError, clean_text
 
 
@@ -35,10 +34,16 @@ class PlanFile(namedtuple("PlanFile", "name sha256 text fields")):
 
 MAX_PLAN_BYTES = 2048               # its base64 fits the records sink's 4,000 characters
 MAX_WAVES, MAX_DEPTH = 16, 64
-MAX_REQUESTS = 128                    # per engine, --paths kinds too
-MAX_COMPLETION_TOKENS = 32768         # per engine: what fits the 90 s deadline, with margin
+MAX_REQUESTS = 128                    # per engine: 4,096 completion tokens at most
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 FIELDS = {"name", "waves", "tokens", "priority", "b1_tokens", "paths"}
+# What every request keeps whatever the plan (the patch note's): a file may only say them.
+FIXED = {"tokens": (32, "the patch note's max_tokens = min_tokens"),
+         "priority": (20, "the patch note's"),
+         "paths": ([], "request kinds are a shape test of their own: --paths")}
+# The default plan is known by its digest (plans/patch-note.json), never by its name.
+DEFAULT_NAME = "patch-note"
+DEFAULT_SHA256 = "b96d11a14cb2b6e8415e518c2a5ea11088db63c63b127caf2254c31acf58ee70"
 
 
 def read_plan_file(path: str, option: str = "--plan") -> PlanFile:
@@ -55,10 +60,14 @@ def read_plan_file(path: str, option: str = "--plan") -> PlanFile:
             raise ValueError(f"larger than {MAX_PLAN_BYTES} bytes")
         text = data.decode("utf-8")
         fields = plan_fields(text)
+        digest = hashlib.sha256(data).hexdigest()
+        if fields["name"] == DEFAULT_NAME and digest != DEFAULT_SHA256:
+            raise ValueError(f"name: '{DEFAULT_NAME}' is the default plan's, known by its "
+                             f"digest; give this plan a name of its own")
     except (ValueError, UnicodeDecodeError) as exc:
         raise UsageError(f"{option} {clean_text(path, 200)}: {clean_text(str(exc), 300)}; "
                          f"nothing was sent") from None
-    return PlanFile(fields["name"], hashlib.sha256(data).hexdigest(), text, fields)
+    return PlanFile(fields["name"], digest, text, fields)
 
 
 def recorded_file(recorded: dict) -> tuple[PlanFile | None, str]:
@@ -74,6 +83,8 @@ def recorded_file(recorded: dict) -> tuple[PlanFile | None, str]:
         return None, "the run record's plan file does not hash to its sha256"
     if file.fields["name"] != file.name:
         return None, "the run record's plan file is not named as its text names it"
+    if file.name == DEFAULT_NAME and file.sha256 != DEFAULT_SHA256:
+        return None, "the run record's plan file takes the default's name, not its digest"
     return file, ""
 
 
@@ -95,19 +106,14 @@ def plan_fields(text: str) -> dict:
     if not isinstance(doc["name"], str) or not NAME.fullmatch(doc["name"]):
         raise ValueError("name: 1 to 64 letters, digits, '.', '_' or '-'")
     depths = wave_depths(doc["waves"])
-    tokens = whole_field(doc, "tokens", 2, 4096)
-    paths = doc.get("paths", [])
-    if not isinstance(paths, list) or not all(p in PATH_NAMES for p in paths) \
-            or len(set(paths)) != len(paths):
-        raise ValueError(f"paths: distinct names of {', '.join(PATH_NAMES)}")
-    requests = sum(depths) + len(kinds_of(tuple(paths))) * sum({1, max(depths)})
-    if requests > MAX_REQUESTS or requests * tokens > MAX_COMPLETION_TOKENS:
-        raise ValueError(f"waves and tokens: at most {MAX_REQUESTS} requests and "
-                         f"{MAX_COMPLETION_TOKENS} completion tokens per engine")
-    return {"name": doc["name"], "waves": depths, "tokens": tokens,
-            "priority": whole_field(doc, "priority", -(1 << 31), (1 << 31) - 1),
-            "b1_tokens": whole_field(doc, "b1_tokens", 1024, 1 << 20),
-            "paths": tuple(p for p in PATH_NAMES if p in paths)}
+    for key, (value, why) in FIXED.items():
+        if doc.get(key, value) != value or type(doc.get(key, value)) is not type(value):
+            raise ValueError(f"{key}: must be {json.dumps(value)} ({why}); a plan changes only "
+                             f"its waves and B1's size")
+    if sum(depths) > MAX_REQUESTS:
+        raise ValueError(f"waves: at most {MAX_REQUESTS} requests per engine")
+    return {"name": doc["name"], "waves": depths, "tokens": 32, "priority": 20,
+            "b1_tokens": whole_field(doc, "b1_tokens", 1024, 1 << 20), "paths": ()}
 
 
 def wave_depths(waves) -> tuple[int, ...]:

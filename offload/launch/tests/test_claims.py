@@ -166,7 +166,7 @@ class TestMessages(HelperCase):
                                                       "of seconds greater than 0 and at most "
                                                       "3600, got '1e10'"),
                            (["--tokens", "x"], "argument --tokens: must be a whole number from "
-                                               "2 to 4096, got 'x'"),
+                                               "2 to 32, got 'x'"),
                            (["--waves", "2"], "argument --waves: must start with 1")):
             with self.subTest(args=args):
                 result = self.run_argv([*args, "--dry-run"])

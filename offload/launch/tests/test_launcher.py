@@ -388,6 +388,13 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
             (["--ssl-keyfile", "/k.pem", "--keys", "3", "--tokenizer-mode", "auto"],
              "--ssl-keyfile /k.pem --keys 3 --tokenizer-mode auto"),
             (["--api-key"], "--api-key"),
+            (["--api-key", "OLD", "NEW", "--port", "8000"],     # a key rotation: both hidden
+             "--api-key [redacted] [redacted] --port 8000"),
+            (["env", "VLLM_API_KEY=S1", "HF_TOKEN=S2", "aws_secret_access_key=S3",
+              "MAX_NUM_BATCHED_TOKENS=4096", "vllm", "serve", "m"],
+             "env VLLM_API_KEY=[redacted] HF_TOKEN=[redacted] aws_secret_access_key=[redacted] "
+             "MAX_NUM_BATCHED_TOKENS=4096 vllm serve m"),
+            (["serve", "m", "--tokenizer=a=b", "x=y"], "serve m --tokenizer=a=b x=y"),
         )
         for argv, expected in table:
             with self.subTest(argv=argv):

@@ -21,7 +21,7 @@ DEEP = {"name": "deep-8", "waves": [{"depth": 1, "prompt": "long"},
                                     {"depth": 2, "prompt": "short"},
                                     {"depth": 4, "prompt": "short"},
                                     {"depth": 8, "prompt": "short"}],
-        "tokens": 16, "priority": 20, "b1_tokens": 5000, "paths": []}
+        "tokens": 32, "priority": 20, "b1_tokens": 5000, "paths": []}
 
 
 def write_plan(folder: str, doc, name: str = "plan.json") -> tuple[str, str]:
@@ -51,7 +51,8 @@ class TestPlanFiles(HelperCase):
         self.assertEqual(result.code, 0, result.stdout)
         self.assertIn(f"PASS (exit 0): plan deep-8 sha256:{digest[:8]}… 15/15", result.stdout)
         self.assertEqual(len(server.state.completions()), 15)
-        self.assertEqual({r["body"]["max_tokens"] for r in server.state.completions()}, {16})
+        self.assertEqual({(r["body"]["max_tokens"], r["body"]["min_tokens"], r["body"]["priority"])
+                          for r in server.state.completions()}, {(32, 32, 20)})
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["file"]["name"], plan["file"]["sha256"]), ("deep-8", digest))
         self.assertEqual(result.summary["verdict"], "pass")
@@ -88,13 +89,20 @@ class TestPlanFiles(HelperCase):
             "waves[0].prompt": dict(DEEP, waves=[{"depth": 2, "prompt": "long"}]),
             "waves: each depth once": dict(DEEP, waves=DEEP["waves"] + [{"depth": 2,
                                                                          "prompt": "short"}]),
-            "tokens: a whole number from 2 to 4096": dict(DEEP, tokens=True),
+            "tokens: must be 32 (the patch note's max_tokens = min_tokens); a plan changes "
+            "only its waves and B1's size": dict(DEEP, tokens=512),
+            "tokens: must be 32": dict(DEEP, tokens=2),
+            "tokens: must be 32 ": dict(DEEP, tokens=True),
+            "priority: must be 20": dict(DEEP, priority=0),
+            "paths: must be [] (request kinds are a shape test of their own": dict(
+                DEEP, paths=["sampled", "chat"]),
+            "name: 'patch-note' is the default plan's, known by its digest": dict(
+                DEEP, name="patch-note"),
             "field 'stop' unknown": dict(DEEP, stop=["\n"]),
             "field 'priority' missing": {k: v for k, v in DEEP.items() if k != "priority"},
-            "waves and tokens: at most 128 requests": dict(DEEP, waves=[
+            "waves: at most 128 requests per engine": dict(DEEP, waves=[
                 {"depth": d, "prompt": "long" if d == 1 else "short"} for d in range(1, 17)]),
             "name: 1 to 64 letters": dict(DEEP, name="a b"),
-            "paths: distinct names": dict(DEEP, paths=["stream", "stream"]),
             "NaN is not JSON": '{"name": "x", "tokens": NaN}',
             "not a JSON object": "[1, 2]",
         }
@@ -220,8 +228,7 @@ class TestPlanFileUnderStart(StartCase):
         result = self.start("--ready-file", self.ready, server=self.fake(),
                             env={"WARMUP_PLAN": path})
         self.assertEqual(result.code, 2, result.stdout + result.stderr)
-        self.assertIn(f"WARMUP_PLAN {path}: tokens: a whole number from 2 to 4096",
-                      result.stderr)
+        self.assertIn(f"WARMUP_PLAN {path}: tokens: must be 32", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")),
                          "nothing was launched")
 
