@@ -502,10 +502,10 @@ SETTINGS = (
             "request priority; with --scheduling-policy priority, real traffic at 0 goes "
             "first; not 20 is a custom plan", note="not 20: a custom plan"),
     Setting("--paths", "WARMUP_PATHS", parse_paths, (),
-            f"after the waves, warm other request kinds, each at depth 1 and at the deepest "
-            f"wave's, on every engine: {', '.join(PATH_NAMES)}, all or none",
-            shown="none: the contract's ten requests only", metavar="LIST",
-            note="extra requests, named on the verdict line"),
+            f"after the waves, a shape test of other request kinds, each at depth 1 and at "
+            f"the deepest wave's, on every engine: {', '.join(PATH_NAMES)}, all or none; "
+            f"never a pass (a custom plan)", shown="none: the contract's ten requests only",
+            metavar="LIST", note="a shape test, never a pass"),
     Setting("--chunk-tokens", "WARMUP_CHUNK_TOKENS", whole(1, MAX_LONG_PROMPT_TOKENS - 1),
             REVIEWED.chunk_tokens, "the server's prefill chunk (its "
             "--max-num-batched-tokens): B1 is longer, so that the chunked prefill really "

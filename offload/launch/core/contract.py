@@ -194,8 +194,8 @@ def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
 
 def differences(plan: Plan, engines_skipped=()) -> list[str]:
     """How a plan differs from the reviewed one, or from its plan file ([]: none), each
-    said with the setting that made it, where one was given. Without a plan file,
-    --paths kinds are extras, not differences; waves past B4 are."""
+    said with the setting that made it, where one was given. --paths kinds are always a
+    difference: a shape test of their own, never part of a pass (nor a ready file)."""
     given = dict(plan.given)
     found = []
     reviewed = plan_of_file(plan.file) if plan.file else REVIEWED
@@ -203,8 +203,7 @@ def differences(plan: Plan, engines_skipped=()) -> list[str]:
                         ("waves", ",".join(map(wave_name, plan.waves))),
                         ("b1_tokens", plan.b1_tokens),
                         ("paths", ",".join(plan.paths) or "none")):
-        if getattr(plan, name) != getattr(reviewed, name) and \
-                (name != "paths" or plan.file):
+        if getattr(plan, name) != getattr(reviewed, name):
             found.append(f"{name} {shown}" + (f" ({given[name]})" if name in given else ""))
     if engines_skipped:
         found.append(f"engines not warmed: {show(engines_skipped)}"

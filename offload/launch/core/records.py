@@ -215,7 +215,7 @@ def show(value, limit: int = SHOW_LIMIT) -> str:
 
 
 def parts_text(parts) -> str:
-    """A verdict's parts as its line says them: 'contract 10/10, paths stream 5/5' (any
+    """A verdict's parts as its line says them: 'plan 10/10, paths stream 5/5' (any
     value from a file shown safely)."""
     return ", ".join(f"{show(part[0])} {show(part[1])}/{show(part[2])}"
                      for part in (parts if isinstance(parts, list | tuple) else ())

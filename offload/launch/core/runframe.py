@@ -440,7 +440,7 @@ class LineWriter:
 
 def verdict_line(summary: dict, records_path: str) -> str:
     """The terminal's last lines: the verdict with each part's count ('PASS (exit 0):
-    contract 10/10, paths stream 5/5 in 3.21 s'; a custom plan named with what made it),
+    contract 10/10 in 3.21 s'; a custom plan named with what made it, 'paths stream 5/5'),
     problems (five at most), notes and warnings, where the records are."""
     parts = summary.get("parts") or ()
     if parts:

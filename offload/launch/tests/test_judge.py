@@ -216,7 +216,9 @@ class TestTheVerdict(unittest.TestCase):
                    for d in (1, 4) for i in range(d)]
         said = self.decide(contract_requests("r") + streams, run=run,
                            waves=("B1", "B2", "B3", "B4", "stream-1", "stream-4"))
-        self.assertEqual((said.verdict, records.parts_text(said.parts)), ("pass", "contract 10/10, paths stream 5/5"))
+        self.assertEqual((said.verdict, said.exit_code, records.parts_text(said.parts)),
+                         ("custom", 0, "plan 10/10, paths stream 5/5"),
+                         "extras are a shape test of their own, never a pass")
         plan = contract.plan_record(contract.Plan(waves=(1,)))
         custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
         said = self.decide(contract_requests("r")[:1], run=custom, waves=("B1",))
@@ -325,19 +327,22 @@ class TestCustomPlan(HelperCase):
         result = self.run_helper(server, "--json", "--paths", "stream")
         summary = json.loads(result.stdout)
         self.assertGreater(len(result.stdout), 4000, "longer than a terminal line is cut")
-        self.assertEqual(summary["verdict"], "pass")
+        self.assertEqual(summary["verdict"], "custom")
 
-    def test_extras_keep_a_contract_run_and_are_counted_on_the_verdict_line(self):
+    def test_extras_are_a_shape_test_never_a_pass_and_counted_on_the_verdict_line(self):
         server = self.start_fake()
         result = self.run_helper(server, env={"WARMUP_PATHS": "stream"})
         self.assertEqual(result.code, 0, result.stdout)
-        self.assertIn("PASS (exit 0): contract 10/10, paths stream 5/5 in ", result.stdout)
+        self.assertIn("pass, custom plan: paths stream (WARMUP_PATHS=stream from the "
+                      "environment) (exit 0): plan 10/10, paths stream 5/5 in ", result.stdout)
+        self.assertNotIn("PASS", result.stdout)
         self.assertIn("given: WARMUP_PATHS=stream from the environment",
                       result.stdout.splitlines()[0])
-        self.assertTrue(result.summary["contract"])
+        self.assertFalse(result.summary["contract"])
         shown = self.run_argv(["report", self.records_path], main=qualify.main)
-        self.assertEqual(shown.code, 0)
-        self.assertIn("verdict: pass (exit 0): contract 10/10, paths stream 5/5", shown.stdout)
+        self.assertEqual(shown.code, 1)
+        self.assertIn("verdict: custom plan, not the contract's (exit 1; paths stream",
+                      shown.stdout)
 
 
 class TestB1(HelperCase):

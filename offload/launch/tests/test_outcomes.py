@@ -250,8 +250,9 @@ class TestLeftoversNamed(StartCase):
                       "environment: WARMUP_BASE_URL=" + self.url, first)
         self.assertIn("WARMUP_HARD_S=60", first)
         self.assertIn("WARMUP_WAVE (not a variable the warm-up reads)", first)
-        self.assertIn("OK: warm-up passed: contract 10/10, paths stream 5/5 (WARMUP_PATHS=stream "
-                      "from the environment); records: ", result.stdout)
+        self.assertIn("WARN: warm-up passed a custom plan, not the contract's: paths stream "
+                      "(WARMUP_PATHS=stream from the environment); no ready file; records: ",
+                      result.stdout)
 
 
 class TestStartStepsLeaveNothing(StartCase):

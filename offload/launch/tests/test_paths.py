@@ -59,9 +59,14 @@ class TestPaths(HelperCase):
         self.assertNotIn(TEXT_MARKER, result.records_text, "logprobs are counted, never kept")
 
     def test_the_report_finds_the_evidence_of_every_path_on_every_engine(self):
+        # Extras are a shape test of their own: all answered well, never a pass (54).
         server = self.start_fake(engines=2)
-        result = self.run_helper(server, "--paths", "logprobs,json")
+        ready = os.path.join(self.tmp, "ready")
+        result = self.run_helper(server, "--paths", "logprobs,json", "--ready-file", ready)
         self.assertEqual(result.code, 0, result.stdout)
+        self.assertEqual(result.summary["verdict"], "custom")
+        self.assertIn("pass, custom plan", result.stdout)
+        self.assertFalse(os.path.exists(ready), "extras never yield a ready file")
         self.assertEqual(result.summary["requests_total"], 2 * (10 + 4 * 5))
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["requests_per_engine"], plan["requests_total"]), (30, 60))
@@ -69,7 +74,7 @@ class TestPaths(HelperCase):
                                 "--json"], capture_output=True, text=True, timeout=30)
         doc = json.loads(shown.stdout)
         self.assertEqual((shown.returncode, doc["verdict"], doc["evidence"]),
-                         (0, "pass", "complete"))
+                         (1, "custom", "complete"))
 
     def test_without_paths_the_ten_requests_are_unchanged(self):
         server = self.start_fake()

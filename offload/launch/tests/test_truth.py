@@ -137,7 +137,7 @@ class TestFuzz(TruthCase):
         return [
             ("pass", self.records_of()),
             ("pass", self.records_of(engines=2)),
-            ("pass", self.records_of("--paths", "stream")),
+            ("custom", self.records_of("--paths", "stream")),    # extras: never a pass
             ("fail", self.records_of(fault="one_token")),
             ("custom", self.records_of("--engines", "0", engines=2)),
             ("custom", self.records_of(env={"WARMUP_WAVES": "1,2"})),
