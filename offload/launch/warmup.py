@@ -21,11 +21,7 @@ The run, in order (each step is a function or method right below):
     ServerProgram.judge contract.decide() on the records this run wrote: the one verdict
     after_summary()     with --ready-file: the ready file from that verdict (readyfile)
 
-It is a program over core/ beside it, and loads nothing else: transport (bytes on a
-socket), runframe (a run with one summary), contract (what a warm-up is and how it is
-judged), vllm_client (what a vLLM server says) and evidence (what moved); the ready file's
-code, the textfile's, a plan file's and the dry run's load only with their flags.
-Standard library only, Python 3.10+. The contract is CONTRACT.md beside this file.
+Python 3.10+; the contract is CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
@@ -172,7 +168,7 @@ class WarmUp(ServerProgram):
     def exported(self, run: Run, summary: dict) -> list[tuple]:
         return exported_samples(self.server.engines, self.tally.requests,
                                 self.plan.requests_per_engine, summary,
-                                self.server.process_start)
+                                self.server.process_start, self.plan)
 
     # -- one batch ---------------------------------------------------------------
 
@@ -330,14 +326,19 @@ def wave_record(run: Run, name: str, kind_: Kind, depth: int, engine, mine: list
 
 
 def exported_samples(engines: tuple, requests: list[dict], per_engine: int,
-                     summary: dict, server_start: float | None) -> list[tuple]:
+                     summary: dict, server_start: float | None, plan=None) -> list[tuple]:
     """Requests ok and failed in the last run, per engine (the engine index only), the
-    time to warm of a pass (process start -> first /health 200 -> warm-up end) and when
-    the server started (what an alert on 'no pass since the server started' compares)."""
+    time to warm of a pass (process start -> first /health 200 -> warm-up end), when the
+    server started (what an alert on 'no pass since the server started' compares), and
+    what its pass assumed (the chunk, B1 in one prefill step)."""
     warm = (summary.get("time_to_warm") or {}) if summary.get("verdict") == "pass" else {}
     samples = [(f"offload_warmup_{phase[:-2]}_seconds", {}, float(value), help_text)
                for phase, help_text in TIME_TO_WARM_HELP.items()
                if (value := warm.get(phase)) is not None]
+    said = (("chunk_assumed", plan and plan.chunk_source == "assumed", "prefill chunk was assumed"),
+            ("b1_one_step", plan and plan.one_step, "B1 was one prefill step"))
+    samples += [(f"offload_warmup_{name}", {}, float(bool(value)), f"1 when the last run's "
+                 f"{text}.") for name, value, text in said]
     if server_start is not None:
         samples.append(("offload_warmup_server_start_time_seconds", {}, float(server_start),
                         "When the server the last run warmed started (its "

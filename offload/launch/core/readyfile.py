@@ -3,6 +3,7 @@
   ready_document(), ready_of()    the document from a passing run's verdict and records (pure)
   write_ready(), remove_regular()   the creator's one way to write it, and to remove it
   take_away()                     what every other process may do: remove it, never rewrite
+  unmet()                         what a reader requires (a plan's digest, a chunk not assumed)
   read_ready_file()               the file as a document, or why it is none
   rewrite_after_run()             the warm-up's file from its own verdict (--ready-file)
   sha256_type()                   --plan-sha256: the reviewed plan the file must name
@@ -59,9 +60,36 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
         "time_to_warm": summary.get("time_to_warm"), "gate": gate,
         "server_pgid": server_pgid,
         "chunk_tokens": run.get("plan", {}).get("chunk_tokens"),
-        "plan": {k: file[k] for k in ("name", "sha256")} if (file := run.get("plan", {})
-                                                               .get("file")) else None,
+        "chunk_source": run.get("plan", {}).get("chunk_source"),
+        "b1_one_step": run.get("plan", {}).get("b1_one_step"),
+        "plan": plan_vouched(run.get("plan", {}).get("file")),
     }, None
+
+
+def plan_vouched(file: dict | None) -> dict:
+    """The plan a pass vouches for, by its digest: its file's, or the default's (the
+    patch note's, plans/patch-note.json) for a contract pass without one."""
+    if file:
+        return {k: file[k] for k in ("name", "sha256")}
+    from core.plan_file import DEFAULT_NAME, DEFAULT_SHA256
+    return {"name": DEFAULT_NAME, "sha256": DEFAULT_SHA256}
+
+
+def unmet(doc: dict, plan_sha256: str | None = None, require_chunk: bool = False
+          ) -> str | None:
+    """Why a ready document does not vouch for what its reader requires (a plan by its
+    digest, a chunk the server's command or log said, not assumed); None when it does.
+    The creators check it before writing, `qualify.py ready` when reading. Pure."""
+    plan = doc.get("plan") if isinstance(doc.get("plan"), dict) else {}
+    if plan_sha256 and plan.get("sha256") != plan_sha256:
+        return (f"the ready file vouches for a warm-up of plan "
+                f"{clean_text(str(plan.get('name')), 64)} sha256:"
+                f"{clean_text(str(plan.get('sha256')), 64)}, not of the plan "
+                f"sha256:{plan_sha256}")
+    if require_chunk and doc.get("chunk_source") in (None, "assumed"):
+        return ("the warm-up assumed the server's prefill chunk: pin "
+                "--max-num-batched-tokens in the server command")
+    return None
 
 
 def last_gauges(records: list[dict]) -> dict:

@@ -193,15 +193,14 @@ class Owner:
     """The pod's readiness, held in memory and moved only here (see MOVES)."""
 
     def __init__(self, settings, server, log, env: dict, chunk_from: str):
-        self.settings, self.server, self.log, self.env = settings, server, log, env
-        self.chunk_from = chunk_from
+        self.settings, self.server, self.log, self.env, self.chunk_from = \
+            settings, server, log, env, chunk_from
         self.state, self.warmed_pid = "starting", 0
         self.budget_until = time.monotonic() + settings.guard_s   # retries of a refusal
         self.retry_at, self.backoff, self.refusals = None, RETRY_FIRST_S, 0
         self.next_watch = time.monotonic() + WATCH_S
         self.asked: list = []                  # (signal name, when, number), the handler's
-        self.said_stop = False
-        self.in_flight: int | None = None      # at the TERM
+        self.said_stop, self.in_flight = False, None      # passed on; in flight at the TERM
         self.requests: queue.Queue = queue.Queue()
         self.shutdown_s = seconds_of(flag_value("--shutdown-timeout", settings.command))
 
@@ -232,19 +231,21 @@ class Owner:
         publish_start_outcome(self.settings, "warmup", status, verdict, self.log)
 
     def vouch(self, run: dict, gate_records: str | None) -> str | None:
-        """A warm-up (and gate) that passed: the ready file written and the state warm,
-        unless something moved it meanwhile (a TERM); None when vouched, else why not."""
+        """A warm-up (and gate) that passed and vouches for what is required (a plan's
+        digest, a chunk not assumed): the ready file written and the state warm, unless
+        something moved it meanwhile (a TERM); None when vouched, else why not."""
         if self.state not in ("warming", "rewarming"):
             return f"the pod is {self.state} now"
-        if self.settings.ready_file:
-            from tools.readback import ready_from_records
-            why = ready_from_records(self.settings.ready_file, run["records"],
-                                     gate_records=gate_records, server_pgid=self.server.pid)
-            if why:
-                return why
-            if self.state not in ("warming", "rewarming"):   # a TERM while it was written
+        from tools.readback import ready_from_records
+        why = ready_from_records(self.settings.ready_file, run["records"],
+                                 gate_records=gate_records, server_pgid=self.server.pid,
+                                 required=self.settings.required())
+        if why:
+            return why
+        if self.state not in ("warming", "rewarming"):      # a TERM while it was written
+            if self.settings.ready_file:
                 remove_regular(self.settings.ready_file)
-                return f"the pod is {self.state} now"
+            return f"the pod is {self.state} now"
         self.warmed_pid = self.server.pid
         self.go("passed", f"records {os.path.basename(run['records'])}")
         return None

@@ -42,6 +42,11 @@ options (environment variable in brackets):
                       model): `qualify.py ready --ready-file PATH` says whether it is
                       still true (a readiness probe); its folder must exist
                       [START_READY_FILE]
+  --plan-sha256 HEX   the ready file (and --supervise's Ready) only for a pass of the
+                      plan of this SHA-256 (sha256sum FILE; the default plan's is
+                      offload/launch/plans/patch-note.json's) [START_PLAN_SHA256]
+  --require-chunk     nor for a pass that assumed the server's prefill chunk: pin
+                      --max-num-batched-tokens in the command [START_REQUIRE_CHUNK=1]
   --textfile PATH     the warm-up and the gate also publish their result there for
                       monitoring (node_exporter's textfile collector, *.prom), as
                       WARMUP_TEXTFILE; every start rewrites it, a server that never
@@ -125,6 +130,7 @@ class Settings:
         "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
         "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
         "ready_port": ("START_READY_PORT", "0"),
+        "plan_sha256": ("START_PLAN_SHA256", ""), "require_chunk": ("START_REQUIRE_CHUNK", "0"),
     }
 
     def __init__(self, argv: list[str], env: dict):
@@ -147,9 +153,10 @@ class Settings:
 
     VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
               "--ready-file": "ready_file", "--textfile": "textfile",
-              "--gate-hard-s": "gate_hard_s", "--keep": "keep", "--ready-port": "ready_port"}
+              "--gate-hard-s": "gate_hard_s", "--keep": "keep", "--ready-port": "ready_port",
+              "--plan-sha256": "plan_sha256"}
     SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
-                "--gate": ("gate", "1")}
+                "--gate": ("gate", "1"), "--require-chunk": ("require_chunk", "1")}
 
     def _parse(self, argv: list[str]) -> None:
         args = list(argv)
@@ -179,7 +186,7 @@ class Settings:
         switches bool), the folders tried; Usage naming the first bad one."""
         if self.problem:
             raise Usage(self.problem)
-        for name in ("warmup", "gate", "supervise"):
+        for name in ("warmup", "gate", "supervise", "require_chunk"):
             if getattr(self, name) not in ("0", "1"):
                 raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
             setattr(self, name, getattr(self, name) == "1")
@@ -220,6 +227,13 @@ class Settings:
         check_log_dir(self)
         if self.ready_file:
             check_ready_place(self.source["ready_file"], self.ready_file)
+        if self.plan_sha256:
+            from argparse import ArgumentTypeError
+            from core.readyfile import sha256_type
+            try:
+                self.plan_sha256 = sha256_type(self.plan_sha256)
+            except ArgumentTypeError as exc:
+                raise Usage(f"{self.source['plan_sha256']} {exc}") from None
         if self.textfile:
             check_file_place(self.source["textfile"], self.textfile)
         from core.transport import UsageError
@@ -231,6 +245,10 @@ class Settings:
         why = address_problem(self.target, self.command)
         if why:
             raise Usage(why)
+
+    def required(self) -> tuple:
+        """What a pass must vouch for before the ready file is written (readyfile.unmet)."""
+        return self.plan_sha256 or None, self.require_chunk
 
     def command_chunk(self) -> str:
         """The prefill chunk the server command gives (its last --max-num-batched-tokens,

@@ -224,7 +224,8 @@ def ready_file_writer(settings: Settings, log: Log, server_pid: int):
             return None
         from tools.readback import ready_from_records
         why = ready_from_records(settings.ready_file, run["records"],
-                                 gate_records=gate_records, server_pgid=server_pid)
+                                 gate_records=gate_records, server_pgid=server_pid,
+                                 required=settings.required())
         if why is None:
             log(f"ready file {settings.ready_file} written: it names the server it vouches "
                 f"for; `qualify.py ready --ready-file {settings.ready_file}` says while it "

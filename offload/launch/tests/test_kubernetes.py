@@ -138,6 +138,10 @@ class TestManifest(unittest.TestCase):
         self.assertEqual(ready["httpGet"], {"path": "/ready", "port": "ready"})
         self.assertEqual(ports["ready"], int(env["START_READY_PORT"]), "said once")
         self.assertIn("--supervise", command[:command.index("--")], "the owner answers it")
+        from core.plan_file import DEFAULT_SHA256
+        self.assertEqual(env["START_PLAN_SHA256"], DEFAULT_SHA256, "the reviewed plan pinned")
+        self.assertEqual((env["START_REQUIRE_CHUNK"], command.count("--max-num-batched-tokens")),
+                         ("1", 1), "the chunk pinned in the command, and required")
         shutdown = float(command[command.index("--shutdown-timeout") + 1])
         grace = float(env["START_STOP_GRACE_S"])
         pre_stop = float(vllm["lifecycle"]["preStop"]["exec"]["command"][1])

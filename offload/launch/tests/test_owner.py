@@ -215,6 +215,14 @@ class TestOwnerAnswers(OwnerCase):
         self.assertNotIn("offload_warmup_start_to_warm_seconds", text, "never warmed")
         self.assertFalse(os.path.exists(self.ready))
 
+    def test_the_owner_is_never_ready_on_a_pass_that_assumed_a_required_chunk(self):
+        self.supervised("--cpu-build", env={"START_REQUIRE_CHUNK": "1"})
+        self.wait_for(lambda: "readiness: warming -> failed" in self.log_text(), 60, "failed")
+        self.assertIn("WARN: warm-up passed, but the ready file was not written: the warm-up "
+                      "assumed the server's prefill chunk", self.log_text())
+        self.assertEqual(self.answer(), (503, "failed\n"))
+        self.assertFalse(os.path.exists(self.ready))
+
     def test_a_term_during_a_re_warm_stays_stopping_and_cuts_are_said(self):
         # --shutdown-timeout absent (vLLM's default 0): a WARN at launch, and the requests
         # in flight at the TERM are said cut; a re-warm running then writes no pass back.

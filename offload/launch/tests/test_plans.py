@@ -41,6 +41,9 @@ def qualify(*args: str) -> subprocess.CompletedProcess:
 class TestPlanFiles(HelperCase):
     def test_the_default_is_exactly_the_patch_note_s_plan_file(self):
         shipped = read_plan_file(os.path.join(LAUNCH, "plans", "patch-note.json"))
+        from core.plan_file import DEFAULT_NAME, DEFAULT_SHA256
+        self.assertEqual((shipped.name, shipped.sha256), (DEFAULT_NAME, DEFAULT_SHA256),
+                         "the default plan is known by the digest of the file shipped")
         self.assertEqual(contract.plan_of_file(shipped), contract.REVIEWED)
         self.assertEqual(contract.differences(contract.plan_of_file(shipped)), [])
 
@@ -243,3 +246,55 @@ class TestPlanFileUnderStart(StartCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TestAPassSaysWhatItAssumed(StartCase):
+    """54: the ready file, the textfile and the run record say which plan passed (by its
+    digest), where the chunk came from and whether B1 was one prefill step; a creator
+    asked to require a digest or a known chunk writes no ready file without them."""
+
+    runs_long = 6
+
+    def test_the_ready_file_names_the_default_by_digest_and_the_chunk_s_source(self):
+        from core.plan_file import DEFAULT_SHA256
+        textfile = os.path.join(self.tmp, "offload.prom")
+        result = self.start("--ready-file", self.ready, "--textfile", textfile,
+                            "--plan-sha256", DEFAULT_SHA256, "--require-chunk",
+                            server=self.fake())
+        self.assertIn("OK: warm-up passed", result.stdout, result.stdout + result.stderr)
+        with open(self.ready) as handle:
+            doc = json.load(handle)
+        self.assertEqual((doc["plan"], doc["chunk_source"], doc["b1_one_step"]),
+                         ({"name": "patch-note", "sha256": DEFAULT_SHA256},
+                          "WARMUP_CHUNK_TOKENS", False))
+        for args, code in ((["--plan-sha256", DEFAULT_SHA256, "--require-chunk"], 0),
+                           (["--plan-sha256", "0" * 64], 1)):
+            with self.subTest(args=args):
+                self.assertEqual(qualify("ready", "--ready-file", self.ready, *args)
+                                 .returncode, code)
+        with open(textfile) as handle:
+            text = handle.read()
+        self.assertIn("offload_warmup_chunk_assumed 0.0", text)
+        self.assertIn("offload_warmup_b1_one_step 0.0", text)
+
+    def test_a_pass_that_assumed_the_chunk_is_not_vouched_for_when_one_is_required(self):
+        # A CPU build logs no chunk and the command gives none: the warm-up assumes 4096.
+        textfile = os.path.join(self.tmp, "offload.prom")
+        result = self.start("--ready-file", self.ready, "--textfile", textfile,
+                            "--require-chunk", server=self.fake("--cpu-build"))
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertIn("WARN: warm-up passed, but the ready file was not written: the warm-up "
+                      "assumed the server's prefill chunk: pin --max-num-batched-tokens",
+                      result.stdout)
+        self.assertFalse(os.path.exists(self.ready))
+        with open(textfile) as handle:
+            self.assertIn("offload_warmup_chunk_assumed 1.0", handle.read())
+        self.stop_server()
+        wrong = self.start("--ready-file", self.ready, "--plan-sha256", "a" * 64,
+                           server=self.fake())
+        self.assertIn("ready file was not written: the ready file vouches for a warm-up of "
+                      "plan patch-note", wrong.stdout, wrong.stdout + wrong.stderr)
+        self.assertFalse(os.path.exists(self.ready))
+        bad = self.refused("--plan-sha256", "xyz", "--", "true")
+        self.assertEqual(bad.code, 2)
+        self.assertIn("--plan-sha256 must be a SHA-256 digest", bad.stderr)

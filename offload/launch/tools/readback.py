@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from core.contract import Ending, Verdict, decide
-from core.readyfile import ready_of, write_ready
+from core.readyfile import ready_of, unmet, write_ready
 from core.records import held, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
@@ -241,11 +241,13 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
-                       gate_records: str | None = None, server_pgid: int | None = None
-                       ) -> str | None:
+                       gate_records: str | None = None, server_pgid: int | None = None,
+                       required: tuple = ()) -> str | None:
     """The ready file written (by its one creator) from the verdict of a warm-up's records
     (of run `run_id` where given: a records file another run also writes to is not its
-    pass) and, with --gate, the gate's; None when written, else why not."""
+    pass) and, with --gate, the gate's, when it vouches for what is `required`
+    (readyfile.unmet's: a plan digest, a chunk not assumed); None when written (or, with
+    no path, when it would be), else why not."""
     warm = last_verdict(records, run_id)
     gate = last_verdict(gate_records) if gate_records else None
     if warm is None or gate_records and gate is None:
@@ -254,7 +256,7 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": gate["run"]["run_id"] if gate["run"] else None}
     doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
-    return why or write_ready(path, doc)
+    return why or unmet(doc, *required) or (write_ready(path, doc) if path else None)
 
 
 # The exit statuses an ending read from a file may have: a file cannot give a failed run

@@ -18,7 +18,8 @@ import sys
 import urllib.parse
 
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
-from core.readyfile import iso_time, read_ready_file, served_counts, sha256_type, take_away
+from core.readyfile import (iso_time, read_ready_file, served_counts, sha256_type, take_away,
+                            unmet)
 from core.files import open_regular
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
                             clean_text, fetch, finite_number, parse_base_url)
@@ -278,16 +279,16 @@ def ready_main(argv: list[str]) -> int:
     parser.add_argument("--ready-file", metavar="PATH", required=True,
                         help="the ready file start.sh --ready-file writes")
     parser.add_argument("--plan-sha256", metavar="HEX", type=sha256_type,
-                        help="ready only when the warm-up ran the plan file of this SHA-256 "
-                             "(the one reviewed: sha256sum FILE)")
+                        help="ready only when the warm-up ran the plan of this SHA-256 (the "
+                             "one reviewed: sha256sum FILE; the default plan's is "
+                             "plans/patch-note.json's)")
+    parser.add_argument("--require-chunk", action="store_true",
+                        help="ready only when the warm-up knew the server's prefill chunk "
+                             "(its command or server.log said it), not assumed")
     args = parser.parse_args(argv)
     doc, why = read_ready_file(args.ready_file)
-    plan = doc.get("plan") if doc and isinstance(doc.get("plan"), dict) else {}
-    if doc is not None and args.plan_sha256 and plan.get("sha256") != args.plan_sha256:
-        vouched = f"plan {shown(plan.get('name'))} sha256:" \
-            f"{clean_text(str(plan.get('sha256')), 64)}" if plan else "the contract's plan"
-        doc, why = None, (f"the ready file vouches for a warm-up of {vouched}, not of the "
-                          f"plan sha256:{args.plan_sha256}")
+    why = why or unmet(doc, args.plan_sha256, args.require_chunk)
+    doc = None if why else doc
     if doc is None:
         emit(f"not ready: {why}", sys.stderr)
         return EXIT_FAIL
