@@ -6,7 +6,6 @@
             --supervise stay the server's parent and own its readiness (start.owner)
 
 start.sh execs this file; its internals are start/ (the server, the steps, the settings).
-Standard library only.
 """
 
 from __future__ import annotations

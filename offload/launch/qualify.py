@@ -16,7 +16,7 @@ main() finds the command in COMMANDS and imports its module only then (health an
 live in tools/ready.py: a readiness probe loads qualify, tools/ready, tools/procfs and
 core's transport, vllm_metrics and readyfile, nothing else). Its commands are tools/ (over
 core/); never imports warmup.py.
-Standard library only. The contract: CONTRACT.md beside this file.
+The contract: CONTRACT.md beside this file.
 """
 
 from __future__ import annotations
@@ -47,9 +47,7 @@ The coordinator's tools after a start:
 The contract: CONTRACT.md beside this file."""
 
 
-# ---------------------------------------------------------------------------
 # main()
-# ---------------------------------------------------------------------------
 
 COMMANDS = {                          # name -> (module, its main); imported when it runs
     "report": ("tools.report", "report_main"), "probe": ("tools.probe", "probe_main"),

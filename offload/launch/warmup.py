@@ -79,9 +79,7 @@ def main(argv: list[str] | None = None, prog: str = "warmup.py") -> int:
                        "warmup", build_warmup)
 
 
-# ---------------------------------------------------------------------------
 # The warm-up: a ServerProgram whose steps are the plan's batches.
-# ---------------------------------------------------------------------------
 
 class WarmUp(ServerProgram):
     """The plan's batches on every engine, each behind the guard; judged by decide()."""
@@ -474,9 +472,7 @@ def evidence_text(seen: dict, depth: int) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------
 # The command line.
-# ---------------------------------------------------------------------------
 
 PRIORITY = whole(-(1 << 31), (1 << 31) - 1)
 

@@ -28,7 +28,7 @@ from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
 from core.transport import count_value, finite_number
-from core.vllm_metrics import engine_index, engine_label, series_sum
+from core.vllm_metrics import GAUGES, engine_index, engine_label, series_sum
 
 ENGINE_HEADER = "X-data-parallel-rank"
 MAX_WAVE_DEPTH = 64
@@ -128,9 +128,7 @@ def parse_waves(text: str) -> tuple[int, ...]:
     return depths
 
 
-# ---------------------------------------------------------------------------
 # The plan as a run record holds it, read back in one place.
-# ---------------------------------------------------------------------------
 
 def plan_record(plan: Plan) -> dict:
     """The plan as recorded (and printed by --dry-run): sizes only, never prompt text."""
@@ -235,9 +233,7 @@ def planned_requests(plan: Plan, engines: list) -> list[tuple]:
             for k, d in plan.batches() for index in range(d)]
 
 
-# ---------------------------------------------------------------------------
 # What the server's counters show against the records.
-# ---------------------------------------------------------------------------
 
 def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
                 down: list | tuple = ()) -> tuple[list[str], list[str]]:
@@ -367,9 +363,7 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
     return problems
 
 
-# ---------------------------------------------------------------------------
 # The verdict.
-# ---------------------------------------------------------------------------
 
 class Verdict(Value):
     """A run judged: verdict (pass, custom, fail, refused, killed), exit code, problems,
@@ -422,6 +416,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(recorded, differs)
         found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
+        found += unguarded_waves(engines, records, len(set(engines) | set(skipped)) > 1)
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
             found += said_failed(records)
@@ -540,6 +535,47 @@ def claim_problems(recorded: dict, differs: list) -> list[str]:
         return [f"the run record's plan says contract {show(recorded['contract'])}; its "
                 f"plan {'differs: ' + '; '.join(differs) if differs else 'is the reviewed one'}"]
     return []
+
+
+def unguarded_waves(engines: list, records: list[dict], several: bool) -> list[str]:
+    """The guard judged again from the records (the patch note's first rule): before each
+    wave, a gauges record of that wave whose samples hold both request gauges, each 0, for
+    every engine; an engine without a sample counts only on a server of several engines
+    that the record names fresh (idle by its counters). A wave without one is no part of a
+    pass, whatever the record's own `ok` says. Pure."""
+    reads, found = {}, []
+    for record in records:
+        if record["record"] == "gauges":
+            reads[record["wave"]] = record
+        elif record["record"] == "wave" and record["wave"] in reads:
+            why = guard_read_problem(reads[record["wave"]], engines, several)
+            found += [f"{record['wave']}: the guard read before it {why}"] if why else []
+        elif record["record"] == "wave":
+            found.append(f"{record['wave']}: no guard read before it in the records")
+    return list(dict.fromkeys(found))          # one line a wave, not one an engine
+
+
+def guard_read_problem(read: dict, engines: list, several: bool) -> str | None:
+    """Why one gauges record does not show an idle server (guard_problems' rule, read from
+    a file); None when it does."""
+    fresh = set(read["fresh_engines"]) if several else set()
+    for gauge in GAUGES:
+        for engine in engines:
+            values = [s.get("value") for s in read["samples"] if isinstance(s, dict)
+                      and s.get("name") == gauge and sample_engine(s) == (engine or 0)]
+            if not values and engine not in fresh:
+                return f"holds no {gauge} sample" + (f" for engine {engine}" if several else "")
+            busy = [v for v in values if type(v) not in (int, float) or v != 0]
+            if busy:
+                return f"holds {gauge} = {show(busy[0], 20)}: the server was not idle"
+    return None
+
+
+def sample_engine(sample: dict) -> int | None:
+    """The engine a recorded sample names (0 without a label: a server of one engine);
+    None for a label no index names, which no engine's read can count."""
+    label = (sample.get("labels") or {}).get("engine")
+    return 0 if label is None else engine_index(label)
 
 
 def said_failed(records: list[dict]) -> list[str]:

@@ -2,7 +2,7 @@
 at each wave's release and after the last, against what the warm-up sent; more is foreign
 work.
 
-Loaded by evidence.py only when --metrics-counter is given. Standard library only.
+Loaded by evidence.py only when --metrics-counter is given.
 """
 
 from __future__ import annotations

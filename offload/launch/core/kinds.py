@@ -222,9 +222,7 @@ def request_id(program: str, run_id: str, engine: int | None, *where) -> str:
     return "-".join(parts + [str(w) for w in where])
 
 
-# ---------------------------------------------------------------------------
 # The judge (pure).
-# ---------------------------------------------------------------------------
 
 def http_problem(answer: dict) -> str:
     """A non-200 answer named without a program's own diagnosis."""

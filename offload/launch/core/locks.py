@@ -3,7 +3,6 @@
 Every helper (warm-up, probe, gate) takes it before it sends anything; a second one at the
 same address is refused at once (exit 3). The file lives in one folder for every helper
 on the host (WARMUP_LOCK_DIR, else the temporary folder) and goes when its run ends.
-Standard library only.
 """
 
 from __future__ import annotations

@@ -197,9 +197,7 @@ def label(record: dict) -> str:
     return f"{'' if engine is None else f'e{show(engine)} '}{where}#{show(record.get('index'))}"
 
 
-# ---------------------------------------------------------------------------
 # Any value of a record, shown safely.
-# ---------------------------------------------------------------------------
 
 def show(value, limit: int = SHOW_LIMIT) -> str:
     """Any value from a records file as one clean line: None is '-', never 'None'."""

@@ -11,8 +11,6 @@ to the summary, and an optional record written right after the summary.
                                    defect) -> the summary record
   Run.write() / LineWriter.say()   the two sinks: every string in a record or a terminal
                                    line passes transport.sanitize there, once
-
-Standard library only.
 """
 
 from __future__ import annotations
@@ -461,9 +459,7 @@ def verdict_line(summary: dict, records_path: str) -> str:
     return head + "".join(f"\n  - {p}" for p in reasons) + notes + f"\nrecords: {records_path}"
 
 
-# ---------------------------------------------------------------------------
 # The command line shared by every program.
-# ---------------------------------------------------------------------------
 
 def parse_or_explain(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """parse_args; with --json a usage error also prints a JSON object on stdout."""
@@ -570,9 +566,7 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
 
 
-# ---------------------------------------------------------------------------
 # Signals: every terminating signal the program can catch ends in one 'killed' summary.
-# ---------------------------------------------------------------------------
 
 _terminating = threading.Event()
 

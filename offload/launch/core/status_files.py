@@ -1,7 +1,7 @@
 """Status files over a warm-up: a JSON document another process rewrites on a timer, read
 before the first wave and once fresh after the last; its numeric deltas recorded.
 
-Loaded by evidence.py only when --status-file is given. Standard library only.
+Loaded by evidence.py only when --status-file is given.
 """
 
 from __future__ import annotations

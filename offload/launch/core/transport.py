@@ -10,8 +10,6 @@ It knows nothing of vLLM, waves or records:
   clean_text(), sanitize()   the sanitizing rules: secrets and our prompt text out,
                        control characters out; the run frame applies sanitize() at its
                        sinks (records, terminal), clean_text() cuts where length matters
-
-Standard library only.
 """
 
 from __future__ import annotations
@@ -41,9 +39,7 @@ class UsageError(Exception):
     """A bad option or configuration: exit 2, nothing sent."""
 
 
-# ---------------------------------------------------------------------------
 # Sanitizing: one set of rules, applied at the sinks (records, terminal).
-# ---------------------------------------------------------------------------
 
 class Redactions:
     """What no output may hold, registered as the process learns it: secrets (the API
@@ -256,10 +252,8 @@ def finite_number(value) -> float | int | None:
     return value if math.isfinite(value) else None
 
 
-# ---------------------------------------------------------------------------
 # HTTP over a bare socket: every connect, send and read bounded by the deadline.
 # (http.client's timeout is per read, so a trickling server could hold it forever.)
-# ---------------------------------------------------------------------------
 
 class Target(namedtuple("Target", "scheme host port path credentials")):
     """A server's address: scheme, host, port, base path (no trailing slash, ASCII, safe),
@@ -600,9 +594,7 @@ def _nesting_depth(data) -> int:
     return deepest
 
 
-# ---------------------------------------------------------------------------
 # Prometheus text format 0.0.4, parsed exactly: a line that cannot be read is named.
-# ---------------------------------------------------------------------------
 
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 
@@ -709,10 +701,8 @@ def series_name(key: str) -> str:
     return key.split("{")[0]
 
 
-# ---------------------------------------------------------------------------
 # A batch: connect every client, release them together at a barrier, read under the
 # deadline. Threads are daemons: a stuck one never keeps the process alive.
-# ---------------------------------------------------------------------------
 
 class Exchange:
     """One request of a batch: its bytes, and what its client thread saw, in the clock's

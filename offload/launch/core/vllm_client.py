@@ -21,8 +21,6 @@ own (the long prompt it sizes is the one thing of the warm-up it knows):
                          settings -> the program's build() -> its plan printed or run;
                          add_server_options() and connection_from() are the options
                          every one of them shares
-
-Standard library only.
 """
 
 from __future__ import annotations
@@ -99,9 +97,7 @@ def routed(engines: tuple) -> tuple[int, ...] | None:
     return None if engines == NO_ROUTING else tuple(engines)
 
 
-# ---------------------------------------------------------------------------
 # Learning the server: what it serves, before the first batch.
-# ---------------------------------------------------------------------------
 
 def lookup(connection: Connection, run: Run, method: str, path: str,
            body: dict | None = None) -> tuple[int, object]:
@@ -248,9 +244,7 @@ def size_long_prompts(connection: Connection, run: Run, server: Server, target_t
     return prompts
 
 
-# ---------------------------------------------------------------------------
 # The guard: is the server idle before a batch?
-# ---------------------------------------------------------------------------
 
 class Guard:
     """Reads /metrics before each batch (settling after our own) and records the gauges;
@@ -333,9 +327,7 @@ class Guard:
                          busy_only=set(problems) <= set(busy_gauges(exposition)))
 
 
-# ---------------------------------------------------------------------------
 # A program against one server: a learned Server and a Guard.
-# ---------------------------------------------------------------------------
 
 class ServerProgram(Program):
     """A program against one vLLM server: the server learned (learn_server()), a Guard
@@ -484,9 +476,7 @@ class ServerProgram(Program):
             self.lock = None
 
 
-# ---------------------------------------------------------------------------
 # A batch with routing: slots over transport.exchange_batch.
-# ---------------------------------------------------------------------------
 
 class Slot(Value):
     """One request of a batch: who it is for, and its Exchange (its bytes, and what the
@@ -513,9 +503,7 @@ def bearer_for(path: str, api_key: str | None) -> str | None:
     return api_key if path.startswith("/v1/") else None
 
 
-# ---------------------------------------------------------------------------
 # Reading an answer: counts and reasons, never text or ids; the run's verdict.
-# ---------------------------------------------------------------------------
 
 def release_skew_ms(slots: list[Slot]) -> float | None:
     sent = [s.exchange.sent_at for s in slots if s.exchange.sent_at is not None]
@@ -733,9 +721,7 @@ def diagnose_http_error(status: int, message: str | None, param: str | None,
     return f"HTTP {status}{said}"
 
 
-# ---------------------------------------------------------------------------
 # The command line every program against a server shares.
-# ---------------------------------------------------------------------------
 
 ENVIRONMENT_HELP = """\
 environment:

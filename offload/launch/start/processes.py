@@ -2,7 +2,7 @@
 
 A zombie holds no port and may wait forever for a reaper (pid 1 in a container often does
 not reap), so `kill -0` alone would see a dead server as running. Without /proc, a process
-that `kill -0` reaches counts as running. The launcher's; standard library only.
+that `kill -0` reaches counts as running. The launcher's.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ guard, whether it is the one answering its port, and --supervise.
                           no server already here, /health 200 within the guard, the port
                           held by the launched group and the command's model served
 
-The launcher's (start/); standard library only.
+The launcher's (start/).
 """
 
 from __future__ import annotations

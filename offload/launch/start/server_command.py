@@ -7,7 +7,7 @@
                        --base-url cannot be that address
   logged_chunk()       the prefill chunk vLLM logged at start
 
-Below the launcher, a leaf. Standard library only.
+Below the launcher, a leaf.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ warm-up and gate as children whose records decide OK or WARN.
   rewarm()                start.sh --rewarm: the server LOG_DIR names, warmed again
   prune_records()         --keep
 
-The launcher's (start/); standard library only.
+The launcher's (start/).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   stop()                   TERM what is left of its process group, KILL it after the grace
   first_error()            the first error in its output, with the lines around it (pure)
 
-Below the launcher, beside processes.py. Standard library only.
+Below the launcher, beside processes.py.
 """
 
 from __future__ import annotations

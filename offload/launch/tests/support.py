@@ -359,14 +359,31 @@ def contract_requests(run_id: str, **changes) -> list[dict]:
             for depth in (1, 2, 3, 4) for index in range(depth)]
 
 
-def wave_records(run_id: str, names=("B1", "B2", "B3", "B4"), engine=None) -> list[dict]:
-    """A wave record for each named wave (its depth from its name's last number)."""
-    return [{"record": "wave", "run_id": run_id, "wave": name,
-             "depth": int(name.rsplit("-", 1)[-1].lstrip("B")), "engine": engine,
-             "release_skew_ms": 0.1, "batch_release_skew_ms": 0.1, "duration_s": 0.5,
-             "started_at_s": 1.0, "released_at": None, "last_answer_at": None, "ok": True,
-             "requests_ok": int(name.rsplit("-", 1)[-1].lstrip("B")), "problems": []}
-            for name in names]
+def wave_records(run_id: str, names=("B1", "B2", "B3", "B4"), engine=None,
+                 engines=(0,)) -> list[dict]:
+    """For each named wave (its depth from its name's last number) the guard's read
+    before it, both gauges 0 on `engines`, then its wave record."""
+    found = []
+    for name in names:
+        found.append(gauges_record(run_id, name, engines))
+        found.append({"record": "wave", "run_id": run_id, "wave": name,
+                      "depth": int(name.rsplit("-", 1)[-1].lstrip("B")), "engine": engine,
+                      "release_skew_ms": 0.1, "batch_release_skew_ms": 0.1, "duration_s": 0.5,
+                      "started_at_s": 1.0, "released_at": None, "last_answer_at": None,
+                      "ok": True, "requests_ok": int(name.rsplit("-", 1)[-1].lstrip("B")),
+                      "problems": []})
+    return found
+
+
+def gauges_record(run_id: str, wave: str, engines=(0,), value: float = 0.0) -> dict:
+    """A guard read as the warm-up records it: both request gauges at `value` on each
+    engine."""
+    return {"record": "gauges", "run_id": run_id, "wave": wave, "at_s": 0.1, "ok": value == 0,
+            "samples": [{"name": gauge, "labels": {"engine": str(e), "model_name": "m"},
+                         "value": value} for gauge in ("vllm:num_requests_running",
+                                                       "vllm:num_requests_waiting")
+                        for e in engines],
+            "fresh_engines": [], "settle_s": None, "problems": []}
 
 
 def gate_record(run_id: str, index: int, **changes) -> dict:

@@ -7,15 +7,19 @@ import json
 import os
 import re
 import unittest
+import subprocess
+import sys
 
-from support import (LAUNCH, HelperCase, contract_requests, read_records, request_record,
-                     run_record, summary_record, wave_records)
+from support import (LAUNCH, QUALIFY, HelperCase, contract_requests, gauges_record,
+                     read_records, request_record, run_record, summary_record, wave_records)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import start.steps as steps  # noqa: E402
 import qualify  # noqa: E402
 import tools.readback as readback  # noqa: E402
 import core.records as records  # noqa: E402
+import core.transport as transport  # noqa: E402
+import core.vllm_metrics as vllm_metrics  # noqa: E402
 
 GREEDY = kinds.KINDS["greedy"]
 ANSWER = {"http_status": 200, "body_error": None, "n_choices": 1, "usage": True,
@@ -119,6 +123,53 @@ class TestTheVerdict(unittest.TestCase):
         return decide_held(run or run_record("r"), records + wave_records("r", waves),
                            ending or contract.Ending())
 
+    def test_the_guard_is_judged_again_from_its_gauges_records(self):
+        # 54: a wave is part of a pass only after a read of both gauges, each 0, on every
+        # engine; the records' own ok is not believed.
+        def judged(changed):
+            waves = wave_records("r")
+            changed(waves)
+            return decide_held(run_record("r"), contract_requests("r") + waves,
+                               contract.Ending())
+        busy = judged(lambda w: w.__setitem__(2, gauges_record("r", "B2", value=3.0)))
+        self.assertEqual(busy.verdict, "fail")
+        self.assertIn("B2: the guard read before it holds vllm:num_requests_running = 3.0: "
+                      "the server was not idle", busy.problems)
+        gone = judged(lambda w: w.__delitem__(4))           # B3's read
+        self.assertIn("B3: no guard read before it in the records", gone.problems)
+        empty = judged(lambda w: w.__setitem__(6, dict(w[6], samples=[], ok=True)))
+        self.assertIn("B4: the guard read before it holds no vllm:num_requests_running "
+                      "sample", empty.problems)
+        foreign = judged(lambda w: w.__setitem__(0, gauges_record("r", "B1", engines=("²",))))
+        self.assertIn("B1: the guard read before it holds no vllm:num_requests_running "
+                      "sample", foreign.problems, "an engine label no index names")
+        fresh = judged(lambda w: w.__setitem__(0, dict(w[0], samples=[],
+                                                       fresh_engines=[0])))
+        self.assertEqual(fresh.verdict, "fail", "fresh only on a server of several engines")
+        import tempfile
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        path = os.path.join(tmp.name, "busy.jsonl")
+        waves = wave_records("r")
+        waves[2] = gauges_record("r", "B2", value=3.0)
+        with open(path, "w") as handle:
+            for record in [run_record("r"), *contract_requests("r"), *waves,
+                           summary_record("r", "pass", 0)]:
+                handle.write(json.dumps(record) + "\n")
+        shown = subprocess.run([sys.executable, "-S", QUALIFY, "report", path],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(shown.returncode, 1, shown.stdout + shown.stderr)
+        self.assertIn("B2: the guard read before it holds vllm:num_requests_running = 3.0",
+                      shown.stdout)
+
+    def test_one_engine_s_declared_gauge_without_a_sample_is_no_idle_server(self):
+        text = ("# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_waiting "
+                "gauge\nvllm:request_success_total{engine=\"0\"} 0\n")
+        problems, fresh = vllm_metrics.guard_problems(transport.parse_prometheus(text))
+        self.assertEqual(fresh, [])
+        self.assertIn("vllm:num_requests_running is declared but has no sample: a server with "
+                      "one engine shows it from the start", problems[0])
+
     def test_a_run_and_its_records_make_its_verdict(self):
         passed = self.decide(contract_requests("r"))
         self.assertEqual((passed.verdict, passed.exit_code, records.parts_text(passed.parts)),
@@ -194,8 +245,8 @@ class TestTheVerdict(unittest.TestCase):
         said = self.decide(contract_requests("r") + [refused])
         self.assertEqual(said.verdict, "fail")
         self.assertIn("the guard refused before B3, yet the run claims a pass", said.problems)
-        waves = wave_records("r")
-        waves[1] = dict(waves[1], ok=False)
+        waves = wave_records("r")                  # each wave's guard read, then the wave
+        waves[3] = dict(waves[3], ok=False)
         said = contract.decide(run_record("r"), contract_requests("r") + waves,
                                contract.Ending())
         self.assertIn("B2: its wave record says it failed", said.problems)
@@ -402,7 +453,7 @@ class TestRecordsSchema(unittest.TestCase):
         self.assertEqual(records.field_problems(request_record("r", 0)), [])
         self.assertEqual(records.field_problems(run_record("r", 1)), [])
         self.assertEqual(records.field_problems(summary_record("r", "pass", 0)), [])
-        wave = wave_records("r")[0]
+        wave = wave_records("r")[1]
         self.assertEqual(records.field_problems(dict(wave, duration_s=10 ** 400)),
                          ["wave record's duration_s is not num (an integer past 64 bits)"],
                          "valid JSON no float can hold: no sum or format may meet it")

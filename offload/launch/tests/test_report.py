@@ -401,7 +401,7 @@ class TestReportReading(unittest.TestCase):
                                   warnings=["w1"]))
         records, issues = readback.load_records(self.path)
         self.assertEqual([r["record"] for r in records],
-                         ["run"] + ["request"] * 10 + ["wave"] * 4 + ["summary"])
+                         ["run"] + ["request"] * 10 + ["gauges", "wave"] * 4 + ["summary"])
         self.assertEqual(issues, ["line 2 is not valid JSON (skipped)",
                                   "line 3 is JSON but not a record (skipped)"])
         shown = self.report()

@@ -9,7 +9,7 @@
 
 Six identifiers must come back exactly and an English and a Russian passage within the
 error bound. Scoring is pure (score_answer, levenshtein); the answer text never leaves
-gate_record(). Run as `qualify.py gate`. Standard library only.
+gate_record(). Run as `qualify.py gate`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,8 @@ from tools.lines import gate_line, gate_summary_line
 
 PROG = "qualify.py gate"
 
-# ---------------------------------------------------------------------------
 # gate: can the model copy text exactly? Six identifiers and two passages, alone and in
 # one batch, greedy; scored in memory; records keep counts and distances, never text.
-# ---------------------------------------------------------------------------
 
 class GateOptions(Value):
     endpoint: str

@@ -9,7 +9,6 @@
                          rounds; a ratio, never a verdict
 
 Every prompt is new (a nonce first), so a later round is never a prefix-cache hit.
-Standard library only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What /proc says of a port: which processes (and process groups) hold a socket that
 listens on it, and a process's state and group (proc_stat). Where /proc cannot tell, the
-answer is None: what cannot be seen is not trusted. The readiness probe's and the launcher's;
-standard library only.
+answer is None: what cannot be seen is not trusted. The readiness probe's and the launcher's.
 """
 
 from __future__ import annotations

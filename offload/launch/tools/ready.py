@@ -7,7 +7,7 @@
 
 What a Kubernetes exec readiness probe runs every few seconds: over core's transport, cli,
 files, vllm_metrics and readyfile and tools/procfs only (qualify.py loads a command's
-module when that command runs). The ready file itself is core/readyfile.py's. Standard library only.
+module when that command runs). The ready file itself is core/readyfile.py's.
 """
 
 from __future__ import annotations
@@ -36,9 +36,7 @@ def served_models(samples: list) -> set[str]:
             if name.startswith("vllm:") and isinstance(labels.get("model_name"), str)}
 
 
-# ---------------------------------------------------------------------------
 # health: one GET /health, bounded (what the launcher polls while the server starts).
-# ---------------------------------------------------------------------------
 
 EXIT_NO_ANSWER = 3                    # health: no HTTP answer at all
 
@@ -133,9 +131,7 @@ def url_from_file(path: str) -> tuple[str | None, str | None]:
                                             f"writes the server's address there at launch")
 
 
-# ---------------------------------------------------------------------------
 # ready: a ready file bound to the server it warmed (a Kubernetes exec probe runs it).
-# ---------------------------------------------------------------------------
 
 IDENTITY_LINES = ("process_start_time_seconds", "vllm:num_requests_", "vllm:request_success_",
                   SLEEP_GAUGE)

@@ -12,7 +12,7 @@
 It never imports a program or the HTTP client: it reads records.
 
 A file cut short by a kill, holding several runs, or with damaged lines is read past its
-bad lines. Standard library only.
+bad lines.
 """
 
 from __future__ import annotations
