@@ -16,9 +16,8 @@ Reading an answer stays in vllm_client (extract_fields): counts and reasons, nev
 
 from __future__ import annotations
 
-
 from core.values import Value
-from core.records import ANSWER_FIELDS
+from core.records import ANSWER_FIELDS, clean_stop_reason
 from core.cli import comma_list
 from core.transport import count_value
 
@@ -266,7 +265,7 @@ def judge(answer: dict, kind_: Kind, tokens: int, *, floor: int | None = None,
 def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
     """The answer's counts and reasons against what its kind is held to."""
     completion, finish, stop = (answer.get("completion_tokens"), answer.get("finish_reason"),
-                                answer.get("stop_reason"))
+                                clean_stop_reason(answer.get("stop_reason")))
     counted = bool(answer.get("usage"))       # without usage no count is held, reasons are
     if counted and holds.tokens == "exact" and completion == 1 and tokens != 1:
         return [f"one-token response: completion_tokens 1 (finish_reason {said(finish)}, "

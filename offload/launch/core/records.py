@@ -16,8 +16,11 @@ left out there, said in one line, so that what reads the rest reads it without a
 from __future__ import annotations
 
 import json
+import re
 
 from core.transport import clean_text
+
+DESCRIBED = re.compile(r"<(a token id|a string of [0-9]{1,9} characters|[a-z]{1,10})>")
 
 SHOW_LIMIT = 80                       # one value in a table or a line
 
@@ -180,9 +183,22 @@ def held(records: list[dict]) -> tuple[list[dict], list[str]]:
         if found:
             where = f"{label(record)}: " if record.get("record") in JUDGED.values() else ""
             problems.append(f"{where}{'; '.join(found[:3])}: the record is not read")
-        else:
-            kept.append(record)
+        else:                             # the server's words: their type and size only
+            kept.append(dict(record, stop_reason=clean_stop_reason(record["stop_reason"]))
+                        if "stop_reason" in record else record)
     return kept, problems
+
+
+def clean_stop_reason(value) -> str | None:
+    """stop_reason as records and lines keep it: null, or its type and size only (a server
+    may put generated text or a token id there, which nothing keeps)."""
+    if value is None or isinstance(value, str) and DESCRIBED.fullmatch(value):
+        return value                      # already a description (a records file's)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "<a token id>"
+    if isinstance(value, str):
+        return f"<a string of {len(value)} characters>"
+    return f"<{type(value).__name__}>"
 
 
 def label(record: dict) -> str:

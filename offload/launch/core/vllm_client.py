@@ -36,7 +36,7 @@ from core.contract import ENGINE_HEADER, decide
 from core.locks import release_server_lock, take_server_lock
 from core.prompts import (MIN_LONG_PROMPT_TOKENS, long_prompt_budget, new_nonce,
                           size_long_prompt)
-from core.records import ANSWER_FIELDS
+from core.records import ANSWER_FIELDS, clean_stop_reason
 from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
                       comma_list, given_value, seconds)
 from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
@@ -51,7 +51,6 @@ from core.vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engine
                                sleep_states, spec_positions)
 
 ERROR_TEXT_LIMIT = 300               # a server's message, cut
-STOP_REASON_LIMIT = 64
 METRICS_RETRY_PAUSE_S = 0.25
 SETTLE_POLL_S = 0.1
 REQUEST_METRIC_FIELDS = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms",
@@ -682,16 +681,6 @@ def _error_message(doc: dict) -> tuple[str | None, str | None]:
         return None, None
     text = error if isinstance(error, str) else str(error)
     return scrub(text, ERROR_TEXT_LIMIT) or None, None
-
-
-def clean_stop_reason(value) -> int | str | None:
-    """stop_reason as the server gave it (a token id or a stop string, cut to 64 characters)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)
-                         and abs(value) < 1 << 53):
-        return value
-    if isinstance(value, str):
-        return clean_text(value, STOP_REASON_LIMIT)
-    return f"<{type(value).__name__}>"
 
 
 def diagnose_http_error(status: int, message: str | None, param: str | None,

@@ -183,7 +183,8 @@ class TestReportJudgesAgain(HelperCase):
                       if r["record"] == "request" and r["wave"] == "B2" and r["index"] == 1)
         for field, value, rule in (("completion_tokens", 1, "one-token response"),
                                    ("finish_reason", "stop", "finish_reason 'stop', expected"),
-                                   ("stop_reason", 2, "stop_reason 2, expected null"),
+                                   ("stop_reason", "SERVERWORDS generated",
+                                    "stop_reason '<a string of 21 characters>', expected null"),
                                    ("prompt_tokens", "many", None)):
             with self.subTest(field=field):
                 edited = list(found)
@@ -193,6 +194,8 @@ class TestReportJudgesAgain(HelperCase):
                 if rule:
                     self.assertIn("B2#1: the record says ok, but", shown.stdout)
                     self.assertIn(rule, shown.stdout)
+                    self.assertNotIn("SERVERWORDS", shown.stdout + shown.stderr,
+                                     "the server's words: their type and size only")
                 else:                 # off its declaration: the reader leaves it out
                     self.assertIn("B2#1: request record's prompt_tokens is not int: the "
                                   "record is not read", shown.stdout)

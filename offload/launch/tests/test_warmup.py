@@ -20,6 +20,7 @@ import core.runframe as runframe  # noqa: E402  (support puts offload/launch on 
 import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
+import core.records as records  # noqa: E402
 import core.prompts as prompts  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
@@ -233,11 +234,12 @@ class TestJudge(unittest.TestCase):
         problems = self.judge(completion_tokens=1, finish_reason="stop", stop_reason=2)
         # One diagnosis, said once: it names the finish and stop reasons it showed.
         self.assertEqual(problems, ["one-token response: completion_tokens 1 (finish_reason "
-                                    "'stop', stop_reason 2)"])
+                                    "'stop', stop_reason '<a token id>')"])
 
     def test_wrong_counts_and_reasons(self):
         self.assertEqual(self.judge(completion_tokens=31), ["completion_tokens 31, expected 32"])
-        self.assertEqual(self.judge(stop_reason="</s>"), ["stop_reason '</s>', expected null"])
+        self.assertEqual(self.judge(stop_reason="</s>"),
+                         ["stop_reason '<a string of 4 characters>', expected null"])
         self.assertEqual(self.judge(n_choices=2), ["response has 2 choices, expected 1"])
         self.assertEqual(self.judge(usage=False), ["response has no usage object"])
 
@@ -317,10 +319,12 @@ class TestSanitize(unittest.TestCase):
         self.assertNotIn("sk-123", got["error"])
         self.assertTrue(got["error"].startswith("bad thing [31m key=[redacted]"))
 
-    def test_stop_reason_kept_and_cut(self):
-        self.assertEqual(vllm_client.clean_stop_reason(2), 2)
-        self.assertIsNone(vllm_client.clean_stop_reason(None))
-        self.assertEqual(len(vllm_client.clean_stop_reason("s" * 200)), 64)
+    def test_stop_reason_keeps_its_type_and_size_only(self):
+        self.assertEqual(records.clean_stop_reason(2), "<a token id>")
+        self.assertIsNone(records.clean_stop_reason(None))
+        self.assertEqual(records.clean_stop_reason("generated text " * 9),
+                         "<a string of 135 characters>")
+        self.assertEqual(records.clean_stop_reason(2.5), "<float>")
 
     def test_chunked_decoding(self):
         self.assertEqual(transport.decode_chunked(b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"), b"abcde")
@@ -386,7 +390,7 @@ class TestRuns(HelperCase):
         bad = [r for r in result.requests if not r["ok"]]
         self.assertEqual([r["wave"] for r in bad], ["B3"] * 3)
         self.assertEqual((bad[0]["completion_tokens"], bad[0]["finish_reason"],
-                          bad[0]["stop_reason"]), (1, "stop", 2))
+                          bad[0]["stop_reason"]), (1, "stop", "<a token id>"))
         self.assertIn("one-token response", bad[0]["problems"][0])
         self.assertEqual(result.summary["verdict"], "fail")
         self.assertIn("one-token response", " ".join(result.summary["problems"]))
@@ -400,8 +404,10 @@ class TestRuns(HelperCase):
         self.assertEqual(result.code, 1)
         bad = [r for r in result.requests if not r["ok"]]
         self.assertEqual(len(bad), 1)
-        self.assertEqual(bad[0]["stop_reason"], "</answer>")
+        self.assertEqual(bad[0]["stop_reason"], "<a string of 9 characters>")
         self.assertIn("finish_reason 'stop', expected 'length'", bad[0]["problems"])
+        self.assertNotIn("</answer>", result.stdout + result.stderr + result.records_text,
+                         "nothing the server writes is kept beyond its type and size")
 
     def test_b1_too_short_fails(self):
         server = self.start_fake(fault="short_prompt_tokens", fault_match="-B1-")
