@@ -541,14 +541,14 @@ EPILOG = ENVIRONMENT_HELP + "\n".join(s.listed() for s in SETTINGS) + """
   WARMUP_HEALTHY_AT   when /health first answered 200 (Unix time; start.sh sets it): the
                       summary's time_to_warm then has all three phases
   WARMUP_HARD_S       read by warmup_serve.sh: hard wall-clock bound (default 95);
-                      the default deadline is 90 s, or 5 s under a lower bound; an
-                      explicit --deadline-s (or WARMUP_DEADLINE_S) must be below it
+                      deadline 90 s, 5 s under a lower bound (half one under 10 s);
+                      an explicit --deadline-s or WARMUP_DEADLINE_S must be below it
   WARMUP_PYTHON       read by warmup_serve.sh: the interpreter (default python3)
 
 exit status:
   0    pass: every response as required (32 tokens, finish 'length', no stop reason;
-       B1 more than 4096 prompt tokens, none cached), in time; a custom plan (another
-       --tokens, --waves, --priority, or engines left cold) that passed also exits 0,
+       B1 longer than the server's chunk where the context allows, none cached), in
+       time; a custom plan (other --tokens, --waves, --priority, --paths, engines) also 0,
        its verdict line saying 'pass, custom plan: ...' and the setting that made it,
        never PASS (qualify.py report exits 1 for it: not the contract's warm-up)
   1    fail: a wrong response, a request error, cannot connect, context too small,

@@ -524,7 +524,8 @@ def add_run_options(parser: argparse.ArgumentParser, deadline_s: float | None = 
     parser.add_argument("--append", action="store_true",
                         help="add this run's records after those already in --records "
                              "(qualify.py report judges the file by its last run)")
-    shown = "$WARMUP_DEADLINE_S, else 90, or 5 s under a lower WARMUP_HARD_S" \
+    shown = "$WARMUP_DEADLINE_S, else 90, or 5 s under a lower WARMUP_HARD_S (half one " \
+        "under 10 s)" \
         if deadline_s is None else "%(default)g"
     parser.add_argument("--deadline-s", metavar="S", type=seconds(), default=deadline_s,
                         help=f"the deadline from the start; nothing starts after it and a run "
