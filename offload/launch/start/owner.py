@@ -280,8 +280,8 @@ class Owner:
             self.log(f"warm-up refused ({self.refusals}): retried in {self.backoff:g} s, "
                      f"within the {self.settings.guard_s} s start guard")
             self.backoff = min(self.backoff * 2, RETRY_MAX_S)
-        else:
-            self.go("failed", f"verdict {run['verdict']}, exit {run['status']}; not retried")
+        else:                 # a wrong answer, or a pass the ready file cannot vouch for
+            self.go("failed", f"exit {run['status']}, {run['verdict']}: its WARN says why")
 
     def retry(self) -> None:
         """A refused warm-up tried again, or, past the start guard, given up: failed."""
