@@ -74,6 +74,19 @@ class TestDocumentsMatchTheCode(unittest.TestCase):
                 self.assertIn("warmup.py --help's table", help_text)
                 self.assertNotRegex(help_text, r"\b(124|137|143)\b", "a second exit table")
 
+    def test_the_patch_note_s_facts_are_said(self):
+        # 54: what the note states stays in the docs, whatever the word cap cuts.
+        docs = " ".join((read(os.path.join(REPO, "README.md")) + read(CONTRACT)).split())
+        for fact in ("5.629 s", "5,041 prompt tokens", "explicit max 32", "default min 0",
+                     "`ignore_eos` false", "no explicit stop", "stop IDs merged",
+                     "not a confirmed cause", "`dsv41.env` and start.sh hashes",
+                     "manage.py restore and service changes are the coordinator's",
+                     "`num_spec_steps`", "`drafted_requests`", "1024-round",
+                     "| skew |", "| observed depth |", "| drafted length |",
+                     "not the method", "long-context attention"):
+            with self.subTest(fact=fact):
+                self.assertIn(fact, docs)
+
     def test_each_table_is_in_the_contract_only(self):
         readme = read(os.path.join(REPO, "README.md"))
         contract = read(CONTRACT)
