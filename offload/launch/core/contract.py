@@ -416,7 +416,8 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(recorded, differs)
         found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
-        found += unguarded_waves(engines, records, len(set(engines) | set(skipped)) > 1)
+        found += unguarded_waves(engines, records, len({e for e in [*engines, *(
+            skipped if isinstance(skipped, list) else [])] if type(e) is int}) > 1)
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
             found += said_failed(records)
@@ -556,9 +557,8 @@ def unguarded_waves(engines: list, records: list[dict], several: bool) -> list[s
 
 
 def guard_read_problem(read: dict, engines: list, several: bool) -> str | None:
-    """Why one gauges record does not show an idle server (guard_problems' rule, read from
-    a file); None when it does."""
-    fresh = set(read["fresh_engines"]) if several else set()
+    """Why one gauges record shows no idle server (guard_problems' rule); None if it does."""
+    fresh = {e for e in read["fresh_engines"] if type(e) is int} if several else set()
     for gauge in GAUGES:
         for engine in engines:
             values = [s.get("value") for s in read["samples"] if isinstance(s, dict)

@@ -27,6 +27,7 @@ import time
 from core.files import remove_regular
 from core.runframe import records_name
 from start.server_command import flag_value, seconds_of
+from start.server import Exit
 from start.steps import (Steps, prune_records, publish_start_outcome, run_stamp,
                          warm_up_and_report)
 
@@ -62,10 +63,10 @@ def stop_outcome(in_flight: int | None, shutdown_s: float | None, took_s: float,
     --shutdown-timeout (vLLM waits that long for them; 0, its default, fails them). Pure."""
     timeout = f"--shutdown-timeout {shutdown_s:g}" if shutdown_s else \
         "no --shutdown-timeout (vLLM's default 0 fails requests in flight: HTTP 500)"
-    if killed:
-        return "cut", "what it still had in flight was lost"
     if in_flight == 0:
         return "drained", "nothing was in flight at the TERM"
+    if killed:
+        return "cut", "what it still had in flight was lost"
     counted = "requests in flight at the TERM: unknown (/metrics unread)" \
         if in_flight is None else f"{in_flight} requests in flight at the TERM"
     if shutdown_s and took_s <= shutdown_s:
@@ -79,8 +80,7 @@ def stop_outcome(in_flight: int | None, shutdown_s: float | None, took_s: float,
 
 class ReadinessAnswer(http.server.BaseHTTPRequestHandler):
     """GET /ready: 200 only while the owner is warm for the process it warmed, else 503
-    naming the state; from memory, no request to the server. One at a time, each within
-    `timeout` (a client that sends nothing holds it no longer)."""
+    naming the state; from memory, no request to the server. Each read within `timeout`."""
 
     owner: "Owner"
     timeout = 2.0
@@ -89,8 +89,8 @@ class ReadinessAnswer(http.server.BaseHTTPRequestHandler):
         if self.path.split("?")[0] != "/ready":
             self.answer(404, "not found: GET /ready\n")
             return
-        state = self.owner.state
-        self.answer(200 if self.owner.ready() else 503, state + "\n")
+        state = self.owner.state          # one read: the status and the body agree
+        self.answer(200 if self.owner.ready(state) else 503, state + "\n")
 
     def answer(self, status: int, text: str) -> None:
         body = text.encode()
@@ -104,11 +104,37 @@ class ReadinessAnswer(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def serve_readiness(owner: "Owner", port: int) -> http.server.HTTPServer:
-    """The readiness answer on every address's `port`, in one daemon thread (no thread
-    per request: fewer wake-ups on a loaded node)."""
+class ReadinessServer(http.server.ThreadingHTTPServer):
+    """A thread a client, at most MAX_CLIENTS at once (a slow or idle client never holds
+    the kubelet's answer; more are closed at once); a client's error is no traceback."""
+
+    daemon_threads = True
+    MAX_CLIENTS = 16
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
+
+    def process_request(self, request, client_address):
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address):
+        pass                              # a reset or a timeout: that client's alone
+
+
+def serve_readiness(owner: "Owner", port: int) -> http.server.ThreadingHTTPServer:
+    """The readiness answer on every address's `port`, served by a daemon thread."""
     handler = type("Answer", (ReadinessAnswer,), {"owner": owner})
-    server = http.server.HTTPServer(("", port), handler)
+    server = ReadinessServer(("", port), handler)
     threading.Thread(target=server.serve_forever, name="readiness", daemon=True).start()
     return server
 
@@ -143,10 +169,13 @@ class RewarmSocket:
         while True:
             try:
                 conn, _ = self.sock.accept()
+            except OSError:
+                return                    # the socket closed: the owner is gone
+            try:                          # a client that says nothing holds it 5 s at most
                 conn.settimeout(5.0)
                 said = conn.recv(64)
             except OSError:
-                return
+                said = b""
             if said.strip() == b"rewarm":
                 self.asked.put(conn)
             else:
@@ -201,12 +230,13 @@ class Owner:
         self.next_watch = time.monotonic() + WATCH_S
         self.asked: list = []                  # (signal name, when, number), the handler's
         self.said_stop, self.in_flight = False, None      # passed on; in flight at the TERM
+        self.stopped_from, self.answering = "", 0
         self.requests: queue.Queue = queue.Queue()
         self.shutdown_s = seconds_of(flag_value("--shutdown-timeout", settings.command))
 
-    def ready(self) -> bool:
-        """Warm, for the launched process that is still running (any thread may ask)."""
-        return self.state == "warm" and self.warmed_pid == self.server.pid and \
+    def ready(self, state: str | None = None) -> bool:
+        """Warm (`state`, or now), for the launched process still running (any thread)."""
+        return (state or self.state) == "warm" and self.warmed_pid == self.server.pid and \
             self.server.status is None
 
     def go(self, event: str, why: str = "") -> bool:
@@ -236,6 +266,11 @@ class Owner:
         something moved it meanwhile (a TERM); None when vouched, else why not."""
         if self.state not in ("warming", "rewarming"):
             return f"the pod is {self.state} now"
+        from tools.ready import slept
+        exposition = read_gauges(self.settings, 1.0)       # a sleep during the warm-up
+        if exposition is None or slept(exposition):
+            return "the server " + ("went to sleep during the warm-up" if exposition else
+                                    "did not answer /metrics after it")
         from tools.readback import ready_from_records
         why = ready_from_records(self.settings.ready_file, run["records"],
                                  gate_records=gate_records, server_pgid=self.server.pid,
@@ -260,13 +295,15 @@ class Owner:
         if textfile:
             remove_regular(stage)            # the step publishes there; the owner carries it
             settings.textfile = env["WARMUP_TEXTFILE"] = stage
-        when = run_stamp(settings.log_dir)
+        when, run = run_stamp(settings.log_dir), {}
         try:
             run = warm_up_and_report(settings, self.server, self.log, env, when,
                                      chunk_from=self.chunk_from, vouch=self.vouch)
         finally:
             settings.textfile = textfile
-            if textfile:
+            if textfile and run.get("verdict") == "pass" and not run["passed"]:
+                self.publish("fail", 1)   # a pass the owner did not vouch for is none
+            elif textfile:
                 why = carry(stage, textfile)
                 if why:
                     self.log(f"WARN: {why}")
@@ -300,7 +337,7 @@ class Owner:
         flight are counted. No lock, no line here."""
         self.asked.append((signal.Signals(signum).name[3:], time.monotonic(), signum))
         if len(self.asked) == 1:
-            self.state = "stopping"
+            self.stopped_from, self.state = self.state, "stopping"
             if self.settings.ready_file:
                 remove_regular(self.settings.ready_file)
             if Steps.child is not None and Steps.child.poll() is None:
@@ -310,35 +347,47 @@ class Owner:
         """Warm, then watch until the server ends; start.sh's exit status (supervise's)."""
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
-        open_channels(self)
-        if self.go("healthy"):
-            self.warm()
-        self.log(f"supervising server process group {self.server.pid} (--supervise): "
-                 f"readiness is this process's (GET /ready" + (
-                     f" on port {self.settings.ready_port}" if self.settings.ready_port
-                     else ": no START_READY_PORT") + "); TERM and INT go to the server")
-        killed = False
-        while True:
-            self.server.reap()
-            if self.asked and not self.said_stop:
-                pass_on(self)
-            if not self.server.alive():
-                break
-            if self.asked:
-                if not killed and time.monotonic() - self.asked[0][1] >= \
-                        self.settings.stop_grace_s:
-                    self.log(f"server group {self.server.pid} still alive "
-                             f"{self.settings.stop_grace_s} s after the signal: KILL")
-                    self.server.kill(signal.SIGKILL)
-                    killed = True
-            elif self.retry_at is not None and time.monotonic() >= self.retry_at:
-                self.retry()
-            elif time.monotonic() >= self.next_watch:
-                watch(self)
-            elif not self.requests.empty():
-                answer(self, self.requests.get())
-            time.sleep(0.1)
-        return ended(self, killed)
+        self.answering = open_channels(self)
+        try:
+            return supervise(self)
+        except Exit:                      # the server ended during a warm-up (its ERROR said)
+            if self.state != "stopping":
+                self.log(f"readiness: {self.state} -> failed (the server ended)")
+                self.state = "failed"
+            remove_socket(os.path.join(self.settings.log_dir, SOCKET_NAME))
+            raise
+
+
+def supervise(owner: "Owner") -> int:
+    """The first warm-up, then the loop until the server ends."""
+    if owner.go("healthy"):
+        owner.warm()
+    owner.log(f"supervising server process group {owner.server.pid} (--supervise): "
+              f"readiness is this process's (GET /ready" + (
+                  f" on port {owner.answering}" if owner.answering else
+                  ": not answered") + "); TERM and INT go to the server")
+    killed = False
+    while True:
+        owner.server.reap()
+        if owner.asked and not owner.said_stop:
+            pass_on(owner)
+        if not owner.server.alive():
+            break
+        if owner.asked:
+            if not killed and time.monotonic() - owner.asked[0][1] >= \
+                    owner.settings.stop_grace_s:
+                owner.log(f"server group {owner.server.pid} still alive "
+                          f"{owner.settings.stop_grace_s} s after the signal: KILL")
+                owner.server.kill(signal.SIGKILL)
+                killed = True
+        elif owner.retry_at is not None and time.monotonic() >= owner.retry_at:
+            owner.retry()
+        elif time.monotonic() >= owner.next_watch:
+            watch(owner)
+        elif not owner.requests.empty():
+            answer(owner, owner.requests.get())
+        time.sleep(0.1)
+    return ended(owner, killed)
 
 
 def watch(owner: "Owner") -> None:
@@ -404,23 +453,28 @@ def pass_on(owner: "Owner") -> None:
     owner.server.signal_server(signum)
     owner.log(f"{name} received: passed on to the server (pid {owner.server.pid}) with " +
               ("an unknown number of" if owner.in_flight is None else str(owner.in_flight)) +
-              " requests in flight; readiness: stopping (not ready, the ready file removed); "
-              "what is left of its group is stopped when it ends")
+              f" requests in flight; readiness: {owner.stopped_from} -> stopping (stop: not "
+              f"ready, the ready file removed); what is left of its group is stopped when it "
+              f"ends")
 
 
-def open_channels(owner: "Owner") -> None:
-    """The readiness answer and the re-warm socket; one that cannot open is said."""
-    if owner.settings.ready_port:
+def open_channels(owner: "Owner") -> int:
+    """The readiness answer and the re-warm socket; one that cannot open is said. The port
+    answered on, or 0."""
+    port = owner.settings.ready_port
+    if port:
         try:
-            serve_readiness(owner, owner.settings.ready_port)
+            serve_readiness(owner, port)
         except OSError as exc:
-            owner.log(f"WARN: GET /ready cannot listen on port {owner.settings.ready_port} "
-                     f"({exc.strerror or exc}): the pod is never Ready by it")
+            owner.log(f"WARN: GET /ready cannot listen on port {port} "
+                      f"({exc.strerror or exc}): the pod is never Ready by it")
+            port = 0
     try:
         RewarmSocket(os.path.join(owner.settings.log_dir, SOCKET_NAME), owner.requests)
     except OSError as exc:
         owner.log(f"WARN: start.sh --rewarm cannot reach this process "
-                 f"({exc.strerror or exc}): re-warm by restarting the container")
+                  f"({exc.strerror or exc}): re-warm by restarting the container")
+    return port
 
 
 def ended(owner: "Owner", killed: bool) -> int:

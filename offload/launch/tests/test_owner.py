@@ -61,7 +61,8 @@ class TestTheTable(unittest.TestCase):
         cases = [((0, None, 1.5, False), "drained"), ((4, 30.0, 28.5, False), "drained"),
                  ((2, None, 0.7, False), "cut"), ((2, 0.0, 0.7, False), "cut"),
                  ((2, 30.0, 35.0, False), "unknown"), ((None, None, 1.0, False), "unknown"),
-                 ((None, 30.0, 3.0, False), "drained"), ((0, 30.0, 50.0, True), "cut")]
+                 ((None, 30.0, 3.0, False), "drained"), ((0, 30.0, 50.0, True), "drained"),
+                 ((2, 30.0, 50.0, True), "cut")]
         for args, outcome in cases:
             with self.subTest(args=args):
                 self.assertEqual(owner.stop_outcome(*args)[0], outcome)
@@ -221,6 +222,63 @@ class TestOwnerAnswers(OwnerCase):
         self.assertIn("WARN: warm-up passed, but the ready file was not written: the warm-up "
                       "assumed the server's prefill chunk", self.log_text())
         self.assertEqual(self.answer(), (503, "failed\n"))
+        self.assertFalse(os.path.exists(self.ready))
+        with open(self.textfile) as handle:         # a pass not vouched for is none
+            text = handle.read()
+        self.assertIn('offload_warmup_last_run_verdict{verdict="fail"} 1.0', text)
+        self.assertNotIn("offload_warmup_last_success_timestamp_seconds", text)
+
+    def test_hostile_clients_neither_block_nor_disable_the_owner(self):
+        # From a hostile review: a client silent on owner.sock ended its accept loop for
+        # good; a reset on the readiness port printed a traceback; idle clients held the
+        # one-at-a-time answer past the kubelet's timeout.
+        import socket
+        log = os.path.join(self.tmp, "out.txt")
+        with open(log, "w") as out:
+            command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                       "--supervise", "--", *self.fake()]
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, START_POLL_S="0.2",
+                                             START_READY_PORT=str(self.ready_port)),
+                                    start_new_session=True)
+        self.addCleanup(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
+        self.ready_answer(200)
+        silent = socket.socket(socket.AF_UNIX)
+        silent.connect(os.path.join(self.logs, "owner.sock"))
+        idle = [socket.create_connection(("127.0.0.1", self.ready_port)) for _ in range(3)]
+        started = time.monotonic()
+        self.assertEqual(self.answer(), (200, "warm\n"))
+        self.assertLess(time.monotonic() - started, 1.0, "idle clients hold no answer")
+        for _ in range(5):                          # resets: no traceback
+            reset = socket.create_connection(("127.0.0.1", self.ready_port))
+            reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+            reset.sendall(b"GET /ready HTTP/1.0\r\n\r\n")
+            reset.close()
+        time.sleep(6)                               # the silent client's 5 s pass
+        silent.close()
+        for sock in idle:
+            sock.close()
+        asked = self.rewarm()
+        self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
+        self.assertIn("readiness: warm -> rewarming (asked", asked.stdout)
+        os.kill(proc.pid, signal.SIGTERM)
+        self.assertEqual(proc.wait(30), 0)
+        with open(log) as handle:
+            self.assertNotIn("Traceback", handle.read())
+
+    def test_a_sleep_during_a_re_warm_is_no_pass(self):
+        self.supervised("--dev-mode", "--fault", "slow", "--fault-match", "B4-0")
+        self.ready_answer(200, 60)
+        rewarm = subprocess.Popen(["bash", START, "--rewarm", "--log-dir", self.logs],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
+        self.wait_for(lambda: "warm -> rewarming" in self.log_text(), 30, "re-warming")
+        time.sleep(3.0)                             # B4's slow request runs
+        self.post("/sleep?level=1")
+        said, _ = rewarm.communicate(timeout=60)
+        self.assertEqual(rewarm.returncode, 1, said)
+        self.assertIn("the server went to sleep during the warm-up", said)
+        self.assertNotEqual(self.answer()[0], 200)
         self.assertFalse(os.path.exists(self.ready))
 
     def test_a_term_during_a_re_warm_stays_stopping_and_cuts_are_said(self):
