@@ -267,7 +267,7 @@ class Owner:
         if self.state not in ("warming", "rewarming"):
             return f"the pod is {self.state} now"
         from tools.ready import slept
-        exposition = read_gauges(self.settings, 1.0)       # a sleep during the warm-up
+        exposition = read_gauges(self.settings, 5.0)       # a sleep during the warm-up
         if exposition is None or slept(exposition):
             return "the server " + ("went to sleep during the warm-up" if exposition else
                                     "did not answer /metrics after it")
