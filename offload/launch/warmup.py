@@ -220,14 +220,11 @@ class WarmUp(ServerProgram):
 
 
 def counted_type(text: str) -> tuple:
-    """--metrics-counter URL=NAME[:tokens] -> (Target, NAME, 'requests' or 'tokens')."""
-    url, _, name = text.rpartition("=")
-    name, _, unit = name.rpartition(":") if name.endswith((":tokens", ":requests")) \
-        else (name, "", "")
-    if not url or not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
-        raise ValueError(f"wants URL=NAME or URL=NAME:tokens (a Prometheus metric name); "
-                         f"got {text!r}")
-    return parse_url(url, "--metrics-counter"), name, unit or "requests"
+    """--metrics-counter's value (core.counted's grammar, loaded with the flag)."""
+    try:
+        return plug_in("core.counted").counted_type(text)
+    except UsageError as exc:             # the folder lost it: argparse's usage error
+        raise ValueError(str(exc)) from None
 
 
 def recorded_plan(warm: WarmUp) -> dict:

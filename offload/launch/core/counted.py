@@ -1,16 +1,45 @@
-"""Operator counters over a warm-up (--metrics-counter): what a proxy or a worker counted
-at each wave's release and after the last, against what the warm-up sent; more is foreign
-work.
+"""Operator counters (--metrics-counter): what a proxy or a worker counted at each wave's
+release and after the last, against what the warm-up sent (more is foreign work), and
+over each round of `qualify.py probe`.
 
-Loaded by evidence.py only when --metrics-counter is given.
+Loaded only when --metrics-counter is given.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
-from core.transport import Target, json_number, series_name
+from core.transport import Target, json_number, parse_url, series_name
 from core.vllm_metrics import read_counters
+
+
+def counted_type(text: str) -> tuple:
+    """--metrics-counter URL=NAME[:tokens] -> (Target, NAME, 'requests' or 'tokens')."""
+    url, _, name = text.rpartition("=")
+    name, _, unit = name.rpartition(":") if name.endswith((":tokens", ":requests")) \
+        else (name, "", "")
+    if not url or not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
+        raise ValueError(f"wants URL=NAME or URL=NAME:tokens (a Prometheus metric name); "
+                         f"got {text!r}")
+    return parse_url(url, "--metrics-counter"), name, unit or "requests"
+
+
+def round_deltas(counted: tuple, marks: list) -> dict:
+    """Per operator counter (a worker's rounds, failures, a watchdog's), what it counted
+    over each probe round (`marks`: its reads before each round and after the last), the
+    first against the median of the later ones: evidence, like the timings. Pure."""
+    found = {}
+    for target, name, _ in counted:
+        values = [seen.get(target.display) for seen in marks]
+        rounds = [maybe_number(series_delta(a, b)[0]) for a, b in zip(values, values[1:])]
+        later = sorted(r for r in rounds[1:] if r is not None)
+        median = later[len(later) // 2] if len(later) % 2 else \
+            (later[len(later) // 2 - 1] + later[len(later) // 2]) / 2 if later else None
+        found[target.display] = {"counter": name, "rounds": rounds,
+                                 "first": rounds[0] if rounds else None,
+                                 "later_median": maybe_number(median)}
+    return found
 
 
 def counted_records(counted: tuple, marks: list, requests: list[dict]) -> dict:

@@ -358,6 +358,21 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual([e.get("cold_s") for e in probed], [0.0] * len(probed),
                          "after the warm-up no probe request paid a first-use cost")
 
+    def test_probe_counts_an_operator_counter_per_round(self):
+        # 54 (the note's step 5): a worker's counters per round, the first against later.
+        server = self.start_fake()
+        counter = f"{server.url}/metrics=vllm:request_success_total"
+        result = self.run_probe(server, "--rounds", "3", "--metrics-counter", counter)
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        (summary,) = result.kind("probe_summary")
+        seen = summary["counters"][f"{server.url}/metrics"]
+        self.assertEqual((seen["counter"], seen["rounds"], seen["first"], seen["later_median"]),
+                         ("vllm:request_success_total", [8, 8, 8], 8, 8))
+        self.assertIn("counter vllm:request_success_total at", result.stdout)
+        bad = self.run_probe(server, "--metrics-counter", "no-name")
+        self.assertEqual(bad.code, 2)
+        self.assertIn("--metrics-counter", bad.stderr)
+
     def test_probe_prompts_are_never_cache_hits(self):
         server = self.start_fake(prompt_tokens_details=True, engines=2)
         result = self.run_probe(server, "--long-tokens", "4200", "--json")

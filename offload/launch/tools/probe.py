@@ -43,6 +43,7 @@ class ProbeOptions(Value):
     priority: int = 20
     paths: tuple = ()                 # request kinds of --paths, each an item at depth 1
     template_kwargs: dict | None = None
+    counted: tuple = ()               # --metrics-counter: (Target, name, unit), read each round
 
     @property
     def items(self) -> list[tuple[str, int]]:
@@ -62,6 +63,7 @@ class WarmthProbe(ServerProgram):
         self.settings = settings
         self.long_prompts: dict = {}          # engine -> (prompt, counted or None)
         self.items: list = []                 # probe_summary() of the records
+        self.marks: list = []                 # the operator counters before each round
 
     def planned_per_engine(self) -> int:
         return self.options.rounds * sum(depth for _, depth in self.options.items)
@@ -95,8 +97,9 @@ class WarmthProbe(ServerProgram):
             self.run_rounds(run)
         finally:
             self.items = probe_summary(self.tally.requests)
+            counters = self.round_counters(run)
         run.write({"record": "probe_summary", "run_id": run.settings.run_id,
-                   "items": self.items,
+                   "items": self.items, **({"counters": counters} if counters else {}),
                    "meaning": "first round against the median of later rounds; a ratio, "
                               "not a verdict on the warm-up; rounds served from the prefix "
                               "cache are left out"})
@@ -114,6 +117,26 @@ class WarmthProbe(ServerProgram):
         run.say("probe (first round against the median of later rounds):")
         for entry in self.items:
             run.say(probe_line(entry))
+        for where, seen in (counters or {}).items():
+            run.say(f"counter {seen['counter']} at {where}: round 1 {seen['first']}, later "
+                    f"rounds' median {seen['later_median']} (each round: "
+                    f"{', '.join(map(str, seen['rounds']))})")
+
+    def read_counted(self, run: Run) -> None:
+        """The operator counters now (before a round, or after the last): bounded reads."""
+        from core.counted import counted_value
+        from core.transport import Clock
+        wait = max(min(run.clock.remaining(), 2.0), 0.1)
+        self.marks.append({target.display: counted_value(target, Clock.start(wait, wait), name)
+                           for target, name, _ in self.options.counted})
+
+    def round_counters(self, run: Run) -> dict | None:
+        """--metrics-counter over each round (a read after the last round too)."""
+        if not self.options.counted or not self.marks:
+            return None
+        from core.counted import round_deltas
+        self.read_counted(run)
+        return round_deltas(self.options.counted, self.marks)
 
     def refuse_a_long_item_past_the_context(self) -> None:
         """--long-tokens larger than the server's context is a usage error, said in one
@@ -130,6 +153,8 @@ class WarmthProbe(ServerProgram):
         """Each round, each item, behind the guard; stops at a refusal or the deadline."""
         options, run_id = self.options, run.settings.run_id
         for round_no in range(1, options.rounds + 1):
+            if options.counted:
+                self.read_counted(run)
             for item, depth in options.items:
                 label = f"{item} round {round_no}"
                 if run.clock.remaining() <= 0:
@@ -240,6 +265,15 @@ warmth: the ratios are measurements, not a verdict.
 """
 
 
+def counter_type(text: str) -> tuple:
+    """--metrics-counter's value (core.counted's grammar, loaded with the flag)."""
+    from core.cli import plug_in
+    try:
+        return plug_in("core.counted").counted_type(text)
+    except UsageError as exc:             # the folder lost it: argparse's usage error
+        raise ValueError(str(exc)) from None
+
+
 def build_probe_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
@@ -272,6 +306,12 @@ def build_probe_parser() -> argparse.ArgumentParser:
                         help="also measure other request kinds, each an item at depth 1 "
                              f"({', '.join(PATH_NAMES)}, all or none), to see which a warm-up "
                              "left cold (default: $WARMUP_PATHS, else none)")
+    parser.add_argument("--metrics-counter", metavar="URL=NAME", action="append", default=[],
+                        type=argument_type(counter_type),
+                        help="a worker's or proxy's Prometheus counter (worker rounds, "
+                             "failures, a watchdog's), read before each round and after the "
+                             "last: its delta per round, the first against the later ones "
+                             "(evidence, as the timings; repeat for several)")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds")
     parser.add_argument("--dry-run", action="store_true",
@@ -292,7 +332,8 @@ def build_probe(args: argparse.Namespace, settings: RunSettings):
     paths, _ = given_value(args.paths, "--paths", "WARMUP_PATHS", parse_paths, ())
     options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
                            tokens=args.tokens, priority=args.priority, paths=paths,
-                           template_kwargs=args.chat_template_kwargs)
+                           template_kwargs=args.chat_template_kwargs,
+                           counted=tuple(args.metrics_counter))
     connection = connection_from(args)
 
     def print_plan():
