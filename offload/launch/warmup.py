@@ -42,7 +42,7 @@ try:
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.prompts import MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, make_short_prompt
-    from core.cli import Setting, given_value, plug_in, seconds, whole
+    from core.cli import Setting, add_status_wait_options, given_value, plug_in, seconds, whole
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
     from core.transport import (UsageError, __version__, clean_text, count_value, parse_url,
@@ -486,9 +486,9 @@ def foreign_work_type(text: str) -> str:
 # The first four change the plan or add requests: each one given is named with where.
 SETTINGS = (
     Setting("--waves", "WARMUP_WAVES", parse_waves, REVIEWED.waves,
-            "client concurrency of each wave, in order: distinct depths of 1 to 64, the "
-            "first 1 (B1, the long prompt), e.g. 1,2,3,4,6,8; not 1,2,3,4 is a custom plan",
-            shown="1,2,3,4", metavar="1,2,3,4", note="not 1,2,3,4: a custom plan"),
+            "client concurrency of each wave in order: distinct depths 1 to 64, the first 1 "
+            "(B1), e.g. 1,2,3,4,6,8; not 1,2,3,4 is a custom plan", shown="1,2,3,4",
+            metavar="1,2,3,4", note="not 1,2,3,4: a custom plan"),
     Setting("--tokens", "WARMUP_TOKENS", whole(2, 32), REVIEWED.tokens,
             "completion tokens per request: max_tokens = min_tokens, 2 to 32 (never a "
             "longer generation); not 32 is a custom plan", note="not 32: a custom plan"),
@@ -598,14 +598,7 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                              "deltas over the warm-up are recorded only, never compared with "
                              "what the warm-up sent: name a counter there with "
                              "--metrics-counter to have it compared; repeatable")
-    parser.add_argument("--status-time-field", metavar="NAME", default="timestamp",
-                        help="the field a status file's writer stamps on each rewrite: a "
-                             "snapshot is fresh when it moves (the file's modification time "
-                             "only when it has no such field; the status record says which) "
-                             "(default: %(default)s)")
-    parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
-                        help="how long to wait for each status file to be rewritten, before "
-                             "the first wave and after the last (default: %(default)g)")
+    add_status_wait_options(parser, "before the first wave and after the last")
     add_file_option(parser, "--ready-file", "WARMUP_READY_FILE",
                     "the ready file `qualify.py ready` checks: removed when the run begins, "
                     "written after it only when the records show a contract pass (as "

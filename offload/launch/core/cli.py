@@ -188,3 +188,13 @@ class Setting:
             return given_value(given, self.flag, self.variable, self.parse, self.default)
         return given_value(tuple(given) if given else None, self.flag, self.variable,
                            lambda text: tuple(map(self.parse, text.split())), self.default)
+
+
+def add_status_wait_options(parser: argparse.ArgumentParser, when: str) -> None:
+    """--status-time-field and --status-wait-s, the warm-up's and the probe's alike."""
+    parser.add_argument("--status-time-field", metavar="NAME", default="timestamp",
+                        help="the field a status file's writer stamps on each rewrite: a "
+                             "snapshot is fresh when it moves (else the file's modification "
+                             "time; the status record says which) (default: %(default)s)")
+    parser.add_argument("--status-wait-s", metavar="S", type=seconds(), default=15.0,
+                        help=f"seconds to wait for each status file's rewrite, {when} (default: 15)")

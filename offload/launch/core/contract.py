@@ -572,8 +572,7 @@ def guard_read_problem(read: dict, engines: list, several: bool) -> str | None:
 
 
 def sample_engine(sample: dict) -> int | None:
-    """The engine a recorded sample names (0 without a label: a server of one engine);
-    None for a label no index names, which no engine's read can count."""
+    """The engine a recorded sample names (0 with no label); None for one no index names."""
     label = (sample.get("labels") or {}).get("engine")
     return 0 if label is None else engine_index(label)
 

@@ -61,7 +61,8 @@ DECLARED = {
                "records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
              "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list[str]",
-    "probe_summary": "run_id:str items:list[@probe_item] ~counters:dict meaning:str",
+    "probe_summary": "run_id:str items:list[@probe_item] ~counters:dict ~status:dict "
+                     "meaning:str",
     "gate": "run_id:str request_id:str request_kind:str probe:str kind:str shape:str "
             "index:int engine:int? " + _ANSWER + " exact:bool? edit_distance:int? "
             "reference_chars:int answer_chars:int? cer:num? word_errors:int? "

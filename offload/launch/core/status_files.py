@@ -1,7 +1,8 @@
-"""Status files over a warm-up: a JSON document another process rewrites on a timer, read
-before the first wave and once fresh after the last; its numeric deltas recorded.
+"""Status files: a JSON document another process rewrites on a timer, read before the
+warm-up's first wave and once fresh after the last (or fresh around each probe round); its
+numeric deltas recorded.
 
-Loaded by evidence.py only when --status-file is given.
+Loaded only when --status-file is given.
 """
 
 from __future__ import annotations
@@ -69,6 +70,34 @@ def status_records(run: Run, paths: tuple, wait: tuple, status_before: dict,
                        **result, fresh_by=fresh_by))
         if result["state"] != "valid":
             tally.warnings.append(f"status file {path}: {result['state']}: {result['why']}")
+
+
+def round_status(run: Run, paths: tuple, wait: tuple, snapshots: dict) -> None:
+    """Each status file once fresh (`wait`: its seconds and time field), appended to its
+    list in `snapshots`: the probe reads it before each round and after the last."""
+    for path in paths:
+        doc, why, _ = wait_for_status(run, path, wait)
+        snapshots.setdefault(path, []).append((doc, why))
+
+
+def round_status_deltas(snapshots: dict) -> dict:
+    """Per status file, its numeric deltas over each probe round and, for each field that
+    moved, the first round against the median of the later ones (a worker's rounds,
+    failures, watchdog counts: evidence, as the timings). Pure."""
+    found = {}
+    for path, taken in snapshots.items():
+        rounds = [status_delta(a[0], b[0], a[1] or b[1]) for a, b in zip(taken, taken[1:])]
+        moved = {}
+        for key in sorted({k for r in rounds for k, v in (r["delta"] or {}).items() if v}):
+            values = [(r["delta"] or {}).get(key) for r in rounds]
+            later = sorted(v for v in values[1:] if v is not None)
+            middle = len(later) // 2
+            median = None if not later else later[middle] if len(later) % 2 else \
+                (later[middle - 1] + later[middle]) / 2
+            moved[key] = {"first": values[0] if values else None,
+                          "later_median": None if median is None else json_number(median)}
+        found[path] = {"states": [r["state"] for r in rounds], "moved": moved}
+    return found
 
 
 def wait_for_status(run: Run, path: str, wait: tuple, missing_before: bool = False

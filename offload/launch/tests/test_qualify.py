@@ -373,6 +373,37 @@ class TestQualificationRuns(HelperCase):
         self.assertEqual(bad.code, 2)
         self.assertIn("--metrics-counter", bad.stderr)
 
+    def test_probe_reads_a_status_file_fresh_around_each_round(self):
+        # A worker's status file, rewritten on a timer with its rounds counted: each
+        # round's delta, the first against the later ones.
+        import threading
+        server = self.start_fake()
+        path = os.path.join(self.tmp, "worker.json")
+        stop = threading.Event()
+
+        def writer():
+            steps = 0
+            while not stop.is_set():
+                steps += 1 + len(server.state.completions())
+                with open(path + ".tmp", "w") as handle:
+                    json.dump({"pid": 7, "timestamp": time.time(), "steps": steps,
+                               "served": len(server.state.completions())}, handle)
+                os.replace(path + ".tmp", path)
+                stop.wait(0.2)
+        thread = threading.Thread(target=writer, daemon=True)
+        thread.start()
+        self.addCleanup(thread.join, 5)
+        self.addCleanup(stop.set)
+        time.sleep(0.5)
+        result = self.run_probe(server, "--rounds", "3", "--status-file", path,
+                                "--status-wait-s", "5")
+        self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        seen = result.kind("probe_summary")[0]["status"][path]
+        self.assertEqual(seen["states"], ["valid"] * 3)
+        self.assertEqual(seen["moved"]["served"], {"first": 8, "later_median": 8})
+        self.assertGreater(seen["moved"]["steps"]["first"], 0)
+        self.assertIn(f"status {path} (valid, valid, valid)", result.stdout)
+
     def test_probe_prompts_are_never_cache_hits(self):
         server = self.start_fake(prompt_tokens_details=True, engines=2)
         result = self.run_probe(server, "--long-tokens", "4200", "--json")

@@ -23,7 +23,8 @@ from core.contract import NOT_REPORTED
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, make_short_prompt,
                           new_nonce)
-from core.cli import EXIT_USAGE, argument_type, emit, given_value, whole
+from core.cli import (EXIT_USAGE, add_status_wait_options, argument_type, emit, given_value,
+                      whole)
 from core.runframe import Fatal, Run, RunSettings, add_run_options
 from core.transport import UsageError, clean_text, count_value, finite_number
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
@@ -44,6 +45,8 @@ class ProbeOptions(Value):
     paths: tuple = ()                 # request kinds of --paths, each an item at depth 1
     template_kwargs: dict | None = None
     counted: tuple = ()               # --metrics-counter: (Target, name, unit), read each round
+    status_files: tuple = ()          # --status-file: read fresh around each round
+    status_wait: tuple = (15.0, "timestamp")    # its wait (seconds) and time field
 
     @property
     def items(self) -> list[tuple[str, int]]:
@@ -64,6 +67,7 @@ class WarmthProbe(ServerProgram):
         self.long_prompts: dict = {}          # engine -> (prompt, counted or None)
         self.items: list = []                 # probe_summary() of the records
         self.marks: list = []                 # the operator counters before each round
+        self.snapshots: dict = {}             # path -> [(status document, why none)]
 
     def planned_per_engine(self) -> int:
         return self.options.rounds * sum(depth for _, depth in self.options.items)
@@ -97,9 +101,10 @@ class WarmthProbe(ServerProgram):
             self.run_rounds(run)
         finally:
             self.items = probe_summary(self.tally.requests)
-            counters = self.round_counters(run)
+            counters, status = counters_over_rounds(self, run), status_over_rounds(self, run)
         run.write({"record": "probe_summary", "run_id": run.settings.run_id,
                    "items": self.items, **({"counters": counters} if counters else {}),
+                   **({"status": status} if status else {}),
                    "meaning": "first round against the median of later rounds; a ratio, "
                               "not a verdict on the warm-up; rounds served from the prefix "
                               "cache are left out"})
@@ -121,22 +126,11 @@ class WarmthProbe(ServerProgram):
             run.say(f"counter {seen['counter']} at {where}: round 1 {seen['first']}, later "
                     f"rounds' median {seen['later_median']} (each round: "
                     f"{', '.join(map(str, seen['rounds']))})")
-
-    def read_counted(self, run: Run) -> None:
-        """The operator counters now (before a round, or after the last): bounded reads."""
-        from core.counted import counted_value
-        from core.transport import Clock
-        wait = max(min(run.clock.remaining(), 2.0), 0.1)
-        self.marks.append({target.display: counted_value(target, Clock.start(wait, wait), name)
-                           for target, name, _ in self.options.counted})
-
-    def round_counters(self, run: Run) -> dict | None:
-        """--metrics-counter over each round (a read after the last round too)."""
-        if not self.options.counted or not self.marks:
-            return None
-        from core.counted import round_deltas
-        self.read_counted(run)
-        return round_deltas(self.options.counted, self.marks)
+        for path, seen in (status or {}).items():
+            moved = "; ".join(f"{clean_text(k, 60)} {v['first']} then {v['later_median']}"
+                              for k, v in list(seen["moved"].items())[:10]) or "nothing moved"
+            run.say(f"status {clean_text(path, 120)} ({', '.join(seen['states'])}): round 1 "
+                    f"then the later rounds' median: {moved}")
 
     def refuse_a_long_item_past_the_context(self) -> None:
         """--long-tokens larger than the server's context is a usage error, said in one
@@ -154,7 +148,10 @@ class WarmthProbe(ServerProgram):
         options, run_id = self.options, run.settings.run_id
         for round_no in range(1, options.rounds + 1):
             if options.counted:
-                self.read_counted(run)
+                read_counted(self, run)
+            if options.status_files:
+                from core.status_files import round_status
+                round_status(run, options.status_files, options.status_wait, self.snapshots)
             for item, depth in options.items:
                 label = f"{item} round {round_no}"
                 if run.clock.remaining() <= 0:
@@ -184,6 +181,33 @@ class WarmthProbe(ServerProgram):
             return fresh_long_prompt(self.long_prompts[engine][0])
         seed = f"{run_id}-{engine}-{item}-r{round_no}-{os.urandom(4).hex()}"
         return make_short_prompt(seed, depth, index)
+
+
+def read_counted(probe: "WarmthProbe", run: Run) -> None:
+    """The operator counters now (before a round, or after the last): bounded reads."""
+    from core.counted import counted_value
+    from core.transport import Clock
+    wait = max(min(run.clock.remaining(), 2.0), 0.1)
+    probe.marks.append({target.display: counted_value(target, Clock.start(wait, wait), name)
+                        for target, name, _ in probe.options.counted})
+
+
+def status_over_rounds(probe: "WarmthProbe", run: Run) -> dict | None:
+    """--status-file over each round (read fresh after the last round too)."""
+    if not probe.options.status_files or not probe.snapshots:
+        return None
+    from core.status_files import round_status, round_status_deltas
+    round_status(run, probe.options.status_files, probe.options.status_wait, probe.snapshots)
+    return round_status_deltas(probe.snapshots)
+
+
+def counters_over_rounds(probe: "WarmthProbe", run: Run) -> dict | None:
+    """--metrics-counter over each round (a read after the last round too)."""
+    if not probe.options.counted or not probe.marks:
+        return None
+    from core.counted import round_deltas
+    read_counted(probe, run)
+    return round_deltas(probe.options.counted, probe.marks)
 
 
 def fresh_long_prompt(sized: str) -> str:
@@ -312,6 +336,12 @@ def build_probe_parser() -> argparse.ArgumentParser:
                              "failures, a watchdog's), read before each round and after the "
                              "last: its delta per round, the first against the later ones "
                              "(evidence, as the timings; repeat for several)")
+    parser.add_argument("--status-file", metavar="PATH", action="append", default=[],
+                        help="a JSON status file a worker rewrites on a timer, read fresh "
+                             "before each round and after the last: each numeric field's "
+                             "delta per round, the first against the later ones (repeat for "
+                             "several; each read waits for a rewrite, within the deadline)")
+    add_status_wait_options(parser, "before each round and after the last")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds")
     parser.add_argument("--dry-run", action="store_true",
@@ -333,7 +363,9 @@ def build_probe(args: argparse.Namespace, settings: RunSettings):
     options = ProbeOptions(rounds=args.rounds, long_tokens=args.long_tokens,
                            tokens=args.tokens, priority=args.priority, paths=paths,
                            template_kwargs=args.chat_template_kwargs,
-                           counted=tuple(args.metrics_counter))
+                           counted=tuple(args.metrics_counter),
+                           status_files=tuple(args.status_file),
+                           status_wait=(args.status_wait_s, args.status_time_field))
     connection = connection_from(args)
 
     def print_plan():
