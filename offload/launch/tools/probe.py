@@ -329,7 +329,8 @@ def build_probe_parser() -> argparse.ArgumentParser:
                         default=None,
                         help="also measure other request kinds, each an item at depth 1 "
                              f"({', '.join(PATH_NAMES)}, all or none), to see which a warm-up "
-                             "left cold (default: $WARMUP_PATHS, else none)")
+                             "left cold; chat's TTFT is its first visible answer token, after "
+                             "any reasoning (default: $WARMUP_PATHS, else none)")
     parser.add_argument("--metrics-counter", metavar="URL=NAME", action="append", default=[],
                         type=argument_type(counter_type),
                         help="a worker's or proxy's Prometheus counter (worker rounds, "
