@@ -26,7 +26,6 @@ import time
 
 from core.files import remove_regular
 from core.runframe import records_name
-from start.server_command import flag_value, seconds_of
 from start.server import Exit
 from start.steps import (Steps, prune_records, publish_start_outcome, run_stamp,
                          warm_up_and_report)
@@ -62,7 +61,7 @@ def stop_outcome(in_flight: int | None, shutdown_s: float | None, took_s: float,
     been cut: none was in flight at the TERM, or the server ended within its
     --shutdown-timeout (vLLM waits that long for them; 0, its default, fails them). Pure."""
     timeout = f"--shutdown-timeout {shutdown_s:g}" if shutdown_s else \
-        "no --shutdown-timeout (vLLM's default 0 fails requests in flight: HTTP 500)"
+        "no --shutdown-timeout (vLLM's default 0 fails requests in flight)"
     if in_flight == 0:
         return "drained", "nothing was in flight at the TERM"
     if killed:
@@ -232,7 +231,7 @@ class Owner:
         self.said_stop, self.in_flight = False, None      # passed on; in flight at the TERM
         self.stopped_from, self.answering = "", 0
         self.requests: queue.Queue = queue.Queue()
-        self.shutdown_s = seconds_of(flag_value("--shutdown-timeout", settings.command))
+        self.shutdown_s = settings.command_shutdown_s()
 
     def ready(self, state: str | None = None) -> bool:
         """Warm (`state`, or now), for the launched process still running (any thread)."""
@@ -393,13 +392,12 @@ def supervise(owner: "Owner") -> int:
 def watch(owner: "Owner") -> None:
     """The port's holder and the sleep state, every WATCH_S: another process on the
     port or a sleep takes readiness away; a wake warms again."""
-    from tools.procfs import port_owners
+    from tools.ready import foreign_listener
     owner.next_watch = time.monotonic() + WATCH_S
-    owners = port_owners(owner.settings.target.port)
-    if owner.state == "warm" and owners is not None and owners and not any(
-            pid == owner.server.pid for pid, _ in owners):
-        owner.go("port lost", f"port {owner.settings.target.port} is held by pid "
-                              f"{owners[0][0]}, not the server process {owner.server.pid}")
+    if owner.state == "warm":             # the port's holder, by the one rule (procfs)
+        why = foreign_listener({"server_pgid": owner.server.pid}, owner.settings.target.port)
+        if why:
+            owner.go("port lost", why)
     exposition = read_gauges(owner.settings, 1.0)
     if exposition is None:
         return

@@ -26,7 +26,7 @@ from start.server_command import commanded_model, redacted_command
 from start.settings import Settings, os_reason
 from core.runframe import LineWriter
 from start.supervisor import ServerProcess, first_error, size_of
-from tools.procfs import foreign_holders, port_owners
+from tools.procfs import foreign_holders, not_held_by, port_owners
 
 TAIL_LINES = 20
 SIGNALS = {s.value for s in signal.Signals}
@@ -230,9 +230,8 @@ def refuse_a_foreign_answer(settings: Settings, server: LaunchedServer, log: Log
             f"user than the server's?): start.sh does not warm or vouch for what it cannot "
             f"see; run it where it sees its server (a pod with shareProcessNamespace, or "
             f"start.sh as the server itself) and as the same user"))
-    others = [owner for owner in owners if owner[1] != server.pid]
-    if others or not any(pid == server.pid for pid, _ in owners):
-        other = (others or owners)[0]
+    other = not_held_by(owners, server.pid)
+    if other:
         refuse_the_server(server, log, (
             f"{settings.target.display}/health answered 200, but port {port} is held by "
             f"pid {other[0]} (process group {other[1]}), not by the server process start.sh "

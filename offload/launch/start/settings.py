@@ -11,7 +11,8 @@ import os
 import re
 
 from core.transport import DEFAULT_BASE_URL
-from start.server_command import address_problem, command_url, flag_value, tokens_value
+from start.server_command import (address_problem, command_url, flag_value, seconds_of,
+                                  tokens_value)
 
 WHOLE = r"[1-9][0-9]{0,%d}"
 NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
@@ -205,13 +206,7 @@ class Settings:
         check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
         check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
                     prefix="must be ")
-        check_whole(self.ready_port, 5, self.source["ready_port"], "a port from 0 to 65535",
-                    prefix="must be ", zero=True)
-        if int(self.ready_port) > 65535 or int(self.ready_port) and not (
-                self.supervise or self.rewarm):   # a re-warm shares the pod's variables
-            raise Usage(f"{self.source['ready_port']} must be a port from 1 to 65535, and "
-                        f"only with --supervise (its owner answers it), got "
-                        f"'{self.ready_port}'")
+        check_readiness(self)
         if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
             raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
                         f"got '{self.gate_hard_s}'")
@@ -227,13 +222,6 @@ class Settings:
         check_log_dir(self)
         if self.ready_file:
             check_ready_place(self.source["ready_file"], self.ready_file)
-        if self.plan_sha256:
-            from argparse import ArgumentTypeError
-            from core.readyfile import sha256_type
-            try:
-                self.plan_sha256 = sha256_type(self.plan_sha256)
-            except ArgumentTypeError as exc:
-                raise Usage(f"{self.source['plan_sha256']} {exc}") from None
         if self.textfile:
             check_file_place(self.source["textfile"], self.textfile)
         from core.transport import UsageError
@@ -249,6 +237,10 @@ class Settings:
     def required(self) -> tuple:
         """What a pass must vouch for before the ready file is written (readyfile.unmet)."""
         return self.plan_sha256 or None, self.require_chunk
+
+    def command_shutdown_s(self) -> float | None:
+        """The server command's --shutdown-timeout in seconds (None: none, or unreadable)."""
+        return seconds_of(flag_value("--shutdown-timeout", self.command))
 
     def command_chunk(self) -> str:
         """The prefill chunk the server command gives (its last --max-num-batched-tokens,
@@ -267,6 +259,25 @@ class Settings:
         if chunk:
             env["WARMUP_CHUNK_TOKENS"] = chunk    # B1 must be longer than the server's chunk
         return env
+
+
+def check_readiness(settings: Settings) -> None:
+    """Usage unless START_READY_PORT is a port, given only with --supervise (or --rewarm,
+    which shares the pod's variables), and START_PLAN_SHA256 a digest (then typed)."""
+    check_whole(settings.ready_port, 5, settings.source["ready_port"],
+                "a port from 0 to 65535", prefix="must be ", zero=True)
+    if int(settings.ready_port) > 65535 or int(settings.ready_port) and not (
+            settings.supervise or settings.rewarm):
+        raise Usage(f"{settings.source['ready_port']} must be a port from 1 to 65535, and "
+                    f"only with --supervise (its owner answers it), got "
+                    f"'{settings.ready_port}'")
+    if settings.plan_sha256:
+        from argparse import ArgumentTypeError
+        from core.readyfile import sha256_type
+        try:
+            settings.plan_sha256 = sha256_type(settings.plan_sha256)
+        except ArgumentTypeError as exc:
+            raise Usage(f"{settings.source['plan_sha256']} {exc}") from None
 
 
 def check_log_dir(settings: Settings) -> None:

@@ -356,10 +356,11 @@ def start(settings: Settings, log: Log, owner=None) -> int:
 
 def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     """start.sh --rewarm: under --supervise asked of the readiness owner (`ask_owner`:
-    start.owner.ask_owner, over LOG_DIR/owner.sock), which runs it; else the server LOG_DIR's server.pid names, at the address its
-    server.url says, warmed again here as a start warms it (its port held by that process,
-    the chunk from server.chunk when it names that process): the ready file taken away
-    first, written anew only from a pass; 0 only for a pass."""
+    start.owner.ask_owner, over LOG_DIR/owner.sock), which runs it; else the server
+    LOG_DIR's server.pid names, at the address its server.url says, warmed again here as
+    a start warms it (its port held by that process, the chunk from server.chunk when it
+    names that process): the ready file taken away first, written anew only from a pass;
+    0 only for a pass."""
     from core.transport import UsageError, parse_base_url
     asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(settings),
                                     lambda line: print(line, flush=True))
@@ -489,10 +490,11 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
 def shutdown_warned(settings: Settings, log: Log) -> None:
     """WARN at launch when the server command gives vLLM no --shutdown-timeout (or 0, its
     default): a stop then fails the requests in flight."""
-    from start.server_command import flag_value, seconds_of
-    given = flag_value("--shutdown-timeout", settings.command)
-    if not seconds_of(given):
+    if not settings.command_shutdown_s():
+        from start.server_command import flag_value
+        given = flag_value("--shutdown-timeout", settings.command)
         log("WARN: the server command gives " + (f"--shutdown-timeout {given}" if given else
                                                   "no --shutdown-timeout") +
-            f": vLLM's default, 0, fails the requests in flight at a stop (HTTP 500); give it "
-            f"one below START_STOP_GRACE_S ({settings.stop_grace_s} s)")
+            f": vLLM's default, 0, fails the requests in flight at a stop (500s, or "
+            f"connections held until the KILL); give it one below START_STOP_GRACE_S "
+            f"({settings.stop_grace_s} s)")

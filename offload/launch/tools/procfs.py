@@ -87,6 +87,16 @@ def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
     return owners if seen == wanted else None
 
 
+def not_held_by(owners: list, pid: int) -> tuple[int, int] | None:
+    """The one rule of who may hold a server's port: the process start.sh launched itself
+    (its pid is its group), never only another member of its group (a proxy it started),
+    and nothing outside that group. The (pid, group) that breaks it, or None. Pure."""
+    others = [owner for owner in owners if owner[1] != pid]
+    if others or not any(holder == pid for holder, _ in owners):
+        return (others or owners)[0]
+    return None
+
+
 def foreign_holders(port: int, pgid: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
     """The (pid, group) outside process group `pgid` that listen on the port ([]: only
     that group); None when /proc cannot tell."""

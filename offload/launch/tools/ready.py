@@ -25,7 +25,7 @@ from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError,
                             clean_text, fetch, finite_number, parse_base_url)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                                served_by_engine, sleep_states)
-from tools.procfs import port_owners
+from tools.procfs import not_held_by, port_owners
 
 PROG = "qualify.py"
 
@@ -227,12 +227,10 @@ def foreign_listener(doc: dict, port: int) -> str | None:
     if owners is None:            # what cannot be seen is not trusted
         return (f"/proc cannot tell which process holds port {port}: run the probe where "
                 f"it sees the server's processes (the same PID namespace and user)")
-    others = [owner for owner in owners if owner[1] != pgid]
-    if any(pid == pgid for pid, _ in owners) and not others:
-        return None
-    other = (others or owners)[0]
-    return (f"another process answers port {port} (pid {other[0]}, process group "
-            f"{other[1]}), not the server process {pgid} the ready file vouches for")
+    other = not_held_by(owners, pgid)
+    return None if other is None else (
+        f"another process answers port {port} (pid {other[0]}, process group {other[1]}), "
+        f"not the server process {pgid} the ready file vouches for")
 
 
 def taken(path: str | None, doc: dict) -> str:
