@@ -42,7 +42,8 @@ try:
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.prompts import MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, make_short_prompt
-    from core.cli import Setting, add_status_wait_options, given_value, plug_in, seconds, whole
+    from core.cli import (Setting, add_status_wait_options, given_value, number_type, plug_in,
+                          seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
     from core.transport import (UsageError, __version__, clean_text, count_value, parse_url,
@@ -678,32 +679,19 @@ def build_warmup(args: argparse.Namespace, settings: RunSettings):
                                    hard_bound() or DEFAULT_HARD_S))
 
 
-UNIX_TIME = re.compile(r"[0-9]{10}(\.[0-9]{1,9})?")
-
-
 def unix_time(text: str) -> float:
-    """A Unix time in seconds, not in the future (WARMUP_HEALTHY_AT: when /health first
-    answered 200)."""
-    if not UNIX_TIME.fullmatch(text) or float(text) > time.time() + 60:
-        raise ValueError(f"must be a Unix time in seconds, not in the future, got "
-                         f"{clean_text(text, 40)!r}")
-    return float(text)
+    """WARMUP_HEALTHY_AT: when /health first answered 200, in Unix seconds, not in the
+    future."""
+    return number_type(float, lambda v: 1e9 <= v <= time.time() + 60, "must be a Unix time "
+                       "in seconds, not in the future", "unix_time")(text)
 
 
 def hard_bound() -> float | None:
-    """WARMUP_HARD_S, the bound warmup_serve.sh holds (None when not set); UsageError when
-    it is not a positive number of seconds."""
-    text = os.environ.get("WARMUP_HARD_S")
-    if not text:
-        return None
-    try:
-        hard = float(text)
-    except ValueError:
-        hard = -1.0
-    if not 0 < hard <= MAX_HARD_S:
-        raise UsageError(f"WARMUP_HARD_S must be a positive number of seconds, at most "
-                         f"{MAX_HARD_S:g}, got {clean_text(text, 40)!r}")
-    return hard
+    """WARMUP_HARD_S, the bound warmup_serve.sh holds, as the wrapper reads it (None when
+    not set); UsageError when it is not a number of seconds from 1 to 86400."""
+    return given_value(None, "", "WARMUP_HARD_S", number_type(
+        float, lambda v: 1 <= v <= MAX_HARD_S, f"must be a number of seconds from 1 to "
+        f"{MAX_HARD_S:g}", "seconds"), None)[0]
 
 
 def deadline_for(flag: float | None) -> float:

@@ -1,15 +1,11 @@
 """The command line every program shares: exit codes, one line out, number and list
-types, a setting from its flag or its variable.
-
-The leaf under the run frame and the readiness probe (transport <- cli <- runframe,
-tools/ready): what a program's command line needs and nothing of a run. Standard library
-only.
-"""
+types, a setting from its flag or its variable."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 from core.transport import UsageError, clean_text, sanitize_text
@@ -80,15 +76,16 @@ def silence(stream) -> None:
         pass
 
 
+NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")   # the house's one grammar of a number
+
+
 def number_type(convert, fits, wants: str, name: str):
-    """An argparse type: convert(text) when the value `fits`, else '<wants>, got <text>'.
-    Only ASCII digits, a leading minus, at most one point: int() and float() also take
-    '1_000', ' 5', '1e3', 'nan' and other scripts' digits, which no option means."""
+    """An argparse type: convert(text) when it is a NUMBER that `fits`, else '<wants>, got
+    <text>'. int() and float() also take '1_000', ' 5', '1e3', 'nan' and other scripts'
+    digits, which no option, variable or file of ours means (warmup_serve.sh: the same)."""
     def parse(text: str):
-        digits = text[1:] if text.startswith("-") else text
         try:
-            value = convert(text) if digits.isascii() and \
-                digits.replace(".", "", 1).isdigit() else None
+            value = convert(text) if NUMBER.fullmatch(text) else None
         except ValueError:
             value = None
         if value is None or not fits(value):

@@ -140,7 +140,7 @@ class TestWrapperPublishes(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "pass")
         refused = self.wrapper("--base-url", server.url, env={"WARMUP_HARD_S": "086401"})
         self.assertEqual(refused.code, 2, refused.stderr)
-        self.assertIn("at most 86400, got '086401'", refused.stderr)
+        self.assertIn("from 1 to 86400, got '086401'", refused.stderr)
         self.assertEqual(verdict_of(self.textfile), "usage")
 
     def test_records_that_cannot_be_written_publish_a_usage_error(self):

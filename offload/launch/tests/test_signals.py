@@ -65,7 +65,7 @@ class TestTheHardBoundComesFirst(HelperCase):
     def test_a_tiny_bound_is_refused_and_published(self):
         result = self.wrapper({"WARMUP_HARD_S": "0.01"}, "--dry-run")
         self.assertEqual(result.code, 2, result.stderr)
-        self.assertIn("at least 1", result.stderr)
+        self.assertIn("from 1 to 86400, got '0.01'", result.stderr)
         self.assertEqual(verdict_of(self.textfile), "usage")
 
     def test_a_helper_terminated_before_it_could_write_is_published_killed(self):
