@@ -1,20 +1,9 @@
 """What a warm-up is: the reviewed plan, declared once, and the one verdict on a run.
 
-Pure: plain data and functions, no I/O (kinds <- contract <- readback, programs).
-
-  REVIEWED             the reviewed plan: waves B1..B4 by kind and depth (B1 the long-prompt
-                       kind, whose own rules make it longer than max(4096, the chunk) and
-                       uncached), 32 tokens, priority 20: ten requests and 320 completion
-                       tokens per engine
-  Plan                 a plan as run: the reviewed one, or one a flag or WARMUP_* variable
-                       changed (`given` says which, and from where)
-  plan_record(), read_plan()   the plan as a run record holds it, and the one reader of it
-  differences()        how a plan differs from the reviewed one (a custom plan)
-  decide()             a run record and its records, and how its steps ended -> the
-                       Verdict: the warm-up calls it on what it has just written, the
-                       report and the launcher on a file; the summary, the terminal, the
-                       textfile, start.sh's OK/WARN and the ready file all read it
-  cross_check(), engine_shares()   what the server's counters show against the records
+Pure: plain data and functions, no I/O. REVIEWED is the patch note's plan (B1..B4, 32
+tokens, priority 20); a Plan is one as run, `given` naming what changed it; decide() is
+the one verdict, on what a run just wrote or on a file, which the summary, the terminal,
+the textfile, start.sh's OK/WARN and the ready file all read.
 """
 
 from __future__ import annotations
@@ -378,6 +367,23 @@ class Verdict(Value):
     structural: tuple = ()                # what the records lack to show the run they claim
     failed: tuple = ()                    # the identities of the records that fail
     notes: tuple = ()                     # what a pass means on this server (one_step_said)
+    shape: "Shape | None" = None          # the --paths shape test's own verdict
+
+
+class Shape(Value):
+    """The --paths shape test's own verdict, apart from the waves' (never part of a pass):
+    pass or fail, its requests ok of those planned, each path's count, its problems."""
+    verdict: str
+    requests_ok: int
+    requests_total: int
+    parts: tuple = ()                     # ("stream", ok, total) for each --paths name
+    problems: tuple = ()
+
+    def as_record(self) -> dict:
+        """As a summary keeps it."""
+        return {"verdict": self.verdict, "requests_ok": self.requests_ok,
+                "requests_total": self.requests_total,
+                "parts": [list(p) for p in self.parts], "problems": list(self.problems)}
 
 
 def decide(run: dict | None, records: list[dict], ending: Ending,
@@ -407,27 +413,34 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     engines = run.get("engines") or []    # a negative index is named by run_problems()
     engines = engines if engines and min(engines) >= 0 else [None]
     planned = recorded.get("requests_total")
-    missing = [f"only {len(judged)} of {planned} requests ran"] \
-        if count_value(planned) is not None and len(judged) < planned else []
-    found = said_once(failed)
+    in_shape = shape_test(plan)
+    waves_ran = sum(1 for r in judged if not in_shape(r))
+    want = (plan.wave_requests * len(engines) if plan and plan.paths else planned)
+    missing = [f"only {waves_ran} of {want} requests ran"] \
+        if count_value(want) is not None and waves_ran < want else []
+    found = said_once([r for r in failed if not in_shape(r)])
+    shape = None
     if plan is not None:
         skipped = recorded.get("engines_skipped", [])
         differs = differences(plan, skipped)
         structural += coverage_problems(plan, engines, records, judged, planned)
         structural += claim_problems(recorded, differs)
         found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
-        found += unguarded_waves(engines, records, len({e for e in [*engines, *(
-            skipped if isinstance(skipped, list) else [])] if type(e) is int}) > 1)
+        several = len({e for e in [*engines, *(
+            skipped if isinstance(skipped, list) else [])] if type(e) is int}) > 1
+        waves = [r for r in records if not in_shape(r)]
+        found += wave_problems(engines, waves, several, recorded.get("deadline_s"), ending)
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
-            found += said_failed(records)
-        found += late_waves(recorded.get("deadline_s"), records)
+        if plan.paths:
+            shape = shape_verdict(plan, len(engines), judged, failed, wave_problems(
+                engines, [r for r in records if in_shape(r)], several,
+                recorded.get("deadline_s"), ending))
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if parts:                 # the waves' part: the contract's, a plan file's, or custom
-        parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),) \
-            + parts[1:]
+        parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),)
     ok = len(judged) - len(failed)
-    base = dict(differences=tuple(differs), requests_ok=ok,
+    base = dict(differences=tuple(differs), requests_ok=ok, shape=shape,
                 notes=(one_step_said(plan),) if plan and plan.one_step else (),
                 failed=tuple(identity(r) for r in failed),
                 requests_total=planned if count_value(planned) is not None else len(judged),
@@ -440,7 +453,39 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     if problems or ending.verdict not in ("pass", "custom"):
         code = ending.exit_code if ending.verdict == "fail" else EXIT_FAIL
         return Verdict("fail", code, tuple(problems), **base)
-    return Verdict("custom" if differs else "pass", EXIT_PASS, (), **base)
+    code = EXIT_FAIL if shape is not None and shape.verdict != "pass" else EXIT_PASS
+    return Verdict("custom" if differs else "pass", code, (), **base)
+
+
+def shape_test(plan: Plan | None):
+    """Whether a record belongs to the --paths shape test (its request and wave records,
+    and the guard's reads before them: by their batch's name)."""
+    names = {batch_name(k, d) for k, d in plan.batches()[len(plan.waves):]} if plan else ()
+    return lambda record: record.get("wave") in names
+
+
+def wave_problems(engines: list, records: list[dict], several: bool, deadline,
+                  ending: Ending) -> list[str]:
+    """What the wave and guard records say of the waves they hold: guarded, none failed,
+    none late."""
+    failed = said_failed(records) if ending.verdict in ("pass", "custom") else []
+    return unguarded_waves(engines, records, several) + failed + late_waves(deadline, records)
+
+
+def shape_verdict(plan: Plan, engines: int, judged: list[dict], failed: list[dict],
+                  waves: list[str]) -> Shape:
+    """The shape test's own verdict: every path's requests there and passing, its waves
+    guarded, not failed, not late. Pure."""
+    parts = tuple(part_counts(plan, engines, judged, failed))[1:]
+    in_shape = shape_test(plan)
+    problems = said_once([r for r in failed if in_shape(r)]) + waves
+    ran = sum(1 for r in judged if in_shape(r))
+    total = sum(part[2] for part in parts)
+    if ran < total:
+        problems.append(f"only {ran} of its {total} requests ran")
+    return Shape("fail" if problems else "pass", sum(part[1] for part in parts), total,
+                 tuple((name.removeprefix("paths "), o, t) for name, o, t in parts),
+                 tuple(dict.fromkeys(problems)))
 
 
 def context_problems(plan: Plan, server_context, judged: list[dict]) -> list[str]:

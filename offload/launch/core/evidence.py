@@ -1,12 +1,8 @@
 """Evidence of what moved during a warm-up: counter deltas and status files.
 
-Used by warmup.py: the main /metrics (from the first guard's read to a read after the last
-wave), more Prometheus endpoints (--metrics-url: a proxy's, a worker's), an operator's
-counters (--metrics-counter: counted.py) and JSON status files another process rewrites
-on a timer (--status-file: status_files.py); those two load with their flags only. Deltas
-are evidence for an operator, never a count of worker rounds; what they show against the
-records (foreign work, a restart, each engine's share) is contract.decide()'s to judge,
-from the records written here.
+The main /metrics, --metrics-url endpoints, an operator's --metrics-counter (counted.py)
+and --status-file (status_files.py; those two load with their flags). Deltas are
+evidence, never a count of worker rounds; contract.decide() judges what they show.
 """
 
 from __future__ import annotations

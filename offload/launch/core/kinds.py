@@ -1,17 +1,9 @@
 """Request kinds and the one judge: what each request is, and what makes its answer pass.
 
-Above the prompts (transport <- runframe <- prompts <- kinds <- vllm_client users): plain
-data and pure functions, no I/O. Every request a program sends is a registered kind: the
-contract's greedy raw completion, the kinds --paths adds, the probe's streamed item, the
-gate's copy. A kind declares, as a small value (`Holds`), what its answer is held to;
-adding one is one decorated body builder here.
-
-  judge()                  what makes one answer pass ([] when it passed): the warm-up, the
-                           probe, the gate's HTTP half and contract.decide() all call it
-  answer_of()              a recorded request as judge() reads it (decide() judges again)
-  request_id()             the one request-id format
-
-Reading an answer stays in vllm_client (extract_fields): counts and reasons, never text.
+Plain data and pure functions, no I/O. Every request a program sends is a registered kind
+(the contract's greedy completion, the --paths kinds, the probe's, the gate's copy); its
+`Holds` says what its answer is held to; adding one is one decorated body builder here.
+judge() is the one judge (the warm-up, the probe, the gate and contract.decide() call it).
 """
 
 from __future__ import annotations

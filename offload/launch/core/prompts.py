@@ -1,7 +1,6 @@
 """Synthetic prompts: distinct per request, never recorded; a long one sized to a budget.
 
-Between the run frame and the vLLM client (transport <- runframe <- prompts <- vllm_client):
-plain functions of data, no I/O. The long prompt starts with a nonce so no cached prefix
+Plain functions of data, no I/O. The long prompt starts with a nonce so no cached prefix
 can match it; size_long_prompt() sizes it with a counting function (the server's
 /tokenize, given by vllm_client), and the budget leaves room for the completion.
 """

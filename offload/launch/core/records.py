@@ -55,7 +55,7 @@ DECLARED = {
     "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
                "~requests_ran:int ~notes:list[str] ~warnings:list[str] ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
-               "~parts:list[list] ~paths:dict ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
+               "~parts:list[list] ~shape:@shape ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
                "~worst_typos:int? ~passages_ok:str ~preambles:list[str] "
                "~time_to_warm:dict[num?] elapsed_s:num deadline_s:num problems:list[str] "
                "records:str",
@@ -101,6 +101,8 @@ SHAPES = {
              "prompt_tokens:num? b1_prompt_tokens:int?",
     "counted": "counter:str unit:str delta:any sent:num foreign:any went_down:bool why:str? "
                "waves:dict overlaps:list[str]",
+    "shape": "verdict:str requests_ok:int requests_total:int parts:list[list] "
+             "problems:list[str]",
     "probe_item": "item:str engine:int? rounds:int cached_rounds:list[int] ttft_first_s:num? "
                   "ttft_later_median_s:num? ttft_ratio:num? total_first_s:num? "
                   "total_later_median_s:num? total_ratio:num?",
@@ -235,3 +237,15 @@ def parts_text(parts) -> str:
     return ", ".join(f"{show(part[0])} {show(part[1])}/{show(part[2])}"
                      for part in (parts if isinstance(parts, list | tuple) else ())
                      if isinstance(part, list | tuple) and len(part) == 3)
+
+
+def shape_text(shape: dict) -> str:
+    """The --paths shape test's own verdict line, with its problems ('' without one)."""
+    if not isinstance(shape, dict):
+        return ""
+    problems = shape.get("problems") or []
+    return (f"shape test, never part of a pass: {show(shape.get('verdict'))}, "
+            f"{parts_text(shape.get('parts')) or '-'}"
+            + "".join(f"\n  - {show(p, 300)}" for p in problems[:5])
+            + (f"\n  - and {len(problems) - 5} more in the records" if len(problems) > 5
+               else ""))

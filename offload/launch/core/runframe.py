@@ -1,16 +1,9 @@
 """A run with exactly one summary: settings, clock, records, terminal, signals, exit code.
 
-The second layer of offload/launch (transport <- runframe <- vllm_client <- programs). It
-knows nothing of vLLM or of waves. A program plugs in through one small interface,
-`Program`: the steps it runs, the fields of its run record, how it judges, what it adds
-to the summary, and an optional record written right after the summary.
-
-  run_session(settings, program)   open the records, install the signal handlers, run
-                                   program.steps(run), write one summary, return its code
-  conclude()                       how the steps ended (normally, Fatal, a signal, a
-                                   defect) -> the summary record
-  Run.write() / LineWriter.say()   the two sinks: every string in a record or a terminal
-                                   line passes transport.sanitize there, once
+It knows nothing of vLLM or of waves. A program plugs in through `Program`: its steps, its
+run record's fields, its judge, its summary's fields. run_session() runs it and writes one
+summary; Run.write() and LineWriter.say() are the two sinks, where transport.sanitize
+applies, once.
 """
 
 from __future__ import annotations
@@ -26,7 +19,7 @@ import threading
 import time
 
 from core.values import Value
-from core.records import FORMAT, field_problems, parts_text
+from core.records import FORMAT, field_problems, parts_text, shape_text
 from core.files import open_own, writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
                       outcome, plug_in, printable, sanitize_lines, seconds, silence)
@@ -456,7 +449,9 @@ def verdict_line(summary: dict, records_path: str) -> str:
         reasons.append(f"and {len(summary['problems']) - 5} more in the records")
     notes = "".join(f"\nnote: {n}" for n in summary.get("notes", []))
     notes += "".join(f"\nwarning: {w}" for w in summary.get("warnings", []))
-    return head + "".join(f"\n  - {p}" for p in reasons) + notes + f"\nrecords: {records_path}"
+    shape = shape_text(summary.get("shape"))
+    return head + "".join(f"\n  - {p}" for p in reasons) + (f"\n{shape}" if shape else "") \
+        + notes + f"\nrecords: {records_path}"
 
 
 # The command line shared by every program.

@@ -1,6 +1,5 @@
 """Bytes on a socket, bounded: HTTP/1.1, JSON, Prometheus text, and the sanitizing rules.
 
-The bottom layer of offload/launch (transport <- runframe <- vllm_client <- programs).
 It knows nothing of vLLM, waves or records:
 
   fetch()              one request on its own connection, every wait bounded by a Clock

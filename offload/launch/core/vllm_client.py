@@ -1,26 +1,9 @@
 """What a vLLM server says: learning it, guarding it, sending it batches, reading answers.
 
-The third layer of offload/launch (transport <- runframe <- vllm_client <- programs). It
-knows vLLM's OpenAI-compatible API and its /metrics; a program's waves or probes are its
-own (the long prompt it sizes is the one thing of the warm-up it knows):
-
-  ServerProgram          a run-frame Program that talks to one vLLM server; the warm-up,
-                         the probe and the gate are ServerPrograms. It holds:
-    a Server               learn_server(): healthy; the model and its context
-                           (/v1/models), the version, the engines (/metrics)
-    a Guard                is the server idle before a batch? (guard_problems(), pure:
-                           both request gauges, every engine); the counters it read
-                         and sends batches: guarded_batch(), guard -> release -> collect;
-                         make_slot(), one request encoded (routing header, API key,
-                         prompt registered)
-  extract_fields()       the one reader of a completion body: counts and reasons, no text
-  read_slot(), answer_record()   what one client got, as the judge reads it and as a
-                         record keeps it
-  size_long_prompts()    B1's long prompts sized with the server's /tokenize (prompts.py)
-  server_main()          the one main of the warm-up, the probe and the gate: options ->
-                         settings -> the program's build() -> its plan printed or run;
-                         add_server_options() and connection_from() are the options
-                         every one of them shares
+It knows vLLM's OpenAI-compatible API and its /metrics, not a program's waves or probes.
+A ServerProgram (the warm-up, the probe, the gate) learns its Server, asks its Guard
+before each batch and sends it with guarded_batch(); extract_fields() is the one reader
+of an answer (counts and reasons, never text); server_main() the programs' one main.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What a vLLM server's /metrics says: the guard, counters, engines, identity, evidence.
 
-Between the prompts and the vLLM client (transport <- runframe <- prompts <- vllm_metrics
-<- vllm_client). Pure decisions on parsed Prometheus text, and the few reads that get it:
+Pure decisions on parsed Prometheus text, and the few reads that get it:
 
   guard_problems()     are both request gauges there, readable, and 0 on every engine?
   counters()           every counting series (counters, histogram buckets, count, sum;

@@ -273,7 +273,8 @@ class Owner:
         from tools.readback import ready_from_records
         why = ready_from_records(self.settings.ready_file, run["records"],
                                  gate_records=gate_records, server_pgid=self.server.pid,
-                                 required=self.settings.required())
+                                 required=self.settings.required(),
+                                 chunk_from=self.chunk_from)
         if why:
             return why
         if self.state not in ("warming", "rewarming"):      # a TERM while it was written

@@ -215,17 +215,18 @@ def gate_said(found: dict | None) -> str:
         f"{cer:.3f}" if cer is not None else "n/a")
 
 
-def ready_file_writer(settings: Settings, log: Log, server_pid: int):
+def ready_file_writer(settings: Settings, log: Log, server_pid: int, chunk_from: str):
     """How a start or re-warm without --supervise vouches (it holds the server's lock: the
     one creator): the ready file from the verdicts of the warm-up's (and the gate's)
-    records, naming the server process that must hold the port; why not, or None."""
+    records, naming the server process that must hold the port and where the chunk came
+    from; why not, or None."""
     def vouch(run: dict, gate_records: str | None) -> str | None:
         if not settings.ready_file:
             return None
         from tools.readback import ready_from_records
         why = ready_from_records(settings.ready_file, run["records"],
                                  gate_records=gate_records, server_pgid=server_pid,
-                                 required=settings.required())
+                                 required=settings.required(), chunk_from=chunk_from)
         if why is None:
             log(f"ready file {settings.ready_file} written: it names the server it vouches "
                 f"for; `qualify.py ready --ready-file {settings.ready_file}` says while it "
@@ -397,9 +398,9 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     when = run_stamp(settings.log_dir)
     try:
         refuse_a_foreign_answer(settings, server, log)
+        chunk_from = "server.chunk" if kept else ""
         run = warm_up_and_report(settings, server, log, env, when,
-                                 ready_file_writer(settings, log, pid),
-                                 "server.chunk" if kept else "")
+                                 ready_file_writer(settings, log, pid, chunk_from), chunk_from)
         return 0 if run["passed"] else 1
     except Interrupted as signalled:
         log.error(f"re-warm interrupted by {signalled.name}: the server keeps running")
@@ -477,7 +478,8 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
     when = run_stamp(settings.log_dir)           # warmup-WHEN, gate-WHEN
     try:
         warm_up_and_report(settings, server, log, env, when,
-                           ready_file_writer(settings, log, server.pid), chunk_from)
+                           ready_file_writer(settings, log, server.pid, chunk_from),
+                           chunk_from)
     finally:
         removed = prune_records(settings.log_dir, settings.keep,
                                 (records_name("warmup", when), records_name("gate", when)))

@@ -268,8 +268,19 @@ class TestTheVerdict(unittest.TestCase):
         said = self.decide(contract_requests("r") + streams, run=run,
                            waves=("B1", "B2", "B3", "B4", "stream-1", "stream-4"))
         self.assertEqual((said.verdict, said.exit_code, records.parts_text(said.parts)),
-                         ("custom", 0, "plan 10/10, paths stream 5/5"),
+                         ("custom", 0, "plan 10/10"),
                          "extras are a shape test of their own, never a pass")
+        self.assertEqual((said.shape.verdict, said.shape.parts), ("pass", (("stream", 5, 5),)))
+        broken = [dict(r, stream_done=False, ok=False, problems=["no [DONE]"])
+                  if r["wave"] == "stream-4" else r for r in streams]
+        said = self.decide(contract_requests("r") + broken, run=run,
+                           waves=("B1", "B2", "B3", "B4", "stream-1", "stream-4"))
+        self.assertEqual((said.verdict, said.exit_code, said.problems, said.shape.verdict,
+                          said.shape.parts), ("custom", 1, (), "fail", (("stream", 1, 5),)),
+                         "the waves' verdict stands; the shape test's own fails the exit")
+        said = self.decide(contract_requests("r")[1:] + streams, run=run,
+                           waves=("B2", "B3", "B4", "stream-1", "stream-4"))
+        self.assertEqual((said.verdict, said.shape.verdict), ("fail", "pass"))
         plan = contract.plan_record(contract.Plan(waves=(1,)))
         custom = run_record("r", 1, **{k: v for k, v in plan.items() if k != "requests_per_engine"})
         said = self.decide(contract_requests("r")[:1], run=custom, waves=("B1",))
@@ -385,7 +396,8 @@ class TestCustomPlan(HelperCase):
         result = self.run_helper(server, env={"WARMUP_PATHS": "stream"})
         self.assertEqual(result.code, 0, result.stdout)
         self.assertIn("pass, custom plan: paths stream (WARMUP_PATHS=stream from the "
-                      "environment) (exit 0): plan 10/10, paths stream 5/5 in ", result.stdout)
+                      "environment) (exit 0): plan 10/10 in ", result.stdout)
+        self.assertIn("\nshape test, never part of a pass: pass, stream 5/5\n", result.stdout)
         self.assertNotIn("PASS", result.stdout)
         self.assertIn("given: WARMUP_PATHS=stream from the environment",
                       result.stdout.splitlines()[0])

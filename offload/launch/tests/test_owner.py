@@ -5,6 +5,7 @@ real start.sh, the fake server, real files, a real TERM, the owner's GET /ready)
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -145,9 +146,11 @@ class OwnerCase(StartCase):
 
 class TestOwnerAnswers(OwnerCase):
     def test_ready_by_http_only_while_warm_for_its_process_sleep_wake_rewarm_stop(self):
-        proc = self.supervised("--dev-mode")
+        proc = self.supervised("--dev-mode", "--max-num-batched-tokens", "4096")
         self.ready_answer(200)
-        self.assertTrue(os.path.exists(self.ready))
+        with open(self.ready, encoding="utf-8") as handle:
+            self.assertEqual(json.load(handle)["chunk_source"], "the command",
+                             "where start.sh found the chunk, not the variable it set")
         self.assertIn("readiness: warming -> warm", self.log_text())
         self.assertEqual(self.answer(), (200, "warm\n"))
         # A sleep: not Ready within the owner's 2 s watch (and a period), the file taken away.

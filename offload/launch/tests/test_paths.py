@@ -21,7 +21,7 @@ class TestPaths(HelperCase):
         requests = result.requests
         self.assertEqual(len(requests), 10 + 9 * (1 + 4))
         self.assertEqual(result.summary["requests_total"], 55)
-        self.assertEqual(set(result.summary["paths"].values()), {"ok"})
+        self.assertEqual(result.summary["shape"]["verdict"], "pass")
         run_id = result.kind("run")[0]["run_id"]
         for record in requests:
             if "path" not in record:
@@ -83,21 +83,52 @@ class TestPaths(HelperCase):
         self.assertEqual(len(result.requests), 10)
         for record in result.requests + result.kind("wave"):
             self.assertNotIn("path", record)
-        self.assertNotIn("paths", result.summary)
+        self.assertNotIn("shape", result.summary)
         self.assertEqual({e["body"].get("stream") for e in server.state.completions()}, {False})
 
-    def test_a_path_the_server_lacks_fails_by_name(self):
+    def test_a_path_the_server_lacks_fails_its_own_verdict_by_name(self):
+        # The shape test has a verdict of its own: the waves passed (custom), it failed (54).
         server = self.start_fake(lack_paths=("json",))
         result = self.run_helper(server, "--paths", "json,logprobs")
         self.assertEqual(result.code, 1, result.stdout)
-        paths_result = result.summary["paths"]
-        self.assertEqual(paths_result["logprobs"], "ok")
-        self.assertRegex(paths_result["json"], r"^failed: json rejected: HTTP 400: The "
-                                               r"structured output backend")
-        problems = " ".join(result.summary["problems"])
+        summary = result.summary
+        self.assertEqual((summary["verdict"], summary["problems"]), ("custom", []))
+        self.assertEqual(summary["parts"], [["plan", 10, 10]])
+        shape = summary["shape"]
+        self.assertEqual((shape["verdict"], shape["requests_ok"], shape["requests_total"]),
+                         ("fail", 10, 20))
+        self.assertEqual(shape["parts"], [["logprobs", 10, 10], ["json", 0, 10]])
+        self.assertRegex(shape["problems"][0], r"json rejected: HTTP 400: The structured "
+                                               r"output backend")
+        problems = " ".join(shape["problems"])
         self.assertIn("json-schema rejected", problems)
         self.assertRegex(problems, r"\d+ requests \(json-1#0")
+        self.assertIn("shape test, never part of a pass: fail, logprobs 10/10, json 0/10",
+                      result.stdout)
+        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(shown.returncode, 1, shown.stdout)
+        self.assertIn("shape test, never part of a pass: fail, logprobs 10/10, json 0/10",
+                      shown.stdout)
+        self.assertIn("verdict: custom plan", shown.stdout)
         self.assert_clean(server, result)
+
+    def test_a_shape_verdict_the_records_do_not_show_is_incomplete(self):
+        server = self.start_fake(lack_paths=("json",))
+        self.run_helper(server, "--paths", "json")
+        lines = open(self.records_path).read().splitlines()
+        summary = json.loads(lines[-1])
+        summary["shape"]["verdict"], summary["exit_code"] = "pass", 0
+        with open(self.records_path, "w") as out:
+            out.write("\n".join(lines[:-1] + [json.dumps(summary)]) + "\n")
+        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path, "--json"],
+                               capture_output=True, text=True, timeout=30)
+        doc = json.loads(shown.stdout)
+        run = doc["runs"][-1]
+        self.assertEqual((shown.returncode, doc["verdict"], run["shape"]["verdict"]),
+                         (1, "incomplete", "fail"))
+        self.assertIn("the summary says the shape test's verdict is pass; its records show "
+                      "fail", run["evidence_problems"])
 
     def test_a_bad_path_is_a_usage_error_naming_its_source(self):
         for argv, env, source in ((["--paths", "nope"], {}, "--paths"),

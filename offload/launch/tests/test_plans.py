@@ -266,7 +266,7 @@ class TestAPassSaysWhatItAssumed(StartCase):
             doc = json.load(handle)
         self.assertEqual((doc["plan"], doc["chunk_source"], doc["b1_one_step"]),
                          ({"name": "patch-note", "sha256": DEFAULT_SHA256},
-                          "WARMUP_CHUNK_TOKENS", False))
+                          "server.log", False))
         for args, code in ((["--plan-sha256", DEFAULT_SHA256, "--require-chunk"], 0),
                            (["--plan-sha256", "0" * 64], 1)):
             with self.subTest(args=args):

@@ -218,6 +218,11 @@ def summary_problems(summary: dict, decided: Verdict) -> list[str]:
         said = summary.get(key)
         if key in summary and said != want:
             found.append(differs.format(said, want))
+    said = summary.get("shape", {}).get("verdict")
+    judged = decided.shape.verdict if decided.shape else None
+    if said != judged:
+        found.append(f"the summary says the shape test's verdict is {show(said)}; its records "
+                     f"show {show(judged)}")
     if summary.get("contract") is True and decided.differences:
         found.append("the summary claims the contract's plan; the run record's plan "
                      "differs: " + "; ".join(decided.differences))
@@ -242,12 +247,13 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
                        gate_records: str | None = None, server_pgid: int | None = None,
-                       required: tuple = ()) -> str | None:
+                       required: tuple = (), chunk_from: str = "") -> str | None:
     """The ready file written (by its one creator) from the verdict of a warm-up's records
     (of run `run_id` where given: a records file another run also writes to is not its
     pass) and, with --gate, the gate's, when it vouches for what is `required`
     (readyfile.unmet's: a plan digest, a chunk not assumed); None when written (or, with
-    no path, when it would be), else why not."""
+    no path, when it would be), else why not. `chunk_from`: where start.sh found the
+    WARMUP_CHUNK_TOKENS it gave the warm-up (the command, server.log, server.chunk)."""
     warm = last_verdict(records, run_id)
     gate = last_verdict(gate_records) if gate_records else None
     if warm is None or gate_records and gate is None:
@@ -256,6 +262,8 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
         "verdict": gate["verdict"], "records": gate_records,
         "run_id": gate["run"]["run_id"] if gate["run"] else None}
     doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
+    if doc and chunk_from and doc["chunk_source"] == "WARMUP_CHUNK_TOKENS":
+        doc["chunk_source"] = chunk_from
     return why or unmet(doc, *required) or (write_ready(path, doc) if path else None)
 
 
@@ -276,7 +284,9 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
     claimed, code = summary["verdict"], summary["exit_code"]
     if claimed not in ENDINGS or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
-    if claimed in ("pass", "custom") and code != EXIT_PASS:
+    shape_failed = claimed == "custom" and code == EXIT_FAIL and \
+        summary.get("shape", {}).get("verdict") == "fail"     # decide() judges it again
+    if claimed in ("pass", "custom") and code != EXIT_PASS and not shape_failed:
         return Ending("fail", EXIT_FAIL, (f"the summary's verdict {claimed} and exit code "
                                           f"{code} disagree",))
     elapsed, deadline = finite_number(summary["elapsed_s"]), finite_number(deadline)

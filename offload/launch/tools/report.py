@@ -26,7 +26,7 @@ from core.contract import batch_name, chunk_said, identity, read_plan
 from core.readyfile import last_gauges, sha256_type
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
-from core.records import JUDGED, label, parts_text, show
+from core.records import JUDGED, label, parts_text, shape_text, show
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
 from core.transport import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
@@ -93,6 +93,7 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
         "evidence_problems": judged["evidence_problems"],
         "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
         "notes": list(decided.notes), "ends": ends,
+        "shape": decided.shape.as_record() if decided.shape else None,
         # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
         "sleep_state": last_gauges(judged["records"]).get("sleep_state"),
     })
@@ -295,6 +296,8 @@ def format_run(run: dict) -> list[str]:
     if run["evidence_problems"]:
         lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
                                              for p in run["evidence_problems"]]
+    if run["shape"]:
+        lines.append(shape_text(run["shape"]))
     if not run["summary"]:
         lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
     elif run["verdict"] == "custom":
