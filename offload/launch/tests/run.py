@@ -8,8 +8,8 @@ the CPU, so a 2-core machine runs several classes at once. Each class runs in it
 process, forked from this one once it has imported the test modules (as
 `python3 -m unittest NAME` would run it alone, without paying Python's start and the
 imports again), bounded in time; a class whose process fails shows its whole output.
-The last lines are unittest's ("Ran N tests", OK or FAILED) and one plain
-"tests: N passed, N failed". Standard library only.
+The last lines are unittest's ("Ran N tests", OK or FAILED), each skipped test with why,
+and one plain "tests: N passed, N failed, N skipped".
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ CLASS_BOUND_S = 600           # one class's process: far above any class's quiet
 SPLIT_AFTER_S = 12            # a class this long (runs_long) runs as two halves
 RAN = re.compile(r"^Ran (\d+) tests? in", re.M)
 COUNTS = re.compile(r"(failures|errors|skipped|expected failures|unexpected successes)=(\d+)")
+SKIPPED = re.compile(r"^\S+ \(([\w.]+)\)(?:\n[^\n]*)? \.\.\. skipped '(.*)'$", re.M)
 
 
 def test_classes(pattern: str) -> list[tuple[str, list[str]]]:
@@ -193,12 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()          # what is imported now, each child shares: its collections skip it
     started = time.monotonic()
     totals: dict[str, int] = {}
-    failed_classes = []
+    failed_classes, skipped_tests = [], []
     running: dict = {}
     try:
         for name, code, counts, output, took in run_all(classes, args.jobs, running):
             for key, value in counts.items():
                 totals[key] = totals.get(key, 0) + value
+            skipped_tests += SKIPPED.findall(output)
             bad = counts.get("failures", 0) + counts.get("errors", 0)
             print(f"{'ok  ' if code == 0 else 'FAIL'} {name} ({counts['ran']} tests, "
                   f"{took:.1f} s)", flush=True)
@@ -219,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(("FAILED" if failed_classes else "OK") + (f" ({extra})" if extra else ""))
     if failed_classes:
         print("failed: " + ", ".join(failed_classes))
+    for test_id, why in sorted(skipped_tests):
+        print(f"skipped: {test_id}: {why}")
     skipped = totals.get("skipped", 0)
     print(f"tests: {ran - failed - skipped} passed, {failed} failed, {skipped} skipped")
     return 1 if failed_classes or ran == 0 else 0
