@@ -21,7 +21,7 @@ MODULES = ("start.processes", "start.server_command", "start.settings", "start.s
 
 
 def main(argv: list[str] | None = None, env: dict | None = None) -> int:
-    """start.sh's exit status (see HELP)."""
+    """start.sh's exit status (see start.sh --help)."""
     argv = sys.argv[1:] if argv is None else argv
     try:                 # every module of the folder it uses, before anything is launched
         for module in MODULES:
@@ -31,14 +31,14 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
               f"rolled back as one folder; restore the whole folder", file=sys.stderr)
         return 2
     from start.server import Exit, Log
-    from start.settings import HELP, Settings, Usage
+    from start.settings import Settings, Usage, build_parser
     from start.owner import Owner, ask_owner
     from start.steps import publish_start_outcome, rewarm, start, start_usage_error
     settings = None
     try:
         settings = Settings(argv, dict(os.environ if env is None else env))
         if settings.help:
-            print(HELP)
+            print(build_parser().format_help(), end="")
             return 0
         settings.check()
         check_plan_file(settings.env.get("WARMUP_PLAN"))

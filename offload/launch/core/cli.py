@@ -95,6 +95,14 @@ def number_type(convert, fits, wants: str, name: str):
     return parse
 
 
+def number_in(text: str, parse):
+    """A number in our own file or line, by an argparse type of NUMBER (None: none)."""
+    try:
+        return parse(text)
+    except argparse.ArgumentTypeError:
+        return None
+
+
 def seconds(high: float = MAX_SECONDS):
     """An argparse type: a number of seconds in (0, high]."""
     return number_type(float, lambda v: 0 < v <= high, f"must be a number of seconds greater "
@@ -130,13 +138,13 @@ def argument_type(parse):
     return checked
 
 
-def given_value(flag, option: str, variable: str, parse, default) -> tuple:
+def given_value(flag, option: str, variable: str, parse, default, env=None) -> tuple:
     """(value, where it came from): the flag's ('--waves on the command line'), else the
-    environment variable's, parsed and named when bad ('WARMUP_WAVES=1,2 from the
-    environment'), else (default, None)."""
+    environment variable's (os.environ, or `env`), parsed and named when bad
+    ('WARMUP_WAVES=1,2 from the environment'), else (default, None)."""
     if flag is not None:
         return flag, f"{option} on the command line"
-    text = os.environ.get(variable)
+    text = (os.environ if env is None else env).get(variable)
     if not text:
         return default, None
     try:
@@ -147,8 +155,7 @@ def given_value(flag, option: str, variable: str, parse, default) -> tuple:
 
 class Setting:
     """One option and the variable that gives its default: what the parser's option, the
-    help's list of variables and where a value came from are all made from. (A plain
-    class: the readiness probe loads this module, and dataclasses costs it 8 ms.)"""
+    help's list of variables and where a value came from are all made from."""
 
     def __init__(self, flag: str, variable: str, parse, default, help_text: str, *,
                  shown: str = "", metavar: str = "N", note: str = "", many: bool = False):
@@ -177,14 +184,15 @@ class Setting:
                                        if self.many else "")))
         return f"  {self.variable:<19} default for {self.flag}" + (f" ({note})" if note else "")
 
-    def value(self, args: argparse.Namespace) -> tuple:
+    def value(self, args: argparse.Namespace, env=None) -> tuple:
         """(value, where it came from: the flag, the variable with its value, or None for
         the default); a repeatable one's value is a tuple."""
         given = getattr(args, self.dest)
         if not self.many:
-            return given_value(given, self.flag, self.variable, self.parse, self.default)
+            return given_value(given, self.flag, self.variable, self.parse, self.default, env)
         return given_value(tuple(given) if given else None, self.flag, self.variable,
-                           lambda text: tuple(map(self.parse, text.split())), self.default)
+                           lambda text: tuple(map(self.parse, text.split())), self.default,
+                           env)
 
 
 def add_status_wait_options(parser: argparse.ArgumentParser, when: str) -> None:

@@ -388,16 +388,12 @@ class Shape(Value):
 
 def decide(run: dict | None, records: list[dict], ending: Ending,
            unread: list[str] = ()) -> Verdict:
-    """The one verdict on a run: its run record, its records (request, wave, metrics ...)
-    and how its steps ended. Pure. The records are held to their declarations (a run's own
-    by Run.write(), a file's by records.held(), whose lines on those it left out are
-    `unread`: each fails the run).
-
-    A pass needs a run record of this format, every planned request once, each passing its
-    kind's rules when judged again from its recorded fields (never by its own `ok`), and,
-    for a warm-up, each wave recorded and ended by the deadline, counters that show no
-    foreign work or restart, and every engine its share. A warm-up that passed a plan
-    other than the reviewed one is 'custom'."""
+    """The one verdict on a run from its run record, its records (held to their
+    declarations; `unread`: those left out, each failing the run) and how its steps ended.
+    Pure. A pass needs every planned request once, each passing its kind's rules judged
+    again from its fields (never its own `ok`), and, for a warm-up, each wave guarded and
+    recorded by the deadline, counters that show no foreign work or restart, and every
+    engine its share. A pass of a plan other than the reviewed one is 'custom'."""
     run = run or {}
     recorded = run.get("plan", {})
     judged = [r for r in records if r["record"] == JUDGED.get(run.get("mode"), "request")]

@@ -325,14 +325,9 @@ def default_records_path(run_id: str, kind: str = "warmup") -> str:
 
 
 def open_records(path: str, append: bool = False):
-    """Open the records file for appending; OSError when it cannot be written.
-
-    Only a regular file: a FIFO without a reader would block the open, a device may
-    swallow or refuse what is written. One run to a file unless `append`: a later run
-    KILLed before its run record would leave an earlier pass deciding the file. A file
-    cut mid-line by a kill gets a newline first, so the next record starts on a line of
-    its own.
-    """
+    """Open the records file (a regular file only) for appending; OSError when it cannot
+    be written. One run to a file unless `append` (a later run KILLed before its run record
+    would leave an earlier pass deciding it); a file cut mid-line gets a newline first."""
     directory = os.path.dirname(path)
     if directory:
         os.makedirs(directory, exist_ok=True)

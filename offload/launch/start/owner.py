@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 
+from core.cli import number_in, whole
 from core.files import remove_regular
 from core.runframe import records_name
 from start.server import Exit
@@ -208,7 +209,7 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
             *lines, rest = (rest + got).split(b"\n")
             for line in lines:
                 text = line.decode("utf-8", "replace")
-                if text.startswith("exit ") and text[5:].isdigit():
+                if text.startswith("exit ") and number_in(text[5:], whole(0, 255)) is not None:
                     code = int(text[5:])
                 else:
                     say(text)
@@ -224,7 +225,7 @@ class Owner:
         self.settings, self.server, self.log, self.env, self.chunk_from = \
             settings, server, log, env, chunk_from
         self.state, self.warmed_pid = "starting", 0
-        self.budget_until = time.monotonic() + settings.guard_s   # retries of a refusal
+        self.budget_until = time.monotonic() + settings.start_guard_s   # retries of a refusal
         self.retry_at, self.backoff, self.refusals = None, RETRY_FIRST_S, 0
         self.next_watch = time.monotonic() + WATCH_S
         self.asked: list = []                  # (signal name, when, number), the handler's
@@ -315,7 +316,7 @@ class Owner:
             self.refusals += 1
             self.retry_at = time.monotonic() + self.backoff
             self.log(f"warm-up refused ({self.refusals}): retried in {self.backoff:g} s, "
-                     f"within the {self.settings.guard_s} s start guard")
+                     f"within the {self.settings.start_guard_s} s start guard")
             self.backoff = min(self.backoff * 2, RETRY_MAX_S)
         else:                 # a wrong answer, or a pass the ready file cannot vouch for
             self.go("failed", f"exit {run['status']}, {run['verdict']}: its WARN says why")
@@ -327,7 +328,7 @@ class Owner:
             self.go("retry", f"attempt {self.refusals + 1}")
             self.warm()
             return
-        self.go("failed", f"refused {self.refusals} times within the {self.settings.guard_s} "
+        self.go("failed", f"refused {self.refusals} times within the {self.settings.start_guard_s} "
                           f"s start guard; warm it again: start.sh --rewarm")
         self.publish("fail", 3)
 

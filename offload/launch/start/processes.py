@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 
-from tools.procfs import DIGITS, proc_stat
+from core.cli import number_in
+from tools.procfs import PROCESS_ID, proc_stat
 
 
 def signalable(pid: int) -> bool:
@@ -47,7 +48,7 @@ def live_members(field: int, value: int, proc: str = "/proc") -> list[int]:
         return []
     found = []
     for name in os.listdir(proc):
-        stat = proc_stat(name, proc) if DIGITS.fullmatch(name) else None
+        stat = proc_stat(name, proc) if number_in(name, PROCESS_ID) is not None else None
         if stat is not None and stat[field] == value and stat[0] != "Z":
             found.append(int(name))
     return found

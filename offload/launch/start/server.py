@@ -189,7 +189,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
 def wait_ready(settings: Settings, server: LaunchedServer, log: Log) -> float:
     """Poll /health until 200 (when: the Unix time returned); Exit(1) when the server is
     gone or the guard expires."""
-    url, guard = settings.target.display, settings.guard_s
+    url, guard = settings.target.display, settings.start_guard_s
     said = time.monotonic()
     while True:
         if not server.alive():

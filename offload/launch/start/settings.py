@@ -6,95 +6,30 @@ The launcher's (launcher.py).
 
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import re
 
-from core.transport import DEFAULT_BASE_URL
+from core.cli import Setting, given_value, number_type, seconds, whole
+from core.transport import DEFAULT_BASE_URL, UsageError, parse_base_url
 from start.server_command import (address_problem, command_url, flag_value, seconds_of,
                                   tokens_value)
 
-WHOLE = r"[1-9][0-9]{0,%d}"
-NUMBER = re.compile(r"[0-9]+([.][0-9]+)?")
-
-HELP = """\
-usage: start.sh [options] -- <server command and its arguments>
-
+DESCRIPTION = """\
 Start the server in the background (own process group, output to LOG_DIR/server.log),
 wait for GET /health = 200 within the start guard, run the warm-up
 (offload/launch/warmup_serve.sh), optionally the quality gate, and report OK or WARN.
 The server keeps running. start.sh refuses to start when something already answers at
 the base URL: it reports only on a server it launched and still sees running (the
-launched process itself: a server that forks and exits has ended).
+launched process itself: a server that forks and exits has ended)."""
 
-options (environment variable in brackets):
-  --base-url URL      where the server answers, passed to the warm-up and the gate as
-                      is (as WARMUP_BASE_URL, out of their command lines); user:pass@
-                      in it is never shown, and sent (as Basic auth) only by the
-                      /health and ready checks [START_BASE_URL, default: from the
-                      server command's --port and --host, else http://127.0.0.1:8000;
-                      one that differs from them is a usage error]
-  --start-guard-s N   seconds from launch for /health to answer 200 [START_GUARD_S, 600]
-  --log-dir DIR       server.log, start.log, server.pid, records [START_LOG_DIR, ./logs]
-  --ready-file PATH   written only when the warm-up (and with --gate, the gate) passed
-                      the contract's plan, or the plan file WARMUP_PLAN names (pin its
-                      digest: qualify.py ready --plan-sha256); removed when a start
-                      launches. It names the server it vouches for (its process start,
-                      model): `qualify.py ready --ready-file PATH` says whether it is
-                      still true (a readiness probe); its folder must exist
-                      [START_READY_FILE]
-  --plan-sha256 HEX   the ready file (and --supervise's Ready) only for a pass of the
-                      plan of this SHA-256 (sha256sum FILE; the default plan's is
-                      offload/launch/plans/patch-note.json's) [START_PLAN_SHA256]
-  --require-chunk     nor for a pass that assumed the server's prefill chunk: pin
-                      --max-num-batched-tokens in the command [START_REQUIRE_CHUNK=1]
-  --textfile PATH     the warm-up and the gate also publish their result there for
-                      monitoring (node_exporter's textfile collector, *.prom), as
-                      WARMUP_TEXTFILE; every start rewrites it, a server that never
-                      became healthy too (success 0) [START_TEXTFILE, else
-                      WARMUP_TEXTFILE]
-  --no-warmup         start and guard only [START_WARMUP=0]
-  --rewarm            no start: warm again the server an earlier start.sh launched in
-                      LOG_DIR: under --supervise its owner runs it (its lines shown here);
-                      else here (server.pid must be alive and hold the port server.url
-                      names; the chunk from server.chunk when it names that server), the
-                      ready file removed first and written only if it passes, the
-                      textfile as a start's; exit 0 only when it passed (a pod whose
-                      warm-up failed: kubectl exec POD -c vllm -- /opt/offload/start.sh
-                      --rewarm)
-  --gate              after a passing warm-up, run `qualify.py gate` [START_GATE=1]
-  --gate-hard-s N     hard bound on the gate: TERM at N s, KILL 5 s later
-                      [START_GATE_HARD_S, 180]
-  --keep N            keep the records of the last N warm-ups (and gates) in the log
-                      folder, removing older ones, each named in start.log; 0 keeps
-                      every one [START_KEEP, 10]
-  --ready-port N      with --supervise: answer GET /ready on port N of every address,
-                      200 only while the warm-up (and gate) passed for the launched
-                      process, awake, not stopping; 503 naming the state otherwise (the
-                      pod's readiness probe, an httpGet) [START_READY_PORT, 0: none]
-  --supervise         a container's entry point: stay the server's parent, its output
-                      also on start.sh's own ("server| " before each line) and
-                      server.log rotated at START_LOG_MAX_BYTES (100 MiB; one old copy,
-                      server.log.1); pass TERM and INT on to the server process (it
-                      drains, then stops its engines). It owns readiness: it alone writes
-                      the ready file and the textfile's outcome, retries a warm-up the
-                      guard refused (backoff 2 s doubling to 30 s, within the start
-                      guard), takes readiness away on a sleep or another process on the
-                      port and warms again after the wake, runs --rewarm when asked
-                      (LOG_DIR/owner.sock), and says at a stop whether requests in flight
-                      were cut (WARN at launch without --shutdown-timeout). When
-                      the server ends, stop what is left of its group (KILL after
-                      START_STOP_GRACE_S) and exit: with its status when TERM or INT
-                      asked it to stop, else non-zero (a crash, or an exit 0 nobody
-                      asked for) [START_SUPERVISE=1]. Without it, server.log grows
-                      with the server's output: rotate it with copytruncate
-                      (logrotate), as start.sh keeps appending
-  -h, --help          this text
-  START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
-  and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
-  the warm-up and the gate unchanged (a WARN names one that made a custom plan), except
-  two that start.sh sets: WARMUP_BASE_URL (to the base URL) and WARMUP_CHUNK_TOKENS (from
-  the command's --max-num-batched-tokens, else server.log's start line; start.log says so).
+EPILOG = """\
+START_POLL_S (1), START_SAY_S (30: a "waiting" line while /health is not yet 200)
+and START_STOP_GRACE_S (10: TERM, then KILL) tune the waits. WARMUP_* variables reach
+the warm-up and the gate unchanged (a WARN names one that made a custom plan), except
+two that start.sh sets: WARMUP_BASE_URL (to the base URL) and WARMUP_CHUNK_TOKENS (from
+the command's --max-num-batched-tokens, else server.log's start line; start.log says so).
 
 Read the records before releasing HOLD, after OK as after WARN.
 
@@ -113,107 +48,187 @@ exit status:
   130  interrupted by INT (the server was stopped; with --rewarm, only the warm-up)
   143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up)"""
 
+
+def switch(text: str) -> bool:
+    """A START_* switch variable: 0 or 1."""
+    if text not in ("0", "1"):
+        raise ValueError(f"must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
+def sha256_hex(text: str) -> str:
+    """--plan-sha256: readyfile.sha256_type, loaded with the value."""
+    from argparse import ArgumentTypeError
+    from core.readyfile import sha256_type
+    try:
+        return sha256_type(text)
+    except ArgumentTypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# start.sh's settings: the parser's options, their variables and the help are made from
+# these rows (core.cli.Setting, as the warm-up's); a switch's variable is 0 or 1.
+OPTIONS = (
+    Setting("--base-url", "START_BASE_URL", str, DEFAULT_BASE_URL,
+            "where the server answers, passed to the warm-up and the gate as is (as "
+            "WARMUP_BASE_URL, out of their command lines); user:pass@ in it is never shown, "
+            "and sent (as Basic auth) only by the /health and ready checks; one that "
+            "differs from the server command's --port and --host is a usage error",
+            metavar="URL", shown="from the server command's --port and --host, else "
+                               "http://127.0.0.1:8000"),
+    Setting("--start-guard-s", "START_GUARD_S", whole(1, 9999999), 600,
+            "seconds from launch for /health to answer 200"),
+    Setting("--log-dir", "START_LOG_DIR", str, "./logs",
+            "server.log, start.log, server.pid, records", metavar="DIR"),
+    Setting("--ready-file", "START_READY_FILE", str, "",
+            "written only when the warm-up (and with --gate, the gate) passed the "
+            "contract's plan, or the plan file WARMUP_PLAN names (pin its digest: qualify.py "
+            "ready --plan-sha256); removed when a start launches. It names the server it "
+            "vouches for (its process start, model): `qualify.py ready --ready-file PATH` "
+            "says whether it is still true (a readiness probe); its folder must exist",
+            metavar="PATH", shown="none"),
+    Setting("--plan-sha256", "START_PLAN_SHA256", sha256_hex, "",
+            "the ready file (and --supervise's Ready) only for a pass of the plan of this "
+            "SHA-256 (sha256sum FILE; the default plan's is "
+            "offload/launch/plans/patch-note.json's)", metavar="HEX", shown="any"),
+    Setting("--textfile", "START_TEXTFILE", str, "",
+            "the warm-up and the gate also publish their result there for monitoring "
+            "(node_exporter's textfile collector, *.prom), as WARMUP_TEXTFILE; every start "
+            "rewrites it, a server that never became healthy too (success 0)",
+            metavar="PATH", shown="$WARMUP_TEXTFILE"),
+    Setting("--gate-hard-s", "START_GATE_HARD_S", seconds(86400), 180,
+            "hard bound on the gate: TERM at N s, KILL 5 s later"),
+    Setting("--keep", "START_KEEP", whole(0, 99999), 10,
+            "keep the records of the last N warm-ups (and gates) in the log folder, "
+            "removing older ones, each named in start.log; 0 keeps every one"),
+    Setting("--ready-port", "START_READY_PORT", whole(0, 65535), 0,
+            "with --supervise: answer GET /ready on port N of every address, 200 only while "
+            "the warm-up (and gate) passed for the launched process, awake, not stopping; "
+            "503 naming the state otherwise (the pod's readiness probe, an httpGet); 0: none"),
+)
+SWITCHES = (                               # (flag, variable, the value the flag gives, help)
+    ("--require-chunk", "START_REQUIRE_CHUNK", True,
+     "nor for a pass that assumed the server's prefill chunk: pin --max-num-batched-tokens "
+     "in the command"),
+    ("--no-warmup", "START_WARMUP", False, "start and guard only"),
+    ("--gate", "START_GATE", True, "after a passing warm-up, run `qualify.py gate`"),
+    ("--supervise", "START_SUPERVISE", True,
+     "a container's entry point: stay the server's parent, its output also on start.sh's "
+     "own ('server| ' before each line) and server.log rotated at START_LOG_MAX_BYTES "
+     "(100 MiB; one old copy, server.log.1); pass TERM and INT on to the server process (it "
+     "drains, then stops its engines). It owns readiness: it alone writes the ready file "
+     "and the textfile's outcome, retries a warm-up the guard refused (backoff 2 s doubling "
+     "to 30 s, within the start guard), takes readiness away on a sleep or another process "
+     "on the port and warms again after the wake, runs --rewarm when asked "
+     "(LOG_DIR/owner.sock), and says at a stop whether requests in flight were cut (WARN at "
+     "launch without --shutdown-timeout). When the server ends, stop what is left of its "
+     "group (KILL after START_STOP_GRACE_S) and exit: with its status when TERM or INT "
+     "asked it to stop, else non-zero (a crash, or an exit 0 nobody asked for). Without "
+     "it, server.log grows with the server's output: rotate it with copytruncate "
+     "(logrotate), as start.sh keeps appending"),
+)
+REWARM_HELP = (
+    "no start: warm again the server an earlier start.sh launched in LOG_DIR: under "
+    "--supervise its owner runs it (its lines shown here); else here (server.pid must be "
+    "alive and hold the port server.url names; the chunk from server.chunk when it names "
+    "that server), the ready file removed first and written only if it passes, the "
+    "textfile as a start's; exit 0 only when it passed (a pod whose warm-up failed: "
+    "kubectl exec POD -c vllm -- /opt/offload/start.sh --rewarm)")
+TUNING = (                                 # variables only: (variable, parse, default)
+    ("START_POLL_S", number_type(float, lambda v: 0.01 <= v <= 60,
+                                 "must be a number of seconds from 0.01 to 60", "seconds"), 1.0),
+    ("START_SAY_S", whole(1, 999999), 30),
+    ("START_STOP_GRACE_S", whole(0, 99999), 10),
+    ("START_LOG_MAX_BYTES", whole(1, 10 ** 12 - 1), 100 * 1024 * 1024),
+)
+
+
 class Usage(Exception):
     """A usage error: nothing has been launched (exit 2)."""
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's wording for a bad flag, raised as Usage (start.sh publishes it first)."""
+
+    def error(self, message: str):
+        hint = " (the server command goes after --)" if "unrecognized" in message else ""
+        raise Usage(message + hint)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="start.sh", allow_abbrev=False, description=DESCRIPTION, add_help=False,
+                    epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    usage="start.sh [options] -- <server command and its arguments>")
+    for setting in OPTIONS:
+        setting.add_to(parser)
+    for flag, variable, given, help_text in SWITCHES:
+        parser.add_argument(flag, action="store_const", const=given, default=None,
+                            help=f"{help_text} (or {variable}={int(given)})")
+    parser.add_argument("--rewarm", action="store_true", help=REWARM_HELP)
+    parser.add_argument("-h", "--help", action="store_true", help="this text")
+    return parser
+
 
 class Settings:
-    """start.sh's settings, checked; the server command after --."""
-
-    DEFAULTS = {                          # setting: (its variable, its default)
-        "base_url": ("START_BASE_URL", DEFAULT_BASE_URL),
-        "guard_s": ("START_GUARD_S", "600"), "log_dir": ("START_LOG_DIR", "./logs"),
-        "ready_file": ("START_READY_FILE", ""), "textfile": ("START_TEXTFILE", ""),
-        "warmup": ("START_WARMUP", "1"), "gate": ("START_GATE", "0"),
-        "supervise": ("START_SUPERVISE", "0"), "gate_hard_s": ("START_GATE_HARD_S", "180"),
-        "poll_s": ("START_POLL_S", "1"), "say_s": ("START_SAY_S", "30"),
-        "stop_grace_s": ("START_STOP_GRACE_S", "10"), "keep": ("START_KEEP", "10"),
-        "log_max_bytes": ("START_LOG_MAX_BYTES", "104857600"),
-        "ready_port": ("START_READY_PORT", "0"),
-        "plan_sha256": ("START_PLAN_SHA256", ""), "require_chunk": ("START_REQUIRE_CHUNK", "0"),
-    }
+    """start.sh's settings, typed as parsed; the server command after --."""
 
     def __init__(self, argv: list[str], env: dict):
         self.env = env
-        self.source = {}                  # where each value came from: a variable, a flag
-        for name, (variable, default) in self.DEFAULTS.items():
-            setattr(self, name, env.get(variable, default))
-            self.source[name] = variable
-        if not self.textfile and env.get("WARMUP_TEXTFILE"):   # the helpers' own variable
-            self.textfile, self.source["textfile"] = env["WARMUP_TEXTFILE"], "WARMUP_TEXTFILE"
+        self.source = {}                  # where each value came from: a flag or a variable
         self.command: list[str] = []
-        self.help = False
-        self.rewarm = False               # --rewarm: warm the server LOG_DIR names again
-        self.problem = ""                 # a bad command line, raised by check()
+        self.help = self.rewarm = False   # --rewarm: warm the server LOG_DIR names again
+        self.problem = ""                 # a bad command line or variable, raised by check()
+        for setting in OPTIONS:
+            setattr(self, setting.dest, setting.default)
+            self.source[setting.dest] = setting.variable
+        for flag, variable, given, _ in SWITCHES:
+            setattr(self, flag.lstrip("-").replace("no-", "").replace("-", "_"), not given)
+        for variable, _, default in TUNING:
+            setattr(self, variable[6:].lower(), default)
+        self.textfile = env.get("START_TEXTFILE") or env.get("WARMUP_TEXTFILE", "")
+        if not env.get("START_TEXTFILE") and self.textfile:   # the helpers' own variable
+            self.source["textfile"] = "WARMUP_TEXTFILE"
+        head = argv[:argv.index("--")] if "--" in argv else argv
+        self.command = argv[len(head) + 1:]
         try:
-            self._parse(argv)
+            args = build_parser().parse_args(head)
+            self.help = args.help
+            self.read(args, env)
         except Usage as exc:              # where a usage error is published still counts
             self.problem = str(exc)
             self.textfile = textfile_given(argv, self.textfile)
 
-    VALUED = {"--base-url": "base_url", "--start-guard-s": "guard_s", "--log-dir": "log_dir",
-              "--ready-file": "ready_file", "--textfile": "textfile",
-              "--gate-hard-s": "gate_hard_s", "--keep": "keep", "--ready-port": "ready_port",
-              "--plan-sha256": "plan_sha256"}
-    SWITCHES = {"--no-warmup": ("warmup", "0"), "--supervise": ("supervise", "1"),
-                "--gate": ("gate", "1"), "--require-chunk": ("require_chunk", "1")}
-
-    def _parse(self, argv: list[str]) -> None:
-        args = list(argv)
-        while args:
-            arg = args.pop(0)
-            if arg in ("-h", "--help"):
-                self.help = True
-                return
-            if arg == "--":
-                self.command = args
-                return
-            if arg == "--rewarm":
-                self.rewarm = True
-            elif arg in self.SWITCHES:
-                name, value = self.SWITCHES[arg]
-                setattr(self, name, value)
-            elif arg in self.VALUED:
-                if not args:
-                    raise Usage(f"{arg} needs a value")
-                setattr(self, self.VALUED[arg], args.pop(0))
-                self.source[self.VALUED[arg]] = arg
-            else:
-                raise Usage(f"unknown option '{arg}' (the server command goes after --)")
+    def read(self, args: argparse.Namespace, env: dict) -> None:
+        """Each value from its flag, else its variable, else its default; Usage naming a
+        variable that is not one (core.cli.given_value's wording)."""
+        try:
+            for setting in OPTIONS:
+                value, where = setting.value(args, env)
+                if where is not None:
+                    setattr(self, setting.dest, value)
+                    self.source[setting.dest] = setting.flag if where.startswith("--") \
+                        else setting.variable
+            for flag, variable, given, _ in SWITCHES:
+                name = flag.lstrip("-").replace("no-", "").replace("-", "_")
+                value = getattr(args, flag.lstrip("-").replace("-", "_"))
+                setattr(self, name, value if value is not None else given_value(
+                    None, flag, variable, switch, not given, env)[0])
+            for variable, parse, default in TUNING:
+                setattr(self, variable[6:].lower(),
+                        given_value(None, "", variable, parse, default, env)[0])
+        except UsageError as exc:
+            raise Usage(str(exc)) from None
+        self.rewarm = args.rewarm
 
     def check(self) -> None:
-        """Every value checked, then typed once (whole numbers int, seconds float, the
-        switches bool), the folders tried; Usage naming the first bad one."""
+        """Every value checked together, the folders tried; Usage naming the first bad one."""
         if self.problem:
             raise Usage(self.problem)
-        for name in ("warmup", "gate", "supervise", "require_chunk"):
-            if getattr(self, name) not in ("0", "1"):
-                raise Usage(f"START_{name.upper()} must be 0 or 1, got '{getattr(self, name)}'")
-            setattr(self, name, getattr(self, name) == "1")
         if self.rewarm:
             check_rewarm(self)
         elif not self.command:
             raise Usage("no server command: start.sh [options] -- vllm serve MODEL ...")
-        check_whole(self.guard_s, 6, self.source["guard_s"], "seconds from 1 to 9999999")
-        if not NUMBER.fullmatch(self.poll_s) or not 0.01 <= float(self.poll_s) <= 60:
-            raise Usage(f"START_POLL_S must be a number of seconds from 0.01 to 60, got "
-                        f"'{self.poll_s}'")
-        check_whole(self.say_s, 5, "START_SAY_S", "whole seconds from 1 to 999999",
-                    prefix="must be ")
-        check_whole(self.stop_grace_s, 4, "START_STOP_GRACE_S",
-                    "whole seconds from 0 to 99999", prefix="must be ", zero=True)
-        check_whole(self.keep, 4, self.source["keep"], "runs from 0 to 99999", zero=True)
-        check_whole(self.log_max_bytes, 12, "START_LOG_MAX_BYTES", "bytes from 1 up",
-                    prefix="must be ")
         check_readiness(self)
-        if not NUMBER.fullmatch(self.gate_hard_s) or float(self.gate_hard_s) == 0:
-            raise Usage(f"{self.source['gate_hard_s']} must be a positive number of seconds, "
-                        f"got '{self.gate_hard_s}'")
-        for name in ("guard_s", "say_s", "stop_grace_s", "keep", "log_max_bytes",
-                     "ready_port"):
-            setattr(self, name, int(getattr(self, name)))
-        self.poll_s, self.gate_hard_s = float(self.poll_s), float(self.gate_hard_s)
         if self.source["base_url"] == "START_BASE_URL" and "START_BASE_URL" not in self.env:
             self.base_url = command_url(self.command)     # the port, said once
             self.source["base_url"] = "the server command's --port and --host"
@@ -224,8 +239,6 @@ class Settings:
             check_ready_place(self.source["ready_file"], self.ready_file)
         if self.textfile:
             check_file_place(self.source["textfile"], self.textfile)
-        from core.transport import UsageError
-        from core.transport import parse_base_url
         try:
             self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
         except UsageError as exc:
@@ -262,22 +275,12 @@ class Settings:
 
 
 def check_readiness(settings: Settings) -> None:
-    """Usage unless START_READY_PORT is a port, given only with --supervise (or --rewarm,
-    which shares the pod's variables), and START_PLAN_SHA256 a digest (then typed)."""
-    check_whole(settings.ready_port, 5, settings.source["ready_port"],
-                "a port from 0 to 65535", prefix="must be ", zero=True)
-    if int(settings.ready_port) > 65535 or int(settings.ready_port) and not (
-            settings.supervise or settings.rewarm):
+    """Usage unless START_READY_PORT is given only with --supervise (or --rewarm, which
+    shares the pod's variables)."""
+    if settings.ready_port and not (settings.supervise or settings.rewarm):
         raise Usage(f"{settings.source['ready_port']} must be a port from 1 to 65535, and "
                     f"only with --supervise (its owner answers it), got "
                     f"'{settings.ready_port}'")
-    if settings.plan_sha256:
-        from argparse import ArgumentTypeError
-        from core.readyfile import sha256_type
-        try:
-            settings.plan_sha256 = sha256_type(settings.plan_sha256)
-        except ArgumentTypeError as exc:
-            raise Usage(f"{settings.source['plan_sha256']} {exc}") from None
 
 
 def check_log_dir(settings: Settings) -> None:
@@ -353,14 +356,6 @@ def os_problem(exc: OSError) -> str:
     """An OSError as one line naming its file: 'cannot write PATH: no space left ...'."""
     return f"cannot write {exc.filename}: {os_reason(exc)}" if exc.filename else \
         f"{type(exc).__name__}: {os_reason(exc)}"
-
-
-def check_whole(value: str, digits: int, source: str, what: str,
-                prefix: str = "must be a whole number of ", zero: bool = False) -> None:
-    """Usage unless value is a whole decimal number without a leading zero (0 too, with
-    zero)."""
-    if not re.fullmatch(("0|" if zero else "") + WHOLE % digits, value):
-        raise Usage(f"{source} {prefix}{what}, got '{value}'")
 
 
 def check_file_place(option: str, path: str) -> None:

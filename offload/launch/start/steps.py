@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from core.cli import number_in, seconds, whole
 from core.contract import NOT_REPORTED, chunk_said, read_plan
 from core.files import open_own, remove_regular
 from core.runframe import records_name
@@ -30,7 +31,7 @@ from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
                           refuse_a_running_server, wait_ready)
 from start.server_command import logged_chunk
-from start.settings import NUMBER, Settings, Usage, check_file_place, os_problem
+from start.settings import Settings, Usage, check_file_place, os_problem
 from start.supervisor import shell_status, size_of
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
@@ -369,8 +370,7 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
         return asked
     read = {name: read_small(os.path.join(settings.log_dir, name))
             for name in ("server.pid", "server.url", "server.chunk")}
-    pid = int(read["server.pid"]) if read["server.pid"].isascii() and \
-        read["server.pid"].isdigit() and 1 < int(read["server.pid"]) < 1 << 22 else 0
+    pid = number_in(read["server.pid"], whole(2, (1 << 22) - 1)) or 0
     try:
         settings.target = parse_base_url(read["server.url"], "server.url")
     except UsageError:
@@ -391,7 +391,7 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     server = AttachedServer(settings, log, pid)
     env = settings.server_env()
     chunk, _, owner = read["server.chunk"].partition(" ")
-    kept = chunk.isascii() and chunk.isdigit() and owner == str(pid)
+    kept = number_in(chunk, whole(1, 1 << 30)) is not None and owner == str(pid)
     if kept:
         env["WARMUP_CHUNK_TOKENS"] = chunk
     interrupt_while_starting()
@@ -419,7 +419,7 @@ def rewarm_bound_s(settings: Settings) -> float:
     """How long start.sh --rewarm waits for the owner: a warm-up and a gate under their
     hard bounds, one more that may be running, and a margin."""
     hard = settings.env.get("WARMUP_HARD_S", "")
-    hard_s = float(hard) if NUMBER.fullmatch(hard) else 95.0
+    hard_s = number_in(hard, seconds(86400)) or 95.0
     return 2 * (hard_s + KILL_AFTER_S) + (settings.gate_hard_s + KILL_AFTER_S
                                           if settings.gate else 0) + 30
 

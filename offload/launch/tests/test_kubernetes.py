@@ -29,10 +29,8 @@ import urllib.error
 import urllib.request
 
 from support import FAKE, REPO, HelperCase, free_port, read_records, send_completion
-from start.settings import Settings  # noqa: E402  (support puts offload/launch on sys.path)
+from start.settings import OPTIONS  # noqa: E402  (support puts offload/launch on sys.path)
 from start.steps import KILL_AFTER_S  # noqa: E402
-
-DEFAULTS = Settings.DEFAULTS
 
 PACKAGE = os.path.join(REPO, "offload", "deploy", "kubernetes")
 MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
@@ -185,13 +183,13 @@ class TestPackage(unittest.TestCase):
         self.assertEqual(deployment["spec"]["strategy"],
                          {"type": "RollingUpdate",
                           "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}})
-        defaults = {name: float(default) for name, (_, default) in DEFAULTS.items()
-                    if name in ("guard_s", "gate_hard_s")}
+        defaults = {s.dest: float(s.default) for s in OPTIONS
+                    if s.dest in ("start_guard_s", "gate_hard_s")}
         with open(os.path.join(REPO, "offload", "launch", "warmup_serve.sh")) as handle:
             wrapper = handle.read()
         hard_s = float(re.search(r"WARMUP_HARD_S:-([0-9]+)", wrapper)[1])
         kill_s = float(re.search(r"KILL_AFTER_S=([0-9]+)", wrapper)[1])
-        worst = defaults["guard_s"] + hard_s + kill_s + defaults["gate_hard_s"] + KILL_AFTER_S
+        worst = defaults["start_guard_s"] + hard_s + kill_s + defaults["gate_hard_s"] + KILL_AFTER_S
         probe = container(deployment)["startupProbe"]["periodSeconds"]
         self.assertGreater(deployment["spec"]["progressDeadlineSeconds"], worst + probe,
                            "a rollout waits out the slowest start that can still pass")

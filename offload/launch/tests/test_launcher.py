@@ -90,10 +90,32 @@ class TestStart(StartCase):
                 result = self.refused("--log-dir", self.tmp, "--", "true",
                                       env={"START_POLL_S": poll})
                 self.assertEqual(result.code, 2, result.stderr)
-                self.assertIn("START_POLL_S must be a number of seconds from 0.01 to 60",
+                self.assertIn("START_POLL_S: must be a number of seconds from 0.01 to 60",
                               result.stderr)
         named = self.refused("--", "true", env={"START_LOG_DIR": "/proc/1"})
         self.assertIn("START_LOG_DIR '/proc/1'", named.stderr, "named as the variable")
+
+    def test_start_sh_reads_its_settings_through_argparse_and_one_grammar(self):
+        # C3 (55): flags by argparse, each with its START_* variable through core/cli.
+        read = Settings(["--keep", "010", "--gate", "--", "vllm"],
+                        {"START_STOP_GRACE_S": "08", "START_POLL_S": "0.5",
+                         "START_SUPERVISE": "1", "START_KEEP": "3"})
+        self.assertEqual((read.problem, read.keep, read.stop_grace_s, read.poll_s, read.gate,
+                          read.supervise, read.warmup, read.command),
+                         ("", 10, 8, 0.5, True, True, True, ["vllm"]))
+        self.assertEqual((read.source["keep"], read.source["start_guard_s"]),
+                         ("--keep", "START_GUARD_S"))
+        for argv, env, said in (
+                (["--keep"], {}, "argument --keep: expected one argument"),
+                (["--keep", "1e2"], {}, "argument --keep: must be a whole number from 0 to "
+                                        "99999, got '1e2'"),
+                (["vllm"], {}, "unrecognized arguments: vllm (the server command goes after "
+                               "--)"),
+                ([], {"START_GATE": "yes"}, "START_GATE: must be 0 or 1, got 'yes'"),
+                ([], {"START_SAY_S": "\u0665"}, "START_SAY_S: must be a whole number from 1 "
+                                                "to 999999")):
+            with self.subTest(argv=argv, env=env):
+                self.assertIn(said, Settings([*argv, "--", "vllm"], env).problem)
 
     def test_the_ready_file_is_the_launcher_s_alone(self):
         settings = Settings(["--", "vllm"], {"WARMUP_READY_FILE": "/run/elsewhere",
@@ -443,7 +465,7 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
     def test_usage_errors(self):
         for args, env in ((["--start-guard-s", "soon", "--", "true"], {}), (["--bogus"], {}),
                           ([], {}), (["--start-guard-s", "9223372036854775808", "--", "true"], {}),
-                          (["--", "true"], {"START_STOP_GRACE_S": "08"}),
+                          (["--", "true"], {"START_STOP_GRACE_S": "8.5"}),
                           (["--base-url", "http://admin:Hunter2secret/x@127.0.0.1:9", "--",
                             "true"], {})):
             with self.subTest(args=args, env=env):
@@ -1019,9 +1041,9 @@ class TestStartSaysItWaits(StartCase):
     def test_a_bad_start_variable_is_named(self):
         result = self.refused("--", *self.fake(), env={"START_GUARD_S": "soon"})
         self.assertEqual(result.code, 2)
-        self.assertIn("START_GUARD_S must be a whole number", result.stderr)
+        self.assertIn("START_GUARD_S: must be a whole number", result.stderr)
         flagged = self.refused("--start-guard-s", "soon", "--", *self.fake())
-        self.assertIn("--start-guard-s must be a whole number", flagged.stderr)
+        self.assertIn("argument --start-guard-s: must be a whole number", flagged.stderr)
 
 
 class TestStartWarnsOnACustomPlan(StartCase):

@@ -21,9 +21,9 @@ from support import LAUNCH, PACKAGES, copy_product, product_files
 # core and tools, never start; start/ (the launcher's internals) imports all three.
 LAYERS = {
     "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
-    "core.transport": 0, "core.values": 0, "start.server_command": 0, "tools.procfs": 0, "core.files": 0.05,
-    "core.cli": 0.1,
-    "start.processes": 0.1,
+    "core.transport": 0, "core.values": 0, "start.server_command": 0, "core.files": 0.05,
+    "core.cli": 0.1, "tools.procfs": 0.15,
+    "start.processes": 0.16,
     "core.records": 0.2,
     "core.textfile": 0.5,
     "core.runframe": 1, "start.supervisor": 1.1, "core.ending": 1.2, "core.locks": 1.5,
@@ -70,7 +70,32 @@ def modules() -> dict[str, str]:
     return found
 
 
+# Numbers the house reads from its own flags, variables and files go through core/cli.NUMBER
+# (number_type, whole, seconds, number_in). Other grammars are other people's: the wire's
+# (HTTP, Prometheus text, a metric's labels), vLLM's own (its human-readable token counts),
+# and names that hold digits (a records file's name, a described value).
+OTHER_GRAMMARS = {"core.transport", "core.vllm_metrics", "start.server_command",
+                  "start.steps", "core.records", "core.cli"}
+DIGIT_SPELLINGS = re.compile(r"\.is(?:digit|decimal|numeric)\(|\[0-9\]|\\d")
+
+
 class TestLayers(unittest.TestCase):
+    def test_one_number_grammar_and_its_callers(self):
+        callers, spelled = set(), {}
+        for name, path in modules().items():
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+            if re.search(r"\b(?:number_type|whole|seconds|number_in)\(", text):
+                callers.add(name)
+            found = DIGIT_SPELLINGS.findall(text)
+            if found and name not in OTHER_GRAMMARS:
+                spelled[name] = found
+        self.assertEqual(spelled, {}, "a number read another way than core/cli.NUMBER")
+        self.assertEqual(sorted(callers), sorted(
+            ["core.cli", "core.runframe", "core.vllm_client", "start.owner", "start.processes",
+             "start.settings", "start.steps", "tools.gate", "tools.probe", "tools.procfs",
+             "tools.ready", "tools.report", "warmup"]), "the callers of the one grammar")
+
     def test_every_module_has_a_layer(self):
         self.assertEqual(sorted(modules()), sorted(LAYERS),
                          "a new module of offload/launch/ needs its layer in LAYERS")

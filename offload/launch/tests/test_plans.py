@@ -297,4 +297,4 @@ class TestAPassSaysWhatItAssumed(StartCase):
         self.assertFalse(os.path.exists(self.ready))
         bad = self.refused("--plan-sha256", "xyz", "--", "true")
         self.assertEqual(bad.code, 2)
-        self.assertIn("--plan-sha256 must be a SHA-256 digest", bad.stderr)
+        self.assertIn("argument --plan-sha256: must be a SHA-256 digest", bad.stderr)

@@ -6,9 +6,10 @@ answer is None: what cannot be seen is not trusted. The readiness probe's and th
 from __future__ import annotations
 
 import os
-import re
 
-DIGITS = re.compile(r"[0-9]{1,10}")          # str.isdigit() would take "²"
+from core.cli import number_in, whole
+
+PROCESS_ID = whole(0, 9999999999)            # a pid or a group in /proc (NUMBER's grammar)
 
 
 def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int, int] | None:
@@ -20,9 +21,9 @@ def proc_stat(pid: str, proc: str = "/proc") -> tuple[str, int, int] | None:
     except OSError:
         return None
     fields = line[line.rfind(")") + 2:].split()     # the name may hold spaces and ')'
-    if len(fields) < 4 or not DIGITS.fullmatch(fields[2]) or not DIGITS.fullmatch(fields[3]):
-        return None
-    return fields[0], int(fields[2]), int(fields[3])
+    group, session = (number_in(f, PROCESS_ID) for f in fields[2:4]) if len(fields) > 3 \
+        else (None, None)
+    return None if group is None or session is None else (fields[0], group, session)
 
 
 def listening_inodes(port: int, proc: str = "/proc") -> set[str] | None:
@@ -68,7 +69,7 @@ def port_owners(port: int, proc: str = "/proc") -> list[tuple[int, int]] | None:
     wanted = {f"socket:[{inode}]" for inode in inodes}
     owners, seen = [], set()
     for name in os.listdir(proc):
-        if not DIGITS.fullmatch(name):
+        if number_in(name, PROCESS_ID) is None:
             continue
         try:
             fds = os.listdir(os.path.join(proc, name, "fd"))

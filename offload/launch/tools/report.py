@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 
 from core.contract import batch_name, chunk_said, identity, read_plan
@@ -27,7 +26,7 @@ from core.readyfile import last_gauges, sha256_type
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
 from core.records import JUDGED, label, parts_text, shape_text, show
-from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit
+from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, number_in, whole
 from core.transport import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
@@ -429,22 +428,23 @@ def expect_k_type(text: str) -> dict:
     """An argparse type, either form: k by batch size, as the server's schedule says it
     ('1-2:5,3-4:4' -> {"batch": {1: 5, 2: 5, 3: 4, 4: 4}}), or k by wave ('B1=5,B3=4' ->
     {"wave": {"B1": 5, "B3": 4}})."""
-    batch = ":" in text
+    batch, size = ":" in text, whole(1, 99)
     expected: dict = {}
     for item in text.split(","):
         name, _, k = item.strip().partition(":" if batch else "=")
-        sizes = re.fullmatch(r"([1-9][0-9]?)(?:-([1-9][0-9]?))?", name) if batch else None
-        if not re.fullmatch(r"[0-9]{1,2}", k) or not 1 <= int(k) <= 64 or \
-                (sizes is None if batch else not re.fullmatch(r"B[1-9][0-9]?", name)):
+        low, _, high = name.partition("-")
+        sizes = (number_in(low, size), number_in(high if "-" in name else low, size)) \
+            if batch else None
+        if number_in(k, whole(1, 64)) is None or (None in sizes if batch else not (
+                name[:1] == "B" and number_in(name[1:], size))):
             raise argparse.ArgumentTypeError(
                 f"wants k by batch size such as 1-2:5,3-4:4, or WAVE=K pairs such as "
                 f"B1=5,B3=4 (K from 1 to 64, in ASCII digits); got {clean_text(text, 80)!r}")
-        if batch and sizes[2] and int(sizes[2]) < int(sizes[1]):
+        if batch and sizes[1] < sizes[0]:
             raise argparse.ArgumentTypeError(
                 f"the range {name} is written high to low: write it low to high "
-                f"({sizes[2]}-{sizes[1]}); got {clean_text(text, 80)!r}")
-        keys = range(int(sizes[1]), int(sizes[2] or sizes[1]) + 1) if batch else [name]
-        for key in keys:
+                f"({high}-{low}); got {clean_text(text, 80)!r}")
+        for key in range(sizes[0], sizes[1] + 1) if batch else [name]:
             if key in expected:
                 raise argparse.ArgumentTypeError(f"names {key} twice; got {text!r}")
             expected[key] = int(k)
