@@ -9,6 +9,18 @@ import stat
 from core.transport import MAX_BODY_BYTES, decode_json
 
 
+def regular(path: str) -> bool | None:
+    """The one rule for a file of ours: True for a regular file (never a link), False for
+    anything else there (a link, FIFO, device, folder, or what cannot be looked at), None
+    for nothing."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return False
+
+
 def open_regular(path: str):
     """A regular file opened for reading without blocking on a FIFO; OSError otherwise."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -23,8 +35,7 @@ def open_regular(path: str):
 
 
 def open_own(path: str, mode: str = "ab"):
-    """A file this program writes (a log, a pid file), opened to append ("ab", "a") or
-    rewrite ("w"), never through a link (ELOOP): what is planted there is not written."""
+    """A file of ours (a log, a pid file) opened to append or rewrite, never through a link."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (
         os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
     fd = os.open(path, flags, 0o644)          # a FIFO planted there never blocks the open
@@ -50,13 +61,7 @@ def _temporary_beside(path: str) -> tuple[int, str, str | None]:
     """A new temporary file beside `path`, which must be a regular file or nothing:
     (descriptor, its path, None), or (-1, '', why not)."""
     import tempfile
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        return -1, "", f"{exc.strerror or exc}"
-    if mode is not None and not stat.S_ISREG(mode):
+    if regular(path) is False:
         return -1, "", "not a regular file (a device, FIFO, link or folder is never replaced)"
     try:
         fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",
@@ -77,10 +82,8 @@ def writable(path: str) -> str | None:
 
 
 def write_atomically(path: str, text: str) -> str | None:
-    """Write a whole file at once: a new temporary file in the same folder (created
-    exclusively, never through a link), then a rename, so a reader sees the old file or
-    the new one, never half of it. Only a regular file (or nothing) is replaced: a device,
-    a FIFO, a link or a folder at the path is refused. None when written, else why not."""
+    """Write a whole file at once (a temporary file beside it, then a rename: a reader sees
+    the old or the new, never half), replacing only a regular file; None, or why not."""
     fd, temporary, why = _temporary_beside(path)
     if why:
         return why
@@ -101,7 +104,6 @@ def write_atomically(path: str, text: str) -> str | None:
 def remove_regular(path: str) -> tuple[bool | None, str]:
     """A regular file of ours removed, never a link: (True, ''), (None, '') none, (False, why)."""
     try:
-        return (os.remove(path) or True, "") if os.path.isfile(path) and \
-            not os.path.islink(path) else (None, "")
+        return (os.remove(path) or True, "") if regular(path) else (None, "")
     except OSError as exc:
         return False, exc.strerror or type(exc).__name__

@@ -17,7 +17,7 @@ import os
 import time
 
 from core.cli import EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_REFUSED, EXIT_USAGE, outcome
-from core.files import open_regular, write_atomically
+from core.files import open_regular, regular, write_atomically
 from core.transport import json_number, parse_prometheus
 
 # The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
@@ -148,7 +148,7 @@ def write_or_remove(path: str, text: str) -> str | None:
     if why is None:
         return None
     try:
-        if os.path.isfile(path) and not os.path.islink(path):
+        if regular(path):
             os.remove(path)
             return f"cannot write the textfile {path}: {why}; removed it (no older result stays)"
     except OSError as exc:

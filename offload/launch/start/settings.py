@@ -12,6 +12,7 @@ import os
 import re
 
 from core.cli import Setting, given_value, number_type, seconds, whole
+from core.files import regular
 from core.transport import DEFAULT_BASE_URL, UsageError, parse_base_url
 from start.server_command import (address_problem, command_url, flag_value, seconds_of,
                                   tokens_value)
@@ -293,7 +294,7 @@ def check_log_dir(settings: Settings) -> None:
                     f"({os_reason(exc)}); choose a writable folder") from None
     for name in ("start.log", "server.log", "server.pid", "server.url", "server.chunk"):
         path = os.path.join(settings.log_dir, name)
-        if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+        if regular(path) is False:
             raise Usage(f"{settings.source['log_dir']} '{settings.log_dir}': {name} is not a "
                         f"regular file (a link, FIFO or device: start.sh never writes "
                         f"through one); remove it or choose another folder")
@@ -363,5 +364,5 @@ def check_file_place(option: str, path: str) -> None:
     than a regular file (a device, FIFO or link) is there."""
     if not os.path.isdir(os.path.dirname(path) or "."):
         raise Usage(f"{option} '{path}': its folder does not exist; create it first")
-    if os.path.islink(path) or os.path.exists(path) and not os.path.isfile(path):
+    if regular(path) is False:
         raise Usage(f"{option} '{path}' is not a regular file (a device, FIFO or link)")

@@ -24,7 +24,7 @@ import time
 
 from core.cli import number_in, seconds, whole
 from core.contract import NOT_REPORTED, chunk_said, read_plan
-from core.files import open_own, remove_regular
+from core.files import open_own, regular, remove_regular
 from core.runframe import records_name
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log,
@@ -190,7 +190,7 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
         for name in os.listdir(folder):
             path = os.path.join(folder, name)
             if RECORDS_NAME.fullmatch(name) and name.startswith(kind + "-") and \
-                    name not in current and os.path.isfile(path) and not os.path.islink(path):
+                    name not in current and regular(path):
                 others.append((os.stat(path).st_mtime, name))
         mine = sum(1 for name in current if name.startswith(kind + "-")
                    and os.path.isfile(os.path.join(folder, name)))
