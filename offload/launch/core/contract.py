@@ -420,7 +420,6 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         skipped = recorded.get("engines_skipped", [])
         differs = differences(plan, skipped)
         structural += coverage_problems(plan, engines, records, judged, planned)
-        structural += claim_problems(recorded, differs)
         found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
         several = len({e for e in [*engines, *(
             skipped if isinstance(skipped, list) else [])] if type(e) is int}) > 1
@@ -568,15 +567,6 @@ def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: li
             problems.append(f"{len(cold)} wave(s) without exactly one wave record: "
                             f"{', '.join(f'{show(w)} engine {show(e)}' for e, w in cold[:5])}")
     return problems
-
-
-def claim_problems(recorded: dict, differs: list) -> list[str]:
-    """A run record whose plan claims the contract's plan, or another, against what its
-    plan is."""
-    if "contract" in recorded and recorded["contract"] is not (not differs):
-        return [f"the run record's plan says contract {show(recorded['contract'])}; its "
-                f"plan {'differs: ' + '; '.join(differs) if differs else 'is the reviewed one'}"]
-    return []
 
 
 def unguarded_waves(engines: list, records: list[dict], several: bool) -> list[str]:

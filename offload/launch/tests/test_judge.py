@@ -215,9 +215,12 @@ class TestTheVerdict(unittest.TestCase):
         late = decide_held(run_record("r", deadline_s=1.0), requests + wave_records("r"),
                            contract.Ending())
         self.assertIn("B1, B2, B3, B4 ended after the deadline (1 s)", late.problems)
-        claimed = decide_held(run_record("r", contract=False), requests +
-                              wave_records("r"), contract.Ending())
-        self.assertEqual(claimed.verdict, "fail")
+        lying = run_record("r", contract=False)
+        claimed = decide_held(lying, requests + wave_records("r"), contract.Ending())
+        self.assertEqual(readback.claims_problems(lying, summary_record("r", "pass", 0),
+                                                  claimed),
+                         ["the run record's plan says contract no; its plan is the reviewed "
+                          "one"], "the copies of a verdict are held in one place: readback")
         hostile = dict(requests[0], request_kind=[])
         self.assertEqual(self.decide([hostile] + requests[1:]).verdict, "fail",
                          "a value of the wrong type fails closed, without a traceback")

@@ -83,6 +83,18 @@ class TestRecordedClaimsAreNotTheVerdict(TruthCase):
         self.assertIn("engine 1 of the server (seen in this run's /metrics records) was not "
                       "warmed", text)
 
+    def test_a_run_record_claiming_the_contract_for_a_custom_plan_is_incomplete(self):
+        # The copies of a verdict are held against the records in one place (55, R7).
+        records = self.records_of("--tokens", "16")
+        for record in records:
+            if record["record"] == "run":
+                record["plan"].update(contract=True, differences=[])
+        got, text = self.report(records)
+        self.assertEqual(got, 1, text)
+        self.assertIn("the run record's plan says contract yes; its plan differs: tokens 16",
+                      text)
+        self.assertTrue(text.rstrip().splitlines()[-1].startswith("verdict: incomplete"), text)
+
     def test_a_file_not_read_to_its_end_says_so_on_its_last_line(self):
         records = self.records_of()
         got, text = self.report(records + [json.dumps({"record": "note", "x": "y" * (20 << 20)})])

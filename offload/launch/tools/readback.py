@@ -189,7 +189,7 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
     if repeated:
         found.append("its run id starts another run in this file too (a run written twice)")
     if summary is not None:
-        found += summary_problems(summary, decided)
+        found += claims_problems(run, summary, decided)
     if summary is None:
         verdict, code = "incomplete", EXIT_FAIL
     elif found or (summary["verdict"] in ("pass", "custom")
@@ -204,10 +204,16 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
             "evidence_problems": list(dict.fromkeys(found)), "records": records}
 
 
-def summary_problems(summary: dict, decided: Verdict) -> list[str]:
-    """Where a summary disagrees with its own records: a pass with problems, counts of
-    requests ok and planned that the records do not show."""
+def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[str]:
+    """The one place the copies of a verdict the writer left (the run record's plan, the
+    summary) are held against the verdict its records give: a pass with problems, counts,
+    the shape test's verdict, a claim of the contract's plan."""
     found = []
+    plan = (run or {}).get("plan", {})
+    differs = "; ".join(decided.differences)
+    if "contract" in plan and plan["contract"] is not (not differs):
+        found.append(f"the run record's plan says contract {show(plan['contract'])}; its "
+                     f"plan {'differs: ' + differs if differs else 'is the reviewed one'}")
     if summary["verdict"] == "pass" and summary["problems"]:
         found.append("the summary claims a pass and names problems")
     for key, want, differs in (
