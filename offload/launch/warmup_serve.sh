@@ -1,14 +1,8 @@
 #!/usr/bin/env bash
-# Run the warm-up helper under a hard wall-clock bound (offload/launch/CONTRACT.md, section 6).
-#
-# The helper keeps its own deadline (90 s by default), but a trickling read, a stuck
-# thread or a hung interpreter could outlive it; coreutils timeout makes the bound
-# absolute: everything this script runs, its interpreter check too, ends by
-# WARMUP_HARD_S (95 s by default), KILL 5 s later. The helper answers TERM by writing a
-# 'killed' summary; an ending the helper could not publish, this script publishes
-# (within PUBLISH_S). Exit status: the helper's, or timeout's 124 / 137.
-#
-# Usage: warmup_serve.sh [warmup.py options...]   (see: warmup_serve.sh --help)
+# Run the warm-up helper under a hard wall-clock bound (offload/launch/CONTRACT.md, section 6):
+# coreutils timeout ends its interpreter at WARMUP_HARD_S (95 s), KILL 5 s later, whatever
+# hangs; an ending the helper could not publish, this script publishes. Exit status: the
+# helper's, or timeout's 124 / 137. Usage: warmup_serve.sh [warmup.py options...]
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,22 +11,21 @@ readonly KILL_AFTER_S=5 PUBLISH_S=2
 child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 forwarded="" # the signal forwarded to timeout, if any
-bound_us=0   # when the hard bound falls (epoch microseconds)
-began_us=0   # when this script began (epoch microseconds)
+began_us=0 bound_us=0 # when this script began, and when the bound falls (epoch µs)
+ran=""       # the file the helper's interpreter writes first (proof that it ran)
 
-# The helper's entry point; argv[1] is the folder that holds warmup.py and the modules
-# it imports (the folder is one unit). prog makes --help and usage errors name the
-# program the operator ran. PUBLISH: an ending the helper did not publish (core/ending.py).
-readonly RUN_HELPER='import sys; sys.path.insert(0, sys.argv.pop(1)); import warmup;
+# The helper: Python 3.10+ writes the file argv[1] first (/bin/true, which runs nothing,
+# would exit 0), argv[2] is the folder (one unit). PUBLISH: core/ending.py.
+readonly RUN_HELPER='import sys
+if sys.version_info < (3, 10): sys.exit(2)
+open(sys.argv.pop(1), "w").write("ran"); sys.path.insert(0, sys.argv.pop(1)); import warmup
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import core.ending;
 core.ending.publish_ending(sys.argv[5:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
                            int(sys.argv[3]) / 1e6, int(sys.argv[4]))'
 
-# Publish an ending ($1: the exit status) the helper left unsaid, by python3 within
-# PUBLISH_S (the helper's interpreter may be what hung), and say how the helper ended
-# when it did not end by itself (the bound's TERM or KILL, a signal: core.ending.ending_said);
-# then return. Arguments: the status, then the helper's arguments.
+# Publish an ending the helper left unsaid (by python3: the helper's may hang), and say how
+# it ended when not by itself. Arguments: the status, then the helper's arguments.
 publish_ending() {
   local status="$1" said=""
   shift
@@ -42,68 +35,28 @@ publish_ending() {
   [[ -z "${said}" ]] || echo "warmup_serve.sh: ${said}" >&2
 }
 
-# End before the helper starts: the message, the ending published (no stale success
-# stays; nothing said of the bound: bound_us 0), then exit with the status. Arguments:
-# the status, the message, then the helper's arguments.
+# Say why the warm-up did not run, publish it, exit. Arguments: status, message, helper's.
 stop_early() {
   local status="$1" message="$2"
   shift 2
   echo "warmup_serve.sh: ${message}" >&2
-  bound_us=0
+  bound_us=0                          # nothing said of the bound
   publish_ending "${status}" "$@"
   exit "${status}"
 }
 
-# A process's exit status, waited for even when a trapped signal interrupts the wait.
-# Arguments: $1, the pid (a child of this shell).
+# A child's ($1) exit status, waited for even when a trapped signal interrupts the wait.
 wait_status() {
   local status=0
   wait "$1" || status=$?
-  while kill -0 "$1" 2>/dev/null; do   # the wait was interrupted by a signal
+  while kill -0 "$1" 2>/dev/null; do
     status=0
     wait "$1" || status=$?
   done
   return "${status}"
 }
 
-# Seconds (digits, maybe a fraction) as whole microseconds.
-micros() {
-  local whole="${1%%.*}" fraction=""
-  [[ "$1" == *.* ]] && fraction="${1#*.}"
-  fraction="${fraction}000000"
-  echo "$((10#${whole:-0} * 1000000 + 10#${fraction:0:6}))"
-}
-
-# What is left of the hard bound, as timeout takes it (seconds); false when nothing is
-# (timeout would read 0 as no bound at all).
-left_s() {
-  local left=$((bound_us - ${EPOCHREALTIME//[.,]/}))
-  ((left > 0)) || return 1
-  printf '%d.%06d' "$((left / 1000000))" "$((left % 1000000))"
-}
-
-# True when the command runs Python 3.10 or later within what is left of the bound (an
-# interpreter that runs nothing, such as /bin/true, would make a run that never happened
-# exit 0); 124/137 when it did not answer in time. Its answer is read with read -t, never
-# to the end of its output: a child it left holding stdout cannot hold this script.
-# Arguments: $1, the interpreter.
-runs_python() {
-  local said="" status=0 left out checker
-  command -v "$1" >/dev/null || return 1
-  left="$(left_s)" || return 124
-  exec {out}< <(exec timeout --kill-after=1s "${left}" "$1" -I -S -c \
-    'import sys; print(sys.version_info >= (3, 10))' 2>/dev/null)
-  checker=$!
-  read -r -t "${left}" said <&"${out}" || true
-  exec {out}<&-
-  wait_status "${checker}" || status=$?
-  ((status == 124 || status == 137)) && return "${status}"
-  [[ "${said}" == "True" ]]
-}
-
-# Forward a signal to the helper's timeout (which passes it on to the helper), or
-# remember it until timeout runs. Ctrl-C stays an INT (exit 130), a hangup a HUP (129).
-# Globals: child, pending, forwarded. Arguments: $1, the signal's name.
+# Forward a signal ($1) to timeout, or keep it until timeout runs: INT stays INT (130).
 forward_signal() {
   if [[ -n "${child}" ]]; then
     forwarded="$1"
@@ -114,46 +67,42 @@ forward_signal() {
 }
 
 main() {
-  local hard="${WARMUP_HARD_S:-95}" python="${WARMUP_PYTHON:-python3}" status=0
-  began_us="${EPOCHREALTIME//[.,]/}" # in whole microseconds (the separator: . or ,)
-  # The house's number grammar (core/cli.py NUMBER, a test feeds both the same values);
-  # at least 1 s (timeout treats 0 as no bound; less runs nothing), at most a day; a
-  # leading zero is decimal (10#), never octal: 08 is 8 seconds.
+  local hard="${WARMUP_HARD_S:-95}" python="${WARMUP_PYTHON:-python3}" status=0 signal
+  began_us="${EPOCHREALTIME//[.,]/}" # whole microseconds (the locale's separator: . or ,)
+  # core/cli.py's NUMBER (a test feeds both the same values), 1 s to a day; 08 is decimal.
   if ! [[ "${hard}" =~ ^0*[0-9]{1,5}([.][0-9]+)?$ ]] || ((10#${hard%%.*} < 1)) ||
     ((10#${hard%%.*} > 86400)) || [[ "${hard}" =~ ^0*86400[.][0-9]*[1-9] ]]; then
     stop_early 2 "WARMUP_HARD_S: must be a number of seconds from 1 to 86400, got '${hard}'" "$@"
   fi
   command -v timeout >/dev/null || stop_early 2 "coreutils 'timeout' is required" "$@"
-  bound_us=$((began_us + $(micros "${hard}")))
-  # The trap is set BEFORE anything starts: a TERM before the helper exists is
-  # remembered and forwarded as soon as it does (timeout runs in its own process group,
-  # so only the trap reaches it).
-  local signal
+  command -v "${python}" >/dev/null || stop_early 2 "'${python}' does not run Python 3.10 \
+or later (set WARMUP_PYTHON)" "$@"
+  local fraction="${hard#*.}000000"
+  [[ "${hard}" == *.* ]] || fraction="000000"
+  bound_us=$((began_us + 10#${hard%%.*} * 1000000 + 10#${fraction:0:6}))
+  # Set before anything starts: a TERM before the helper exists is forwarded once it does.
   # shellcheck disable=SC2064  # the signal's name is meant to be expanded now
   for signal in TERM INT HUP; do trap "forward_signal ${signal}" "${signal}"; done
-  runs_python "${python}" || status=$?
-  ((status != 124 && status != 137)) || stop_early 124 "'${python}' did not answer within \
-the hard bound (${hard} s): a hung interpreter (a stuck mount, a broken site-packages?); \
-nothing was sent" "$@"
+  ran="$(mktemp)" || stop_early 2 "cannot create a temporary file in ${TMPDIR:-/tmp}" "$@"
+  trap 'rm -f "${ran}"' EXIT
+  # The helper records the bound's TERM as 124 from then on; -I -S: no PYTHON*, no site.
+  export WARMUP_HARD_BOUND_AT="$((bound_us / 1000000))" WARMUP_HARD_S="${hard}"
   [[ -z "${pending}" ]] || stop_early "$((128 + $(kill -l "${pending}")))" \
     "${pending} received before the warm-up began; nothing was sent" "$@"
-  ((status == 0)) || stop_early 2 "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
-  # The helper records the bound's TERM as 124 (rather than 143) from this time on.
-  export WARMUP_HARD_BOUND_AT="$((bound_us / 1000000))" WARMUP_HARD_S="${hard}"
-  # -I keeps PYTHON* variables and the current folder out, -S site-packages; imported,
-  # the helper's bytecode is cached beside it when that is writable.
-  local left
-  left="$(left_s)" ||                 # the check took the whole bound
-    stop_early 124 "the hard bound (${hard} s) passed before the warm-up began" "$@"
-  timeout --kill-after="${KILL_AFTER_S}s" "${left}" "${python}" -I -S -c "${RUN_HELPER}" \
-    "${HERE}" "$@" &
+  timeout --kill-after="${KILL_AFTER_S}s" "${hard}" "${python}" -I -S -c "${RUN_HELPER}" \
+    "${ran}" "${HERE}" "$@" &
   child=$!
   [[ -z "${pending}" ]] || forward_signal "${pending}"
   wait_status "${child}" || status=$?
   trap - TERM INT HUP
-  # A signal that reached timeout while it was still starting the helper can leave the
-  # helper behind it (in timeout's process group): pass the signal on to what is left.
+  # A signal that reached timeout as it started the helper: passed on to what is left.
   [[ -z "${forwarded}" ]] || kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
+  if [[ ! -s "${ran}" ]] && ((status == 124 || status == 137)); then
+    echo "warmup_serve.sh: '${python}' did not answer within the hard bound (${hard} s): a \
+hung interpreter (a stuck mount, a broken site-packages?); nothing was sent" >&2
+  elif [[ ! -s "${ran}" ]] && ((status < 129 || status > 159)); then
+    stop_early 2 "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
+  fi
   ((status == 0)) || publish_ending "${status}" "$@"
   return "${status}"
 }

@@ -165,6 +165,15 @@ class TestWrapperPublishes(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "usage")
         self.assertEqual(server.state.completions(), [])
 
+    def test_no_temporary_folder_is_a_usage_error_before_anything_is_sent(self):
+        server = self.start_fake(latency_s=0.01)
+        result = self.wrapper("--base-url", server.url, "--records", self.records_path,
+                              env={"TMPDIR": os.path.join(self.tmp, "gone")})
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertIn("cannot create a temporary file in", result.stderr)
+        self.assertEqual(verdict_of(self.textfile), "usage")
+        self.assertEqual(server.state.completions(), [])
+
     def test_a_kill_the_bound_did_not_make_is_named_as_such(self):
         server = self.start_fake(latency_s=2.0)
         proc = subprocess.Popen(["bash", WRAPPER, "--base-url", server.url, "--records",

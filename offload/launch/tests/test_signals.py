@@ -23,6 +23,11 @@ NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid
                                           "needs unshare and root for a new PID namespace")
 
 
+# An interpreter that starts running the helper (the file warmup_serve.sh gives it to prove
+# that, argv 5 after -I -S -c CODE, is written), then hangs.
+RAN_THEN_HANG = 'echo ran > "$5"\nexec sleep 60'
+
+
 def shim(folder: str, name: str, body: str) -> str:
     """An executable bash script standing in for the wrapper's interpreter."""
     path = os.path.join(folder, name)
@@ -54,8 +59,7 @@ class TestTheHardBoundComesFirst(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "killed")
 
     def test_a_helper_held_past_the_bound_is_said_and_published(self):
-        held = shim(self.tmp, "held-python", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
-                                             'exec sleep 60')     # checked, then it hangs
+        held = shim(self.tmp, "held-python", RAN_THEN_HANG)   # it runs, then it hangs
         result = self.wrapper({"WARMUP_PYTHON": held, "WARMUP_HARD_S": "1"})
         self.assertEqual(result.code, 124, result.stderr)
         self.assertIn("warmup_serve.sh: warm-up ended by the hard bound (TERM at 1 s, exit "
@@ -71,8 +75,7 @@ class TestTheHardBoundComesFirst(HelperCase):
     def test_a_helper_terminated_before_it_could_write_is_published_killed(self):
         # The helper's interpreter is TERMed before it runs a line (the first ~20 ms of a
         # warm-up): nothing of the helper's own could say so; the wrapper does.
-        early = shim(self.tmp, "early-term", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
-                                             'kill -s TERM $$')
+        early = shim(self.tmp, "early-term", 'kill -s TERM $$')
         server = self.start_fake(latency_s=0.01)
         result = self.wrapper({"WARMUP_PYTHON": early}, "--base-url", server.url)
         self.assertEqual(result.code, 143, result.stderr)
@@ -96,8 +99,7 @@ class TestTheHardBoundComesFirst(HelperCase):
                               text=True, env=dict(os.environ, **german), timeout=30).stdout
         if "," not in said:
             self.skipTest(f"no comma-decimal locale could be built here (bash said {said!r})")
-        hang = shim(self.tmp, "hang-after-check",
-                    f'[ $# -eq 4 ] && exec {sys.executable} "$@"\nexec sleep 60')
+        hang = shim(self.tmp, "hang-after-check", RAN_THEN_HANG)
         result = self.wrapper({"WARMUP_PYTHON": hang, "WARMUP_HARD_S": "2", **german},
                               "--base-url", "http://127.0.0.1:9")
         self.assertEqual(result.code, 124, result.stderr)
@@ -274,8 +276,7 @@ class TestStartClearsFirst(StartCase):
         self.assertIn("is missing", ready.stderr)
 
     def test_a_term_stops_the_step_start_sh_runs_and_all_it_left(self):
-        hang = shim(self.tmp, "hang-marker", f'[ $# -eq 4 ] && exec {sys.executable} "$@"\n'
-                                             'exec sleep 62.75')
+        hang = shim(self.tmp, "hang-marker", 'exec sleep 62.75')
         self.addCleanup(subprocess.run, ["pkill", "-f", "sleep 62.75"])
         proc = subprocess.Popen(["bash", START_SH, "--base-url", self.url, "--log-dir",
                                  self.logs, "--", *self.fake()], stdout=subprocess.DEVNULL,

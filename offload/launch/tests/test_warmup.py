@@ -583,11 +583,10 @@ class TestProcesses(HelperCase):
         server = self.start_fake(fault="trickle", fault_match="-B1-", trickle_interval_s=0.25)
         shim = os.path.join(self.tmp, "stuck-python")
         with open(shim, "w") as handle:
-            handle.write('#!/bin/bash\n# -I -S -c CODE FOLDER ARGS...: CODE after a clock that '
-                         'never runs out (the wrapper\'s version check, four arguments, '
-                         'as it is)\n[ $# -eq 4 ] && exec "$PYTHON" "$@"\n'
+            handle.write('#!/bin/bash\n# -I -S -c CODE RAN FOLDER ARGS...: CODE after a clock '
+                         'that never runs out\n'
                          'exec "$PYTHON" "$1" "$2" "$3" "import sys; '
-                         'sys.path.insert(0, sys.argv[1]); import core.transport as transport; '
+                         'sys.path.insert(0, sys.argv[2]); import core.transport as transport; '
                          'transport.Clock.remaining = lambda self: 1.0; $4" "${@:5}"\n')
         os.chmod(shim, 0o755)
         result = self.run_process(["bash", WRAPPER, "--base-url", server.url, "--records",
