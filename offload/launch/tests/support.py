@@ -29,6 +29,10 @@ FAKE = os.path.join(TESTS, "fake_vllm.py")
 # product and the fake are standard library only), which also spares each of several
 # hundred processes the site-packages' start-up (.pth files that import packages).
 PYTHON = (sys.executable, "-S")
+# What the tests start (start.sh, the wrapper) finds `python3` on PATH: the interpreter that
+# runs the tests, first (a version manager's shim, a shell script, costs each ~50 ms of CPU).
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable),
+                                      os.environ.get("PATH", "")])
 
 if LAUNCH not in sys.path:
     sys.path.insert(0, LAUNCH)

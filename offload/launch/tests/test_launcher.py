@@ -755,7 +755,7 @@ class TestWrapper(HelperCase):
 
 
 class TestSupervise(StartCase):
-    runs_long = 14                        # seconds on a quiet run: run.py starts it early
+    runs_long = 25                        # seconds on a quiet run: run.py starts it early
     def supervised(self, *launcher: str, server: list[str] | None = None,
                    stdout=subprocess.DEVNULL, env: dict | None = None) -> subprocess.Popen:
         """start.sh --supervise against the fake, as a process; running until it logs that

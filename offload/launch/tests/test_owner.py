@@ -145,6 +145,7 @@ class OwnerCase(StartCase):
 
 
 class TestOwnerAnswers(OwnerCase):
+    runs_long = 42                        # seconds on a quiet run: run.py starts it first
     def test_ready_by_http_only_while_warm_for_its_process_sleep_wake_rewarm_stop(self):
         proc = self.supervised("--dev-mode", "--max-num-batched-tokens", "4096")
         self.ready_answer(200)
@@ -319,7 +320,7 @@ class TestOwnerAnswers(OwnerCase):
 
 
 class TestOnlyTheCreatorVouches(StartCase):
-    runs_long = 6
+    runs_long = 14
 
     def rewarm(self) -> subprocess.CompletedProcess:
         """start.sh --rewarm on this test's folder and ready file (no owner: here)."""
