@@ -45,6 +45,7 @@ sys.path.insert(0, LAUNCH)
 
 from fake_vllm import FakeConfig, FakeServer  # noqa: E402
 from support import SilentServer  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.kinds as kinds  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
@@ -976,7 +977,7 @@ def bench_quick_read(reps: int) -> dict:
     ways = {"find": lambda: vllm_metrics.lines_naming(text, names),
             "per line": lambda: "\n".join(line for line in text.split("\n")
                                            if any(name in line for name in names)),
-            "parse": lambda: transport.parse_prometheus(text)}
+            "parse": lambda: prometheus.parse_prometheus(text)}
     assert ways["find"]() == ways["per line"]()
     took: dict = {name: [] for name in ways}
     for _ in range(reps):

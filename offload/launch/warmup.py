@@ -46,8 +46,9 @@ try:
                           seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
     from core.files import writable
-    from core.transport import (UsageError, __version__, clean_text, count_value, parse_url,
-                                series_name)
+    from core.prometheus import series_name
+    from core.sanitize import clean_text, count_value
+    from core.transport import UsageError, __version__, parse_url
     from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                                   add_server_options, answer_record, connection_from,
                                   format_engines, read_slot, release_skew_ms, routed,

@@ -8,7 +8,8 @@ import os
 import re
 import sys
 
-from core.transport import UsageError, clean_text, sanitize_text
+from core.sanitize import clean_text, sanitize_text
+from core.transport import UsageError
 
 EXIT_PASS = 0
 EXIT_FAIL = 1
@@ -38,7 +39,7 @@ def plug_in(name: str):
 
 
 def sanitize_lines(text: str) -> str:
-    """The terminal sink's rule: each line of ours through transport.sanitize_text."""
+    """The terminal sink's rule: each line of ours through sanitize.sanitize_text."""
     return "\n".join(sanitize_text(line) for line in text.split("\n"))
 
 

@@ -16,7 +16,7 @@ from core.prompts import ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
 from core.records import FORMAT, JUDGED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
-from core.transport import count_value, finite_number
+from core.sanitize import count_value, finite_number
 from core.vllm_metrics import GAUGES, engine_index, engine_label, series_sum
 
 ENGINE_HEADER = "X-data-parallel-rank"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import re
 
-from core.transport import Target, json_number, parse_url, series_name
+from core.prometheus import series_name
+from core.sanitize import json_number
+from core.transport import Target, parse_url
 from core.vllm_metrics import read_counters
 
 

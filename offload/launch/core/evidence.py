@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 
 from core.values import Value
-from core.transport import Target, series_name
+from core.prometheus import series_name
+from core.transport import Target
 from core.contract import cross_check
 from core.vllm_metrics import (changed_only, counter_deltas, engine_label, read_counters,
                                served_by_engine, went_down)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from core.values import Value
 from core.records import ANSWER_FIELDS, clean_stop_reason
 from core.cli import comma_list
-from core.transport import count_value
+from core.sanitize import count_value
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -15,7 +15,8 @@ import stat
 
 from core.cli import EXIT_REFUSED, EXIT_USAGE
 from core.runframe import Fatal
-from core.transport import Target, clean_text
+from core.sanitize import clean_text
+from core.transport import Target
 
 
 def lock_path(target: Target) -> str:

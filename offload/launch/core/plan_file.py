@@ -19,7 +19,8 @@ from base64 import b64decode, b64encode
 from collections import namedtuple
 
 from core.files import open_regular
-from core.transport import UsageError, clean_text
+from core.sanitize import clean_text
+from core.transport import UsageError
 
 
 class PlanFile(namedtuple("PlanFile", "name sha256 text fields")):

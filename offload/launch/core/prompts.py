@@ -11,7 +11,7 @@ import os
 import random
 
 from core.runframe import Fatal
-from core.transport import clean_text
+from core.sanitize import clean_text
 
 MIN_LONG_PROMPT_TOKENS = 4097        # a long prompt prefills more than 4096 tokens
 MAX_LONG_PROMPT_TOKENS = 1 << 20     # the largest asked for; the context caps it further

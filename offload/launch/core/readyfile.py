@@ -20,8 +20,8 @@ import os
 import time
 
 from core.files import read_json_file, remove_regular, write_atomically
-from core.transport import (UsageError, clean_text, finite_number, parse_base_url,
-                            parse_url)
+from core.sanitize import clean_text, finite_number
+from core.transport import UsageError, parse_base_url, parse_url
 
 READY_KIND = "offload-ready/1"
 

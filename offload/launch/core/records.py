@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 
-from core.transport import clean_text
+from core.sanitize import clean_text
 
 DESCRIBED = re.compile(r"<(a token id|a string of [0-9]{1,9} characters|[a-z]{1,10})>")
 

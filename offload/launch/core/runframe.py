@@ -2,7 +2,7 @@
 
 It knows nothing of vLLM or of waves. A program plugs in through `Program`: its steps, its
 run record's fields, its judge, its summary's fields. run_session() runs it and writes one
-summary; Run.write() and LineWriter.say() are the two sinks, where transport.sanitize
+summary; Run.write() and LineWriter.say() are the two sinks, where sanitize.sanitize
 applies, once.
 """
 
@@ -23,8 +23,8 @@ from core.records import FORMAT, field_problems, parts_text, shape_text
 from core.files import open_own, writable
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, emit,
                       outcome, plug_in, printable, sanitize_lines, seconds, silence)
-from core.transport import (CAUGHT_SIGNALS, Clock, UsageError, clean_text, sanitize, sanitize_text,
-                            start_quiet)
+from core.sanitize import clean_text, sanitize, sanitize_text
+from core.transport import CAUGHT_SIGNALS, Clock, UsageError, start_quiet
 
 PROBLEM_LIMIT = 300                  # one problem string, cut
 

@@ -12,7 +12,8 @@ import os
 import time
 
 from core.files import read_json_file
-from core.transport import MAX_JSON_DEPTH, clean_text, json_number
+from core.sanitize import clean_text, json_number
+from core.transport import MAX_JSON_DEPTH
 
 TYPE_CHECKING = False                 # typing's, without importing typing (3 ms)
 if TYPE_CHECKING:                     # names in annotations only: no import at run time

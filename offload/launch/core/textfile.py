@@ -18,7 +18,8 @@ import time
 
 from core.cli import EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_REFUSED, EXIT_USAGE, outcome
 from core.files import open_regular, regular, write_atomically
-from core.transport import json_number, parse_prometheus
+from core.prometheus import parse_prometheus
+from core.sanitize import json_number
 
 # The verdicts a run ends with (custom: a custom plan passed), and the outcomes of a run that
 # could not give one: a usage error, a server that never became healthy or could not be

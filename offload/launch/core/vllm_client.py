@@ -24,11 +24,11 @@ from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_t
                       comma_list, given_value, seconds)
 from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
                            run_session, run_settings, textfile_of, usage_error)
-from core.transport import (DEFAULT_BASE_URL, REDACTIONS, Exchange, Response, Target,
-                            TransportError, UsageError, __version__, base_url_from,
-                            clean_text, count_value, decode_json, describe, encode_request,
-                            exact_str, exchange_batch, fetch, finite_number, is_header_value,
-                            json_number, scrub)
+from core.sanitize import (REDACTIONS, clean_text, count_value, describe, exact_str, finite_number,
+                           json_number, scrub)
+from core.transport import (DEFAULT_BASE_URL, Exchange, Response, Target, TransportError,
+                            UsageError, __version__, base_url_from, decode_json, encode_request,
+                            exchange_batch, fetch, is_header_value)
 from core.vllm_metrics import (GAUGES, GaugeSampler, GuardRead, counters, engines_in,
                                busy_gauges, exposition_of, guard_problems, process_start,
                                sleep_states, spec_positions)

@@ -20,9 +20,9 @@ import re
 import threading
 import time
 
-from core.transport import (Clock, Exposition, Target, TransportError, clean_text, fetch,
-                            finite_number, parse_prometheus, series_key, series_name,
-                            start_quiet)
+from core.prometheus import Exposition, parse_prometheus, series_key, series_name
+from core.sanitize import clean_text, finite_number
+from core.transport import Clock, Target, TransportError, fetch, start_quiet
 
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 

@@ -20,7 +20,7 @@ import sys
 import time
 
 from core.files import open_own, open_regular
-from core.transport import clean_text
+from core.sanitize import clean_text
 from start.processes import group_alive, process_alive
 from start.server_command import commanded_model, redacted_command
 from start.settings import Settings, os_reason

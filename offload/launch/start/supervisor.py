@@ -26,7 +26,7 @@ import time
 from start.processes import group_alive, signalable
 from core.files import open_own, open_regular
 from core.runframe import LineWriter
-from core.transport import sanitize_text
+from core.sanitize import sanitize_text
 
 PREFIX = "server| "                   # a forwarded line of the server, told from ours
 LINE_BYTES = 64 << 10                 # a longer line is forwarded in pieces

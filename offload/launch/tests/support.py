@@ -39,7 +39,7 @@ if LAUNCH not in sys.path:
 
 import core.contract as contract  # noqa: E402
 import qualify  # noqa: E402
-import core.transport as transport  # noqa: E402
+import core.sanitize as sanitizing  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
@@ -122,7 +122,7 @@ class HelperCase(unittest.TestCase):
             os.environ.pop(name, None)
         # What an earlier test's run registered (its prompts, keys) must not colour this
         # one's output: in production one process is one run.
-        transport.REDACTIONS.reset()
+        sanitizing.REDACTIONS.reset()
         # The servers' lock files go with the test (a test's port is not used again);
         # the helpers it starts, in or out of this process, share this folder.
         os.environ["WARMUP_LOCK_DIR"] = self.tmp
@@ -412,13 +412,13 @@ def gate_scrubbed(message: str) -> str | None:
     identifiers as secrets and each probe's prompt (Gate(), make_slot()), and the one
     scrub of a server's message (vllm_client.extract_fields) does the rest."""
     import tools.gate as gate
-    transport.REDACTIONS.reset()
+    sanitizing.REDACTIONS.reset()
     try:
         for _, identifier in gate.IDENTIFIERS:
-            transport.REDACTIONS.secret(identifier)
+            sanitizing.REDACTIONS.secret(identifier)
         for probe in gate.PROBES:
-            transport.REDACTIONS.prompt(gate.gate_prompt(probe.reference, "chat"), tag=False)
+            sanitizing.REDACTIONS.prompt(gate.gate_prompt(probe.reference, "chat"), tag=False)
         body = json.dumps({"error": {"message": message}}).encode()
         return vllm_client.extract_fields(400, body)["error"]
     finally:
-        transport.REDACTIONS.reset()
+        sanitizing.REDACTIONS.reset()

@@ -13,7 +13,7 @@ import unittest
 
 from support import HelperCase
 import core.contract as contract  # noqa: E402
-import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
+import core.prometheus as prometheus  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
 
 GAUGE_TEXT = """\
@@ -30,12 +30,12 @@ vllm:prompt_tokens_total{engine="1",model_name="m"} 0.0
 
 class TestGuardPerEngine(unittest.TestCase):
     def test_fresh_engines_without_gauge_samples_are_idle(self):
-        exposition = transport.parse_prometheus(GAUGE_TEXT % "0.0")
+        exposition = prometheus.parse_prometheus(GAUGE_TEXT % "0.0")
         self.assertEqual(vllm_client.engines_in(exposition.samples), (0, 1))
         self.assertEqual(vllm_client.guard_problems(exposition, (0, 1)), ([], [0, 1]))
 
     def test_an_engine_that_ran_requests_needs_its_samples(self):
-        exposition = transport.parse_prometheus(GAUGE_TEXT % "3.0")
+        exposition = prometheus.parse_prometheus(GAUGE_TEXT % "3.0")
         problems, fresh = vllm_client.guard_problems(exposition, (0, 1))
         self.assertEqual(fresh, [0])
         self.assertEqual(len(problems), 2)
@@ -43,7 +43,7 @@ class TestGuardPerEngine(unittest.TestCase):
 
     def test_an_undeclared_family_is_still_missing(self):
         text = GAUGE_TEXT.replace("# TYPE vllm:num_requests_waiting gauge\n", "")
-        problems, _ = vllm_client.guard_problems(transport.parse_prometheus(text % "0.0"), (0, 1))
+        problems, _ = vllm_client.guard_problems(prometheus.parse_prometheus(text % "0.0"), (0, 1))
         self.assertEqual(problems, ["vllm:num_requests_waiting missing from /metrics (metrics "
                                     "collection off, or not a vLLM server): the guard cannot "
                                     "see other work"])

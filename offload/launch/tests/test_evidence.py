@@ -17,6 +17,7 @@ import core.evidence as evidence  # noqa: E402
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.report as report  # noqa: E402
 import core.transport as transport  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 import core.locks as locks  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
@@ -223,7 +224,7 @@ class TestCounterDeltas(unittest.TestCase):
         self.assertTrue(all(v is None for v in vllm_metrics.counter_deltas(None, after).values()))
 
     def test_counters_are_total_series_only(self):
-        samples = transport.parse_prometheus(
+        samples = prometheus.parse_prometheus(
             'vllm:num_requests_running{engine="0"} 0\n'
             'vllm:generation_tokens_total{engine="0"} 7\n'
             'vllm:generation_tokens_total{engine="1"} 3\n').samples

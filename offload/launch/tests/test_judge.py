@@ -18,7 +18,7 @@ import start.steps as steps  # noqa: E402
 import qualify  # noqa: E402
 import tools.readback as readback  # noqa: E402
 import core.records as records  # noqa: E402
-import core.transport as transport  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
 
 GREEDY = kinds.KINDS["greedy"]
@@ -165,7 +165,7 @@ class TestTheVerdict(unittest.TestCase):
     def test_one_engine_s_declared_gauge_without_a_sample_is_no_idle_server(self):
         text = ("# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_waiting "
                 "gauge\nvllm:request_success_total{engine=\"0\"} 0\n")
-        problems, fresh = vllm_metrics.guard_problems(transport.parse_prometheus(text))
+        problems, fresh = vllm_metrics.guard_problems(prometheus.parse_prometheus(text))
         self.assertEqual(fresh, [])
         self.assertIn("vllm:num_requests_running is declared but has no sample: a server with "
                       "one engine shows it from the start", problems[0])

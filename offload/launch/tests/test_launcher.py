@@ -30,7 +30,7 @@ from start.settings import Settings  # noqa: E402
 from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
 from start.processes import group_alive
 from tools.procfs import proc_stat
-import core.transport as transport  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 
 SUPERVISING = "supervising server process group"
 NEEDS_PID_NAMESPACE = unittest.skipUnless(shutil.which("unshare") and os.geteuid() == 0,
@@ -823,7 +823,7 @@ class TestSupervise(StartCase):
         """The unlabelled samples of the textfile start.sh --supervise published."""
         with open(os.path.join(self.tmp, "offload.prom")) as handle:
             return {name: value for name, labels, value in
-                    transport.parse_prometheus(handle.read()).samples if not labels}
+                    prometheus.parse_prometheus(handle.read()).samples if not labels}
 
     def test_a_server_killed_from_outside_ends_start_sh_at_once(self):
         proc = self.supervised()

@@ -21,7 +21,8 @@ from support import LAUNCH, PACKAGES, copy_product, product_files
 # core and tools, never start; start/ (the launcher's internals) imports all three.
 LAYERS = {
     "core": -1, "tools": -1, "start": -1,          # the packages' faces: docstrings only
-    "core.transport": 0, "core.values": 0, "start.server_command": 0, "core.files": 0.05,
+    "core.sanitize": 0, "core.values": 0, "start.server_command": 0,
+    "core.prometheus": 0.01, "core.transport": 0.02, "core.files": 0.05,
     "core.cli": 0.1, "tools.procfs": 0.15,
     "start.processes": 0.16,
     "core.records": 0.2,
@@ -74,7 +75,7 @@ def modules() -> dict[str, str]:
 # (number_type, whole, seconds, number_in). Other grammars are other people's: the wire's
 # (HTTP, Prometheus text, a metric's labels), vLLM's own (its human-readable token counts),
 # and names that hold digits (a records file's name, a described value).
-OTHER_GRAMMARS = {"core.transport", "core.vllm_metrics", "start.server_command",
+OTHER_GRAMMARS = {"core.transport", "core.prometheus", "core.sanitize", "core.vllm_metrics", "start.server_command",
                   "start.steps", "core.records", "core.cli"}
 DIGIT_SPELLINGS = re.compile(r"\.is(?:digit|decimal|numeric)\(|\[0-9\]|\\d")
 
@@ -183,7 +184,8 @@ class TestLayers(unittest.TestCase):
                   if line.startswith("import time:") and "|" in line}
         ours = (loaded & set(LAYERS)) | {"qualify"}      # qualify runs as __main__
         self.assertLessEqual(ours, {"qualify", "tools", "tools.ready", "tools.procfs",
-                                    "core", "core.transport", "core.vllm_metrics",
+                                    "core", "core.sanitize", "core.prometheus",
+                                    "core.transport", "core.vllm_metrics",
                                     "core.readyfile", "core.files", "core.cli"}, ours)
 
     def test_no_import_cycle(self):

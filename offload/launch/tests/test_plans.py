@@ -15,7 +15,7 @@ from support import (LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, copy_produc
                      read_records)
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 from core.plan_file import plan_fields, read_plan_file  # noqa: E402
-from core.transport import UsageError  # noqa: E402
+from core.transport import UsageError
 
 DEEP = {"name": "deep-8", "waves": [{"depth": 1, "prompt": "long"},
                                     {"depth": 2, "prompt": "short"},

@@ -20,6 +20,7 @@ import tools.procfs as procfs  # noqa: E402
 import tools.ready as readiness  # noqa: E402
 import core.textfile as textfile  # noqa: E402
 import core.transport as transport  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 
 try:
     from prometheus_client.parser import text_string_to_metric_families
@@ -196,7 +197,7 @@ class TestReadyStaysTrue(StartCase):
                                phases["start_to_warm_s"], delta=0.01)
         with open(textfile) as handle:
             published = {name: value for name, labels, value in
-                         transport.parse_prometheus(handle.read()).samples if not labels}
+                         prometheus.parse_prometheus(handle.read()).samples if not labels}
         for phase, value in phases.items():
             self.assertEqual(published[f"offload_warmup_{phase[:-2]}_seconds"], value)
         report = run_script(QUALIFY, "report", doc["records"])
@@ -405,7 +406,7 @@ class TestTextfileCarriesSafely(unittest.TestCase):
         text = textfile.render(textfile.merged("offload_warmup", [], before))
         self.assertIn('offload_gate_x{shape="al\\"one\\nx"} +Inf', text)
         self.assertEqual(len(text.strip().splitlines()), 6)
-        parsed = transport.parse_prometheus(text)
+        parsed = prometheus.parse_prometheus(text)
         self.assertEqual(parsed.bad_lines, [])
 
 
@@ -491,7 +492,7 @@ class TestNodeExporter(HelperCase):
             self.assertEqual(done.returncode, 0, done.stderr)
         scraped = self.scrape(folder)
         samples = {(name, tuple(sorted(labels.items()))): value for name, labels, value in
-                   transport.parse_prometheus(scraped).samples}
+                   prometheus.parse_prometheus(scraped).samples}
         self.assertEqual(samples[("node_textfile_scrape_error", ())], 0.0, scraped[-2000:])
         for mode in ("warmup", "gate", "probe"):
             for family in ("last_run_timestamp_seconds", "last_run_success",

@@ -24,6 +24,7 @@ from support import PYTHON, API_KEY, WARMUP, HelperCase, read_records, run_scrip
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.files as files  # noqa: E402
 import core.transport as transport  # noqa: E402
+import core.sanitize as sanitizing  # noqa: E402
 
 MARK = "PLANTED-MARK"
 DIRTY = f"\x1b[31m{MARK}\u202e\r\nkey={API_KEY}\x07"
@@ -99,8 +100,8 @@ class TestSinks(unittest.TestCase):
                                              f"prompt text in the {sink}")
 
     def test_the_sinks_clean_what_a_program_hands_them(self):
-        transport.REDACTIONS.secret("s3cr3t-sink-key")
-        transport.REDACTIONS.prompt("zz-tag-1 alpha beta gamma delta epsilon")
+        sanitizing.REDACTIONS.secret("s3cr3t-sink-key")
+        sanitizing.REDACTIONS.prompt("zz-tag-1 alpha beta gamma delta epsilon")
         dirty = "x\x1b[2J s3cr3t-sink-key alpha beta gamma delta \u202eend"
         sink = io.StringIO()
         run = runframe.Run(runframe.RunSettings("p", "r", "unused", 9, 9), runframe.Program(),

@@ -19,7 +19,8 @@ import subprocess
 import sys
 import unittest
 
-from support import HelperCase, copy_product, qualify, transport
+from support import HelperCase, copy_product, qualify
+import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.report as report  # noqa: E402
 

@@ -18,6 +18,8 @@ from unittest import mock
 from support import PYTHON, API_KEY, REPO, WARMUP, WRAPPER, HelperCase, read_records, warmup
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.transport as transport  # noqa: E402  (support puts offload/launch on sys.path)
+import core.sanitize as sanitizing  # noqa: E402
+import core.prometheus as prometheus  # noqa: E402
 import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import core.records as records  # noqa: E402
@@ -119,7 +121,7 @@ class TestGuard(unittest.TestCase):
     ])
 
     def test_parse_labels_escapes_timestamps_and_special_values(self):
-        exposition = transport.parse_prometheus(self.TEXT)
+        exposition = prometheus.parse_prometheus(self.TEXT)
         samples = exposition.samples
         self.assertEqual([number for number, _, _ in exposition.bad_lines], [9])
         by_name = {}
@@ -148,14 +150,14 @@ class TestGuard(unittest.TestCase):
                          self.TEXT.split("\n")[:6] + ['vllm:num_requests_waiting{engine="1"} 3'])
 
     def test_by_reason_gauge_is_not_the_waiting_gauge(self):
-        self.assertEqual(vllm_client.guard_problems(transport.parse_prometheus(self.TEXT)), ([], []))
+        self.assertEqual(vllm_client.guard_problems(prometheus.parse_prometheus(self.TEXT)), ([], []))
 
     def test_any_engine_busy_or_nan_refuses(self):
         text = self.TEXT.replace('engine="1",model_name="m"} 0.0', 'engine="1",model_name="m"} 2.0')
-        problems, _ = vllm_client.guard_problems(transport.parse_prometheus(text))
+        problems, _ = vllm_client.guard_problems(prometheus.parse_prometheus(text))
         self.assertEqual(len(problems), 1)
         self.assertIn('vllm:num_requests_running{engine="1",model_name="m"} = 2.0', problems[0])
-        nan = transport.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
+        nan = prometheus.parse_prometheus('vllm:num_requests_running 0\nvllm:num_requests_waiting NaN')
         self.assertIn("vllm:num_requests_waiting = nan", vllm_client.guard_problems(nan)[0][0])
 
     def test_a_sleeping_engine_refuses_by_name(self):
@@ -166,7 +168,7 @@ class TestGuard(unittest.TestCase):
                                      ("discard_all", discarded)):
                     lines.append(f'vllm:engine_sleep_state{{engine="{engine}",model_name="m",'
                                  f'sleep_state="{state}"}} {value}')
-            return transport.parse_prometheus("\n".join(lines)).samples
+            return prometheus.parse_prometheus("\n".join(lines)).samples
         states = vllm_metrics.sleep_states
         self.assertEqual(states(text((0, 1, 0, 0), (1, 0, 1, 0))),
                          {"0": "awake", "1": "weights offloaded"})
@@ -193,7 +195,7 @@ class TestGuard(unittest.TestCase):
                                                            ("weights_offloaded", o),
                                                            ("discard_all", d))]
             return vllm_metrics.asleep_problem(
-                transport.parse_prometheus("\n".join(lines + [extra])), engines)
+                prometheus.parse_prometheus("\n".join(lines + [extra])), engines)
         self.assertEqual(problem((0, 0, 1, 0), (1, 0, 1, 0)),
                          "engine 0 is asleep (weights offloaded); engine 1 is asleep "
                          "(weights offloaded)")
@@ -203,7 +205,7 @@ class TestGuard(unittest.TestCase):
                                 '1700000000.5'))
         self.assertEqual(problem((0, 1, 0, 0), engines=(0, 1)),
                          "engine 1 has no sleep state sample (it cannot be told awake)")
-        problems, _ = vllm_client.guard_problems(transport.parse_prometheus("\n".join([
+        problems, _ = vllm_client.guard_problems(prometheus.parse_prometheus("\n".join([
             "vllm:num_requests_running 0", "vllm:num_requests_waiting 0",
             'vllm:engine_sleep_state{engine="0",sleep_state="awake"} 0.0',
             'vllm:engine_sleep_state{engine="0",sleep_state="discard_all"} 1.0'])))
@@ -211,7 +213,7 @@ class TestGuard(unittest.TestCase):
                                     "it (POST /wake_up), then run the warm-up again"])
 
     def test_missing_gauge_is_named(self):
-        problems, _ = vllm_client.guard_problems(transport.parse_prometheus("vllm:num_requests_running 0"))
+        problems, _ = vllm_client.guard_problems(prometheus.parse_prometheus("vllm:num_requests_running 0"))
         self.assertEqual(len(problems), 1)
         self.assertIn("vllm:num_requests_waiting missing", problems[0])
 
@@ -311,7 +313,7 @@ class TestSanitize(unittest.TestCase):
     def test_error_messages_are_short_single_line_and_redacted(self):
         message = "bad\nthing\x1b[31m key=sk-123 " + "x" * 500
         body = json.dumps({"error": {"message": message, "param": None, "code": 400}})
-        transport.REDACTIONS.secret("sk-123")      # as a Connection registers its key
+        sanitizing.REDACTIONS.secret("sk-123")      # as a Connection registers its key
         got = vllm_client.extract_fields(400, body.encode())
         self.assertLessEqual(len(got["error"]), 300)
         self.assertNotIn("\n", got["error"])

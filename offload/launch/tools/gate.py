@@ -22,7 +22,8 @@ import unicodedata
 from core.values import Value
 from core.cli import emit, number_type, whole
 from core.runframe import Run, RunSettings, add_run_options
-from core.transport import REDACTIONS, UsageError, clean_text, decode_json
+from core.sanitize import REDACTIONS, clean_text
+from core.transport import UsageError, decode_json
 from core.kinds import COPY_SEED as GATE_SEED
 from core.kinds import COPY_STOP, KINDS, copy_problem, judge, request_id
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,

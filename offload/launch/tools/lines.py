@@ -7,7 +7,7 @@ character, a secret or a long value on an operator's terminal.
 from __future__ import annotations
 
 from core.records import show
-from core.transport import finite_number
+from core.sanitize import finite_number
 
 
 def known(value) -> str:

@@ -26,7 +26,8 @@ from core.prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, make_s
 from core.cli import (EXIT_USAGE, add_status_wait_options, argument_type, emit, given_value,
                       whole)
 from core.runframe import Fatal, Run, RunSettings, add_run_options
-from core.transport import UsageError, clean_text, count_value, finite_number
+from core.sanitize import clean_text, count_value, finite_number
+from core.transport import UsageError
 from core.vllm_client import (ENVIRONMENT_HELP, Connection, ServerProgram, Slot,
                               add_server_options, answer_record, connection_from, read_slot,
                               server_main, slot_timing, template_kwargs_type)

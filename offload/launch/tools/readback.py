@@ -17,7 +17,8 @@ from core.records import held, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
-from core.transport import clean_text, decode_json, finite_number
+from core.sanitize import clean_text, finite_number
+from core.transport import decode_json
 
 MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
 MAX_REPORT_BYTES = 16 << 20           # report reads no more of a file than this

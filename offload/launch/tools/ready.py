@@ -21,8 +21,9 @@ from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
 from core.readyfile import (iso_time, read_ready_file, served_counts, sha256_type, take_away,
                             unmet)
 from core.files import open_regular
+from core.sanitize import clean_text, finite_number
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
-                            clean_text, fetch, finite_number, parse_base_url)
+                            fetch, parse_base_url)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
                                served_by_engine, sleep_states)
 from tools.procfs import not_held_by, port_owners

@@ -27,7 +27,7 @@ from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run,
                             tidy)
 from core.records import JUDGED, label, parts_text, shape_text, show
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, number_in, whole
-from core.transport import clean_text, finite_number
+from core.sanitize import clean_text, finite_number
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
 PROG = "qualify.py report"
