@@ -42,6 +42,7 @@ try:
     from core.evidence import Evidence, EvidenceOptions, time_to_warm
     from core.kinds import PATH_NAMES, Kind, judge, kinds_of, parse_paths, request_id
     from core.prompts import MAX_LONG_PROMPT_TOKENS, ONE_STEP_FLOOR, make_short_prompt
+    from core.records import typed
     from core.cli import (Setting, add_status_wait_options, given_value, number_type, plug_in,
                           seconds, whole)
     from core.runframe import Run, RunSettings, add_file_option, add_run_options
@@ -185,7 +186,7 @@ class WarmUp(ServerProgram):
         if finished is None:
             return False
         duration = self.batch_ended_at - started
-        answers = [request_record(run, self, depth, slot, kind_) for slot in finished]
+        answers = [typed(request_record(run, self, depth, slot, kind_)) for slot in finished]
         for record in answers:
             run.write(record)
         self.tally.requests += answers
@@ -386,12 +387,9 @@ def environment_read(base_url: str, given: str) -> str:
 
 
 def wave_figures(evidence: dict | None, engine: int | None, observed: dict | None) -> dict:
-    """A wave record's evidence fields for one engine (pure): `counters` (series ->
-    delta, keyed as the metrics record's deltas, as vllm_metrics.changed_only() keeps
-    them: a series absent did not change; a counter that went down null and named in
-    `counters_went_down`), `running_max`, `waiting_max`,
-    `gauge_samples`, and the derived `spec_decode` and `tokens_per_step` (null when the
-    server does not count them)."""
+    """A wave record's evidence fields for one engine (pure): its counters' deltas as
+    changed_only() keeps them (one that went down null, named), the depth observed, the
+    derived spec_decode and tokens_per_step (null when the server counts none)."""
     if evidence is None:
         return {}
     deltas = engine_deltas(evidence["deltas"], engine)

@@ -13,10 +13,9 @@ from collections import Counter
 from core.values import Value
 from core.kinds import KINDS, Kind, answer_of, copy_problem, judge, kinds_of
 from core.prompts import ONE_STEP_FLOOR, ONE_STEP_MARGIN, b1_bounds
-from core.records import FORMAT, JUDGED, label, show
+from core.records import CLASSES, FORMAT, JUDGED, SHAPED, label, show
 from core.cli import EXIT_FAIL, EXIT_PASS, comma_list
 from core.runframe import Ending
-from core.sanitize import count_value, finite_number
 from core.vllm_metrics import GAUGES, engine_index, engine_label, series_sum
 
 ENGINE_HEADER = "X-data-parallel-rank"
@@ -143,37 +142,36 @@ def read_plan(recorded: dict) -> tuple[Plan | None, list[str]]:
     """The one reader of a recorded warm-up plan (a run record's `plan`, held to its
     declaration by records.held()): (the Plan, []) or (None, why it cannot be read). A
     file cannot choose its own rules."""
-    waves = recorded.get("waves", [])
-    depths = tuple(w["depth"] for w in waves)
+    waves = recorded.waves or []
+    depths = tuple(w.depth for w in waves)
     try:
         parse_waves(",".join(map(str, depths)))
     except ValueError:
         return None, [f"the run record's plan has no waves to judge by ({show(depths)})"]
     expected = [(wave_name(d), "long" if i == 0 else "greedy") for i, d in enumerate(depths)]
-    if [(w["wave"], w["kind"]) for w in waves] != expected:
+    if [(w.wave, w.kind) for w in waves] != expected:
         return None, ["the run record's waves are not named for their depths and kinds"]
-    paths = [p["path"] for p in recorded.get("paths", [])]
+    paths = [p.path for p in recorded.paths or []]
     if not all(p in KINDS and KINDS[p].path for p in paths):
         return None, ["the run record's plan names a request kind that is not a --paths kind"]
-    tokens, priority, chunk = (recorded.get(k) for k in ("tokens", "priority", "chunk_tokens"))
+    tokens, priority, chunk = recorded.tokens, recorded.priority, recorded.chunk_tokens
     if tokens is None or chunk is None or priority is None or min(tokens, chunk) < 1:
         return None, ["the run record's plan holds no token count, priority or chunk to "
                       "judge it by"]
-    context = recorded.get("b1_context_tokens")
+    context = recorded.b1_context_tokens
     if context is not None and context - tokens < ONE_STEP_FLOOR:
         return None, [f"the run record's plan holds a context ({context}) that no B1 fits in"]
-    file = recorded.get("file")
+    file = recorded.file
     if file:                              # loaded with a plan file only
         from core.plan_file import recorded_file
         file, why = recorded_file(file)
         if why:
             return None, [why]
     plan = Plan(waves=depths, tokens=tokens, priority=priority, chunk_tokens=chunk,
-                chunk_source=show(recorded.get("chunk_source")),
-                context=recorded.get("b1_context_tokens"), file=file,
-                b1_tokens=recorded.get("b1_tokens", REVIEWED.b1_tokens),
+                chunk_source=show(recorded.chunk_source), context=context, file=file,
+                b1_tokens=recorded.b1_tokens or REVIEWED.b1_tokens,
                 paths=tuple(dict.fromkeys(KINDS[p].path for p in paths)),
-                given=tuple((k, show(v, 120)) for k, v in recorded.get("given", {}).items()))
+                given=tuple((k, show(v, 120)) for k, v in (recorded.given or {}).items()))
     if [k.name for k in kinds_of(plan.paths)] != paths:
         return None, ["the run record's --paths kinds are not whole paths"]
     return plan, []
@@ -235,9 +233,9 @@ def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
     warnings = []
     for name, counted, what in (
             ("vllm:generation_tokens_total",
-             sum(count_value(r.get("completion_tokens")) or 0 for r in requests), "completion tokens"),
+             sum(r.completion_tokens or 0 for r in requests), "completion tokens"),
             ("vllm:request_success_total",
-             sum(1 for r in requests if r.get("http_status") == 200), "requests answered 200")):
+             sum(1 for r in requests if r.http_status == 200), "requests answered 200")):
         delta = series_sum(deltas, name)
         short = name.replace("vllm:", "").replace("_total", "").replace("_", " ")
         if delta is None:
@@ -282,13 +280,13 @@ def engines_seen(records: list[dict]) -> set[int]:
     engine labels of their samples and counters, their fresh, asleep and served engines."""
     names: list = []
     for record in records:
-        if record["record"] == "gauges":
-            names += [sample["labels"].get("engine") for sample in record["samples"]]
-            names += record["fresh_engines"] + list(record.get("sleep_state") or {})
-        elif record["record"] in ("metrics", "wave"):
-            for key in ("deltas", "counters"):
-                names += [engine_label(k) for k in record.get(key, {})]
-            names += list(record.get("served") or {})
+        if record.record == "gauges":
+            names += [sample.labels.get("engine") for sample in record.samples]
+            names += record.fresh_engines + list(record.sleep_state or {})
+        elif record.record == "metrics":
+            names += [engine_label(k) for k in record.deltas] + list(record.served or {})
+        elif record.record == "wave":
+            names += [engine_label(k) for k in record.counters or {}]
     return {engine_index(n) for n in names} - {None}
 
 
@@ -304,8 +302,8 @@ def unwarmed_engines(engines: list, skipped: list[int], records: list[dict]) -> 
 
 def b1_prompts(requests: list[dict]) -> dict:
     """Each engine's B1 prompt tokens, as its share of prefill must show them."""
-    return {r["engine"]: r["prompt_tokens"] for r in requests
-            if r["request_kind"] == "long" and count_value(r["prompt_tokens"])}
+    return {r.engine: r.prompt_tokens for r in requests
+            if r.request_kind == "long" and r.prompt_tokens}
 
 
 def counter_problems(plan: Plan, engines: list, records: list[dict],
@@ -315,29 +313,28 @@ def counter_problems(plan: Plan, engines: list, records: list[dict],
     a routed server, every engine its share."""
     problems = []
     waves: dict[str, tuple[dict, list]] = {}
-    for wave in (r for r in records if r["record"] == "wave"):
-        deltas, down = waves.setdefault(wave["wave"], ({}, []))
-        deltas.update(wave.get("counters", {}))
-        down += wave.get("counters_went_down", [])
+    for wave in (r for r in records if r.record == "wave"):
+        deltas, down = waves.setdefault(wave.wave, ({}, []))
+        deltas.update(wave.counters or {})
+        down += wave.counters_went_down or []
     for name, (deltas, down) in waves.items():
         if deltas or down:
-            problems += cross_check(deltas, [r for r in requests if r["wave"] == name],
+            problems += cross_check(deltas, [r for r in requests if r.wave == name],
                                     name, down)[0]
     if foreign_work != "evidence":                 # unless the operator's choice
-        for record in (r for r in records if r["record"] == "metrics"):
-            counted, source = record.get("counted"), show(record["source"])
-            if counted and counted["foreign"] != 0:
-                foreign = finite_number(counted["foreign"])
+        for record in (r for r in records if r.record == "metrics"):
+            counted, source = record.counted, show(record.source)
+            if counted and counted.foreign != 0:
                 problems.append(
-                    f"foreign work on {source}: {show(counted['counter'])} counted "
-                    f"{foreign:g} more than the warm-up sent (--foreign-work evidence keeps "
-                    f"it as evidence)" if foreign
-                    else f"{show(counted['counter'])} on {source} could not be compared "
-                         f"with what the warm-up sent ({show(counted['why'])})")
-    main = next((r for r in records if r["record"] == "metrics"), {})
-    deltas = main["deltas"] if main.get("state") == "complete" else {}
+                    f"foreign work on {source}: {show(counted.counter)} counted "
+                    f"{counted.foreign:g} more than the warm-up sent (--foreign-work evidence "
+                    f"keeps it as evidence)" if counted.foreign is not None
+                    else f"{show(counted.counter)} on {source} could not be compared "
+                         f"with what the warm-up sent ({show(counted.why)})")
+    main = next((r for r in records if r.record == "metrics"), None)
+    deltas = main.deltas if main and main.state == "complete" else {}
     if deltas:                        # foreign work, or a restart it saw
-        problems += cross_check(deltas, requests, down=main.get("went_down", []))[0]
+        problems += cross_check(deltas, requests, down=main.went_down or [])[0]
     else:                             # each engine's share from its wave records, then
         deltas = {}
         for series in waves.values():
@@ -394,43 +391,42 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     again from its fields (never its own `ok`), and, for a warm-up, each wave guarded and
     recorded by the deadline, counters that show no foreign work or restart, and every
     engine its share. A pass of a plan other than the reviewed one is 'custom'."""
-    run = run or {}
-    recorded = run.get("plan", {})
-    judged = [r for r in records if r["record"] == JUDGED.get(run.get("mode"), "request")]
+    run = run or CLASSES["run"]()         # none: every field None
+    recorded = run.plan or SHAPED["plan"]()
+    judged = [r for r in records if r.record == JUDGED.get(run.mode, "request")]
     structural = list(unread) + run_problems(run, judged)
     plan, differs = None, []
-    if run.get("mode") == "warmup":
+    if run.mode == "warmup":
         plan, why = read_plan(recorded)
         structural += why
         if plan is not None and plan.context is not None:
-            structural += context_problems(plan, run.get("max_model_len"), judged)
+            structural += context_problems(plan, run.max_model_len, judged)
     failed, disagree = rejudge(run, plan, judged)
     structural += disagree
-    engines = run.get("engines") or []    # a negative index is named by run_problems()
+    engines = run.engines or []           # a negative index is named by run_problems()
     engines = engines if engines and min(engines) >= 0 else [None]
-    planned = recorded.get("requests_total")
+    planned = recorded.requests_total
     in_shape = shape_test(plan)
     waves_ran = sum(1 for r in judged if not in_shape(r))
     want = (plan.wave_requests * len(engines) if plan and plan.paths else planned)
     missing = [f"only {waves_ran} of {want} requests ran"] \
-        if count_value(want) is not None and waves_ran < want else []
+        if want is not None and waves_ran < want else []
     found = said_once([r for r in failed if not in_shape(r)])
     shape = None
     if plan is not None:
-        skipped = recorded.get("engines_skipped", [])
+        skipped = recorded.engines_skipped or []
         differs = differences(plan, skipped)
         structural += coverage_problems(plan, engines, records, judged, planned)
-        found += counter_problems(plan, engines, records, judged, recorded.get("foreign_work"))
-        several = len({e for e in [*engines, *(
-            skipped if isinstance(skipped, list) else [])] if type(e) is int}) > 1
+        found += counter_problems(plan, engines, records, judged, recorded.foreign_work)
+        several = len({e for e in [*engines, *skipped] if e is not None}) > 1
         waves = [r for r in records if not in_shape(r)]
-        found += wave_problems(engines, waves, several, recorded.get("deadline_s"), ending)
+        found += wave_problems(engines, waves, several, recorded.deadline_s, ending)
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
         if plan.paths:
             shape = shape_verdict(plan, len(engines), judged, failed, wave_problems(
                 engines, [r for r in records if in_shape(r)], several,
-                recorded.get("deadline_s"), ending))
+                recorded.deadline_s, ending))
     parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if parts:                 # the waves' part: the contract's, a plan file's, or custom
         parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),)
@@ -438,7 +434,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     base = dict(differences=tuple(differs), requests_ok=ok, shape=shape,
                 notes=(one_step_said(plan),) if plan and plan.one_step else (),
                 failed=tuple(identity(r) for r in failed),
-                requests_total=planned if count_value(planned) is not None else len(judged),
+                requests_total=planned if planned is not None else len(judged),
                 parts=parts, structural=tuple(dict.fromkeys(structural)))
     problems = list(ending.problems) + found
     if ending.verdict == "killed" or ending.verdict == "refused" and not found + structural:
@@ -456,7 +452,7 @@ def shape_test(plan: Plan | None):
     """Whether a record belongs to the --paths shape test (its request and wave records,
     and the guard's reads before them: by their batch's name)."""
     names = {batch_name(k, d) for k, d in plan.batches()[len(plan.waves):]} if plan else ()
-    return lambda record: record.get("wave") in names
+    return lambda record: record.record in ("request", "wave", "gauges") and record.wave in names
 
 
 def wave_problems(engines: list, records: list[dict], several: bool, deadline,
@@ -488,8 +484,8 @@ def context_problems(plan: Plan, server_context, judged: list[dict]) -> list[str
     if plan.context != server_context:
         return [f"the run record's plan was sized in a context of {plan.context} tokens, "
                 f"not the server's {show(server_context)}"]
-    over = [label(r) for r in judged if r["request_kind"] == "long" and
-            (count_value(r["prompt_tokens"]) or 0) + plan.tokens > plan.context]
+    over = [label(r) for r in judged if r.request_kind == "long" and
+            (r.prompt_tokens or 0) + plan.tokens > plan.context]
     return [f"{', '.join(over[:3])}: more prompt tokens than the context of {plan.context} "
             f"holds"] if over else []
 
@@ -500,27 +496,27 @@ def run_problems(run: dict, judged: list[dict]) -> list[str]:
     if not run:
         return ["no run record"]
     problems = []
-    if run["mode"] not in MODES:
+    if run.mode not in MODES:
         problems.append(f"the run record's mode is {show(run['mode'])}, not warmup, "
                         f"probe or gate")
-    foreign = [r for r in judged if r["run_id"] != run["run_id"]]
+    foreign = [r for r in judged if r.run_id != run.run_id]
     if foreign:
         problems.append(f"{len(foreign)} request record(s) of no run or another run")
     ids = [identity(r) for r in judged]
     if len(set(ids)) != len(ids):
         problems.append(f"{len(ids) - len(set(ids))} request record(s) repeat another's id")
-    planned = run["plan"].get("requests_total")
-    if not (count_value(planned) and planned > 0):
+    planned = run.plan.requests_total
+    if not planned:
         problems.append("the run record announces no number of requests")
     elif len(judged) > planned:
         problems.append(f"{len(judged)} request records, more than the {planned} planned")
-    problems += engine_problems(run["engines"], run["plan"].get("requests_per_engine"), judged)
+    problems += engine_problems(run.engines, run.plan.requests_per_engine, judged)
     return problems
 
 
 def identity(record: dict) -> str:
     """What tells one request record from another: its id."""
-    return record["request_id"]
+    return record.request_id
 
 
 def engine_problems(engines: list[int] | None, per_engine: int | None,
@@ -530,11 +526,11 @@ def engine_problems(engines: list[int] | None, per_engine: int | None,
         return []
     if not engines or min(engines) < 0:
         return ["the run record's engines are not a list of engine indexes"]
-    if not count_value(per_engine):
+    if not per_engine:
         return ["the run record announces no number of requests per engine"]
     return [f"engine {engine}: {mine} request records, more than its {per_engine}"
             for engine in engines
-            if (mine := sum(1 for r in judged if r["engine"] == engine)) > per_engine]
+            if (mine := sum(1 for r in judged if r.engine == engine)) > per_engine]
 
 
 def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: list[dict],
@@ -560,7 +556,7 @@ def coverage_problems(plan: Plan, engines: list, records: list[dict], judged: li
         if missing:
             problems.append(f"{len(missing)} planned request(s) have no record: "
                             f"{', '.join(where(f) for f in missing[:5])}")
-        waves = Counter(place(r)[:2] for r in records if r["record"] == "wave")
+        waves = Counter((r.engine, r.wave) for r in records if r.record == "wave")
         cold = [(e, batch_name(k, d)) for k, d in plan.batches() for e in engines
                 if waves[(e, batch_name(k, d))] != 1]
         if cold:
@@ -577,23 +573,23 @@ def unguarded_waves(engines: list, records: list[dict], several: bool) -> list[s
     pass, whatever the record's own `ok` says. Pure."""
     reads, found = {}, []
     for record in records:
-        if record["record"] == "gauges":
-            reads[record["wave"]] = record
-        elif record["record"] == "wave" and record["wave"] in reads:
-            why = guard_read_problem(reads[record["wave"]], engines, several)
+        if record.record == "gauges":
+            reads[record.wave] = record
+        elif record.record == "wave" and record.wave in reads:
+            why = guard_read_problem(reads[record.wave], engines, several)
             found += [f"{record['wave']}: the guard read before it {why}"] if why else []
-        elif record["record"] == "wave":
+        elif record.record == "wave":
             found.append(f"{record['wave']}: no guard read before it in the records")
     return list(dict.fromkeys(found))          # one line a wave, not one an engine
 
 
 def guard_read_problem(read: dict, engines: list, several: bool) -> str | None:
     """Why one gauges record shows no idle server (guard_problems' rule); None if it does."""
-    fresh = {e for e in read["fresh_engines"] if type(e) is int} if several else set()
+    fresh = {e for e in read.fresh_engines if type(e) is int} if several else set()
     for gauge in GAUGES:
         for engine in engines:
-            values = [s.get("value") for s in read["samples"] if isinstance(s, dict)
-                      and s.get("name") == gauge and sample_engine(s) == (engine or 0)]
+            values = [s.value for s in read.samples
+                      if s.name == gauge and sample_engine(s) == (engine or 0)]
             if not values and engine not in fresh:
                 return f"holds no {gauge} sample" + (f" for engine {engine}" if several else "")
             busy = [v for v in values if type(v) not in (int, float) or v != 0]
@@ -604,7 +600,7 @@ def guard_read_problem(read: dict, engines: list, several: bool) -> str | None:
 
 def sample_engine(sample: dict) -> int | None:
     """The engine a recorded sample names (0 with no label); None for one no index names."""
-    label = (sample.get("labels") or {}).get("engine")
+    label = sample.labels.get("engine")
     return 0 if label is None else engine_index(label)
 
 
@@ -612,9 +608,9 @@ def said_failed(records: list[dict]) -> list[str]:
     """What the run's own records say went wrong, which no pass holds: a guard read that
     refused, a wave record that failed."""
     said = [f"the guard refused before {show(r['wave'])}, yet the run claims a pass"
-            for r in records if r["record"] == "gauges" and not r["ok"]]
-    for wave in (r for r in records if r["record"] == "wave" and not r["ok"]):
-        engine = "" if wave["engine"] is None else f" engine {wave['engine']}"
+            for r in records if r.record == "gauges" and not r.ok]
+    for wave in (r for r in records if r.record == "wave" and not r.ok):
+        engine = "" if wave.engine is None else f" engine {wave.engine}"
         said.append(f"{show(wave['wave'])}{engine}: its wave record says it failed")
     return said
 
@@ -623,15 +619,15 @@ def late_waves(deadline: float | None, records: list[dict]) -> list[str]:
     """Waves that ended after the run's recorded deadline."""
     if deadline is None:
         return []
-    late = [show(wave["wave"]) for wave in records if wave["record"] == "wave"
-            and not wave["started_at_s"] + wave["duration_s"] <= deadline]   # NaN: late
+    late = [show(wave.wave) for wave in records if wave.record == "wave"
+            and not wave.started_at_s + wave.duration_s <= deadline]
     return [f"{', '.join(dict.fromkeys(late))} ended after the deadline ({deadline:g} s)"] \
         if late else []
 
 
 def place(record: dict) -> tuple:
-    """Where a record stood: (engine, wave, request kind, index); a wave record's first two."""
-    return tuple(record.get(k) for k in ("engine", "wave", "request_kind", "index"))
+    """Where a request record stood: (engine, wave, request kind, index)."""
+    return record.engine, record.wave, record.request_kind, record.index
 
 
 def where(item: tuple) -> str:
@@ -644,39 +640,38 @@ def rejudge(run: dict, plan: Plan | None, judged: list[dict]) -> tuple[list[dict
     """Every judged record judged again from its recorded fields, by kinds.judge() with the
     run's plan (never by its own `ok`): (the records that fail; a problem for each record
     whose `ok` says otherwise)."""
-    if run.get("format") != FORMAT:
+    if run.format != FORMAT:
         return judged, [f"the run record is of format {show(run.get('format'))}, not "
                         f"{FORMAT}: its requests cannot be judged again (run it again)"]
     failed, problems = [], []
     for record in judged:
         rules = judge_record(record, run, plan)
         if rules:
-            failed.append(dict(record, problems=rules if record["ok"]
-                               else record["problems"] or rules))
-        if rules and record["ok"]:
+            failed.append(type(record)(record, problems=rules if record.ok
+                                       else record.problems or rules))
+        if rules and record.ok:
             problems.append(f"{label(record)}: the record says ok, but {rules[0]}")
-        elif not rules and not record["ok"]:
+        elif not rules and not record.ok:
             problems.append(f"{label(record)}: the record says not ok, but its fields pass")
     return failed, problems
 
 
 def judge_record(record: dict, run: dict, plan: Plan | None) -> list[str]:
     """Why one record's answer fails its kind's rules ([] when it passes)."""
-    kind_ = KINDS.get(record["request_kind"])
+    kind_ = KINDS.get(record.request_kind)
     if kind_ is None:
         return ["a record without a known request kind"]
-    recorded = run.get("plan", {})
-    if run.get("mode") == "warmup":
+    recorded = run.plan
+    if run.mode == "warmup":
         if plan is None:
             return ["the run record's plan cannot be read"]
         return judge(answer_of(record), kind_, plan.tokens, floor=plan.b1_minimum)
-    tokens = recorded.get("max_tokens" if run.get("mode") == "gate" else "tokens")
-    if not count_value(tokens):
+    tokens = recorded.max_tokens if run.mode == "gate" else recorded.tokens
+    if not tokens:
         return ["the run record's plan holds no token count to judge it by"]
     rules = judge(answer_of(record), kind_, tokens)
-    if run.get("mode") == "gate" and not rules:
-        said = copy_problem(record, finite_number(recorded.get("max_cer")) or 0.0,
-                            recorded.get("max_typos", 0))
+    if run.mode == "gate" and not rules:
+        said = copy_problem(record, recorded.max_cer or 0.0, recorded.max_typos or 0)
         rules = [said] if said else []
     return rules
 
@@ -695,7 +690,7 @@ def part_counts(plan: Plan, engines: int, judged: list[dict], failed: list[dict]
 
 def kind_of(record: dict) -> Kind:
     """A record's request kind (the contract's, when it names none that is known)."""
-    return KINDS.get(record["request_kind"], KINDS["long"])
+    return KINDS.get(record.request_kind, KINDS["long"])
 
 
 def said_once(failed: list[dict]) -> list[str]:
@@ -704,7 +699,7 @@ def said_once(failed: list[dict]) -> list[str]:
     failed its own way keeps its label ('B2#1: HTTP 500')."""
     groups: dict[str, list[str]] = {}
     for record in failed:
-        diagnosis = "; ".join(record["problems"]) or "not ok"
+        diagnosis = "; ".join(record.problems) or "not ok"
         groups.setdefault(diagnosis, []).append(label(record))
     said = []
     for diagnosis, labels in groups.items():
@@ -724,8 +719,8 @@ def cache_check(requests: list[dict]) -> str:
     """B1's cache check as a code: 'made' (every B1 reported cached tokens, none cached),
     'hit' (a B1 was served from the prefix cache), 'not_made' (not reported, or no B1
     answered)."""
-    b1 = [r for r in requests if r.get("request_kind") == "long" and r.get("http_status") == 200]
-    if any(r.get("cached_tokens") for r in b1):
+    b1 = [r for r in requests if r.request_kind == "long" and r.http_status == 200]
+    if any(r.cached_tokens for r in b1):
         return "hit"
-    return "made" if b1 and all(r.get("cached_tokens") is not None for r in b1) else "not_made"
+    return "made" if b1 and all(r.cached_tokens is not None for r in b1) else "not_made"
 

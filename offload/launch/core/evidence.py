@@ -108,13 +108,9 @@ class Evidence:
 
     def read_after(self, run: Run, target: Target, first_counters: dict | None, tally: Tally,
                    judge_main=None) -> None:
-        """Read every counter source and status file again; record deltas and cross-checks.
-
-        `target`'s /metrics is the main source, its `before` the first guard's counters;
-        `judge_main(deltas, record)` may add to its record (and the tally's warnings).
-        Skipped (and said) when less than a second is left: a run that
-        finished its waves in time must not become late for the sake of its counters.
-        """
+        """Every counter source and status file read again, deltas and cross-checks recorded
+        (`target`'s /metrics the main one; `judge_main(deltas, record)` may add to it);
+        skipped, and said, with less than a second left: never late for its counters."""
         if run.clock.remaining() < AFTER_READS_MIN_LEFT_S:
             tally.warnings.append("counter deltas and status files not read after the last "
                                   "wave: less than 1 s left to the deadline")

@@ -81,13 +81,9 @@ SIZING_ROUNDS = 6
 
 def size_long_prompt(count, nonce: str, budget: int, minimum: int = MIN_LONG_PROMPT_TOKENS
                      ) -> tuple[str, int | None]:
-    """Size B1 to `budget` tokens with `count(prompt) -> int | None` (the server's /tokenize).
-
-    Returns the prompt and its counted size, or an estimated prompt and None when the
-    server cannot count. Never returns a counted prompt above the budget; the word count
-    stays within [budget / 8, 2 * budget] whatever the server answers, and a count that
-    is not a positive integer is not believed.
-    """
+    """B1 sized to `budget` tokens by `count` (the server's /tokenize): (prompt, its count),
+    or (an estimate, None) when it cannot count; never over the budget, its words within
+    [budget / 8, 2 * budget] whatever the server answers."""
     low_words, high_words = max(1, budget // 8), 2 * budget
     n_words = max(1, budget)      # one word per token: sizing without /tokenize, never fewer
     low = max(minimum, int(budget * 0.97))

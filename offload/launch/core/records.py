@@ -1,21 +1,13 @@
-"""The one home of the records: each kind's fields, their types, which are required, and
-how a record is named in a line.
-
-Below the run frame (transport <- records <- runframe): plain data and pure functions.
-Run.write() holds every record to its declaration (a record that breaks it is a defect,
-found by the tests, never written); the report reads through field_problems() and
-label(), never through a program. CONTRACT.md's records table lists the same fields (a
-test holds the two together). A field written `name:type?` may be null, `~name:type` may be absent.
-
-Types: str, int (never a bool), num (int or float), bool, list, dict, any; list[T] and
-dict[T] hold items of type T (T? may be null); @name is a nested object of SHAPES.
-held() is the one reader of records from a file: a record that breaks its declaration is
-left out there, said in one line, so that what reads the rest reads it without a cast.
-"""
+"""The one home of the records: each kind's fields and types (CONTRACT.md's table). Run.write()
+holds each record to them; held() reads a file's, leaving out (and naming) one that breaks
+them and typing the rest (a class per kind, each field an attribute: read without a check).
+`name:type?` may be null, `~name` absent. Types: str, int, num, count (0 to 2**53), finite,
+bool, list, dict, any; list[T] and dict[T] hold T (T? may be null); @name, a SHAPES object."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from core.sanitize import clean_text
@@ -26,10 +18,10 @@ SHOW_LIMIT = 80                       # one value in a table or a line
 
 FORMAT = 2                            # the run record's `format`: what this layout is
 
-_ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:int? "
-           "completion_tokens:int? cached_tokens:int? reasoning_tokens:int? "
+_ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_tokens:count? "
+           "completion_tokens:count? cached_tokens:count? reasoning_tokens:count? "
            "finish_reason:str? stop_reason:any stream_done:bool? first_token:bool? "
-           "logprobs_count:int? usage_problems:list[str] error:str?")
+           "logprobs_count:count? usage_problems:list[str] error:str?")
 
 DECLARED = {
     "run": "run_id:str mode:str format:int started_at:str base_url:str "
@@ -77,17 +69,17 @@ DECLARED = {
 # The objects records nest (@name): a run's plan (each mode writes some of its fields), a
 # gauge sample, the speculative figures, an engine's share, an operator counter, a probe item.
 SHAPES = {
-    "plan": "~waves:list[@wave_plan] ~tokens:int ~priority:int ~chunk_tokens:int "
+    "plan": "~waves:list[@wave_plan] ~tokens:count ~priority:int ~chunk_tokens:count "
             "~chunk_source:str ~b1_target_tokens:int ~b1_min_prompt_tokens:int "
             "~b1_context_tokens:int? ~b1_one_step:bool ~b1_tokens:int ~file:@plan_file? "
-            "~paths:list[@path_plan] ~requests_per_engine:int ~requests_total:int "
+            "~paths:list[@path_plan] ~requests_per_engine:count ~requests_total:count "
             "~completion_tokens_max:int ~gauge_interval_ms:int? ~given:dict[str] "
-            "~engines_skipped:list[int] ~contract:bool ~differences:list[str] ~deadline_s:num "
+            "~engines_skipped:list[int] ~contract:bool ~differences:list[str] ~deadline_s:finite "
             "~foreign_work:str ~b1_prompt_tokens_counted:int? "
             "~b1_prompt_tokens_by_engine:dict[int]? ~b1_sizing:str ~items:list[@item_plan] "
             "~rounds:int ~long_tokens:int? ~long_prompt_tokens_counted:int? ~stream:bool "
             "~prompts:str ~socket_cap_s:num ~probes:list[@gate_probe] ~shapes:list[str] "
-            "~endpoint:str ~path:str ~max_tokens:int ~max_cer:num ~max_typos:int "
+            "~endpoint:str ~path:str ~max_tokens:count ~max_cer:finite ~max_typos:count "
             "~temperature:num ~seed:int ~chat_template_kwargs:dict?",
     "wave_plan": "wave:str depth:int kind:str",
     "plan_file": "name:str sha256:str base64:str",
@@ -99,7 +91,7 @@ SHAPES = {
             "acceptance_rate:num? mean_acceptance_length:num? acceptance_by_position:list[num?]",
     "share": "engine:int generation_tokens:num? generation_tokens_planned:int "
              "prompt_tokens:num? b1_prompt_tokens:int?",
-    "counted": "counter:str unit:str delta:any sent:num foreign:any went_down:bool why:str? "
+    "counted": "counter:str unit:str delta:any sent:num foreign:finite? went_down:bool why:str? "
                "waves:dict overlaps:list[str]",
     "shape": "verdict:str requests_ok:int requests_total:int parts:list[list] "
              "problems:list[str]",
@@ -125,7 +117,7 @@ ANSWER_FIELDS = tuple(parse_fields(_ANSWER))   # what every record of a request 
 JUDGED = {"warmup": "request", "probe": "probe", "gate": "gate"}    # mode -> its records
 BIGGEST = 1 << 63                     # an int or num field holds a 64-bit integer at most
 BASE_TYPES = {"str": str, "int": int, "num": (int, float), "bool": bool, "list": list,
-              "dict": dict}
+              "dict": dict, "count": int, "finite": (int, float)}
 
 
 def field_problems(record: dict) -> list[str]:
@@ -158,10 +150,14 @@ def type_problems(value, kind: str, where: str) -> list[str]:
         return object_problems(value, NESTED[kind[1:]], where) if isinstance(value, dict) \
             else [f"{where} is not an object"]
     outer, _, inner = kind.partition("[")
-    if outer in ("int", "num") and isinstance(value, int) and not -BIGGEST <= value < BIGGEST:
+    if outer in ("int", "num", "finite") and isinstance(value, int) and \
+            not -BIGGEST <= value < BIGGEST:
         return [f"{where} is not {kind} (an integer past 64 bits)"]
+    if outer == "count" and isinstance(value, int) and not 0 <= value < 1 << 53 or \
+            outer == "finite" and isinstance(value, float) and not math.isfinite(value):
+        return [f"{where} is not {kind}"]
     if kind == "any" or isinstance(value, BASE_TYPES[outer]) and not (
-            isinstance(value, bool) and outer in ("int", "num")):
+            isinstance(value, bool) and outer in ("int", "num", "count", "finite")):
         if not inner:
             return []
         inner, nullable = inner[:-1].rstrip("?"), inner.endswith("?]")
@@ -176,10 +172,10 @@ def type_problems(value, kind: str, where: str) -> list[str]:
     return [f"{where} is not {kind}"]
 
 
-def held(records: list[dict]) -> tuple[list[dict], list[str]]:
+def held(records: list[dict]) -> tuple[list[Record], list[str]]:
     """The one reader of records from a file: (the records that hold their declarations,
-    one line for each that does not, which is left out). What reads the records kept
-    reads every field as its declaration types it."""
+    typed, one line for each that does not, which is left out). What reads the records
+    kept reads every field as its declaration types it, by attribute."""
     kept, problems = [], []
     for record in records:
         found = field_problems(record)
@@ -187,9 +183,54 @@ def held(records: list[dict]) -> tuple[list[dict], list[str]]:
             where = f"{label(record)}: " if record.get("record") in JUDGED.values() else ""
             problems.append(f"{where}{'; '.join(found[:3])}: the record is not read")
         else:                             # the server's words: their type and size only
-            kept.append(dict(record, stop_reason=clean_stop_reason(record["stop_reason"]))
-                        if "stop_reason" in record else record)
+            kept.append(typed(dict(record, stop_reason=clean_stop_reason(
+                record["stop_reason"])) if "stop_reason" in record else record))
     return kept, problems
+
+
+class Record(dict):
+    """A record that holds its declaration: the dict it is written and shown as, each
+    declared field also an attribute (None when absent); an undeclared name is an
+    AttributeError. One class per record kind and per nested shape, made from DECLARED."""
+
+    __slots__ = ()
+
+    @property
+    def record(self) -> str | None:
+        """Its kind (the `record` field)."""
+        return self.get("record")
+
+
+def record_class(name: str, fields: dict) -> type:
+    """The class of one declared kind or shape: a property per field (but one that a
+    dict method's name takes: probe_summary's `items` is read by key)."""
+    namespace = {"__slots__": (), "FIELDS": fields}
+    for field in fields:
+        if not hasattr(dict, field):
+            namespace[field] = property(lambda self, field=field: self.get(field))
+    return type(name.title().replace("_", ""), (Record,), namespace)
+
+
+CLASSES = {kind: record_class(kind, fields) for kind, fields in RECORDS.items()}
+SHAPED = {name: record_class(name, fields) for name, fields in NESTED.items()}
+
+
+def typed(record: dict) -> Record:
+    """A record that holds its declaration as its kind's class, nested objects as theirs."""
+    return shaped(record, CLASSES[record["record"]])
+
+
+def shaped(value: dict, cls: type) -> Record:
+    out = cls(value)
+    for name, (kind, _, _) in cls.FIELDS.items():
+        item = value.get(name)
+        inner = kind.removeprefix("list[").rstrip("]?")
+        if item is None or not inner.startswith("@"):
+            continue
+        shape = SHAPED[inner[1:]]
+        out[name] = shaped(item, shape) if kind.startswith("@") else \
+            [x if x is None else shaped(x, shape) for x in item]
+    return out
 
 
 def clean_stop_reason(value) -> str | None:

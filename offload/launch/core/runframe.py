@@ -162,12 +162,8 @@ class Run(Value):
 
 
 def run_session(settings: RunSettings, program: Program) -> int:
-    """Open the records, run the program's steps under the signal handlers, write one
-    summary; returns the exit code.
-
-    Whatever goes wrong inside, the run ends with a summary record and the contract's
-    exit code; an unexpected exception is a 'fail' with its reason in one line.
-    """
+    """The program's steps under the signal handlers, then one summary whatever happened
+    (a defect: 'fail', its reason in one line); the exit code."""
     path = settings.records_path
     why = settings.textfile and (
         "it is the records file" if os.path.abspath(settings.textfile) ==

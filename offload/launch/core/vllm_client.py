@@ -19,7 +19,7 @@ from core.contract import ENGINE_HEADER, decide
 from core.locks import release_server_lock, take_server_lock
 from core.prompts import (MIN_LONG_PROMPT_TOKENS, long_prompt_budget, new_nonce,
                           size_long_prompt)
-from core.records import ANSWER_FIELDS, clean_stop_reason
+from core.records import ANSWER_FIELDS, clean_stop_reason, typed
 from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_type,
                       comma_list, given_value, seconds)
 from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
@@ -372,13 +372,9 @@ class ServerProgram(Program):
 
     def guarded_batch(self, run: Run, label: str, slots: list[Slot], first: bool,
                       observe_ms: float = 0) -> list[Slot] | None:
-        """The step every batch shares: guard, release the slots together, collect.
-
-        None when the guard refused (nothing was sent). After one of our own batches a busy
-        gauge may be ours not yet counted out, so it is read again for --settle-s. With
-        observe_ms, a GaugeSampler reads the request gauges that often while the batch
-        runs; what it saw is in self.observed.
-        """
+        """Guard (a busy gauge after our own batch read again for --settle-s), release the
+        slots together, collect; None when the guard refused. With observe_ms, the gauges
+        read that often while it runs (self.observed)."""
         if not self.guard.check(run, label, settle=not first):
             return None
         run.current = label
@@ -440,7 +436,8 @@ class ServerProgram(Program):
             ending = Ending("fail", EXIT_FAIL, problems + refusal) if refusal and problems \
                 else Ending("refused", EXIT_REFUSED, refusal) if refusal \
                 else Ending(problems=problems)
-        self.verdict = decide(run.run_record, run.written, ending)
+        self.verdict = decide(run.run_record and typed(run.run_record),
+                              [typed(r) for r in run.written], ending)
         return self.verdict.verdict, self.verdict.exit_code, list(self.verdict.problems)
 
     def summary_fields(self, run: Run) -> dict:

@@ -1,17 +1,6 @@
-"""What a vLLM server's /metrics says: the guard, counters, engines, identity, evidence.
-
-Pure decisions on parsed Prometheus text, and the few reads that get it:
-
-  guard_problems()     are both request gauges there, readable, and 0 on every engine?
-  counters()           every counting series (counters, histogram buckets, count, sum;
-                       never *_created), keyed by name and labels; counter_deltas(),
-                       changed_only() (what records keep)
-  spec_figures()       acceptance rate, mean acceptance length, by position (derived,
-                       labelled: not worker RPC steps, not proof of graph capture)
-  GaugeSampler         the request gauges read every 20 ms while a batch runs
-  process_start(), engines_in()   what identifies the server
-  sleep_states(), asleep_problem()   vllm:engine_sleep_state: is every engine awake?
-"""
+"""What a vLLM server's /metrics says: the guard (guard_problems: both request gauges, 0 on
+every engine), counters and their deltas, speculative figures (derived, not worker steps),
+the engines, the server's identity and its engines' sleep. Pure, but the few reads."""
 
 from __future__ import annotations
 
@@ -79,12 +68,9 @@ SLEEP_LEVELS = {"weights_offloaded": "weights offloaded",       # sleep level 1
 
 
 def sleep_states(samples: list, engines: tuple | None = None) -> dict[str, str]:
-    """Each engine's state from vllm:engine_sleep_state (a 1 on sleep_state="awake" when
-    awake; else "weights_offloaded" or "discard_all" says the level): "awake", a level's
-    words, "asleep" (neither level set, as after a KV cache release), or "sleep state not
-    published" for a given engine the gauge leaves out. {} when the server publishes no
-    such gauge. Only the given engines, when given. Pure; fails closed: an engine is awake
-    only when every awake sample of it is exactly 1 and no level's sample is."""
+    """Each (given) engine's vllm:engine_sleep_state: "awake" only when its awake samples
+    are exactly 1 and no level's is, a level's words, "asleep", or "sleep state not
+    published"; {} without the gauge. Pure."""
     seen: dict[str, dict] = {}
     for name, labels, value in samples:
         if name == SLEEP_GAUGE:
@@ -134,14 +120,9 @@ FRESH_COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total",
 
 def guard_problems(exposition: Exposition, engines: tuple | None = None
                    ) -> tuple[list[str], list[int]]:
-    """Both request gauges must be declared or sampled, and every sample of each must be 0.
-
-    Fails closed: a line that names a gauge but cannot be read exactly refuses. With
-    engines, each engine must have a 0 sample of each gauge, or (a fresh data-parallel
-    server publishes none until an engine has run a request) no sample while the family
-    is declared and that engine's own counters show it never ran one. Returns the problems
-    and the engines judged idle that way.
-    """
+    """(problems, engines judged fresh): both request gauges declared or sampled, every
+    sample 0, a line naming one that cannot be read refusing; with engines, each with a 0
+    sample, or none while declared where its counters show it never ran (fresh)."""
     problems, fresh = [], []
     problems += unreadable_lines(exposition, _NAMES_A_GAUGE, "a request gauge")
     for gauge in GAUGES:
@@ -318,13 +299,9 @@ TOKEN_COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")   
 
 
 def changed_only(deltas: dict) -> dict:
-    """The deltas as records keep them, losing nothing: a series that did not change is
-    left out (its absence means no change), except the token counters (TOKEN_COUNTERS), which
-    stay whole, 0 included, since an engine's share reads a 0 as work not done; and a
-    histogram bucket
-    whose delta equals the next lower bucket's is left out too (buckets are cumulative:
-    no observation landed between them), so a missing bucket's delta is the nearest lower
-    kept one's, 0 below the first. Pure."""
+    """The deltas as records keep them, losing nothing: a series that did not change left
+    out (but TOKEN_COUNTERS, 0 too: an engine's share), and a bucket equal to the next lower
+    one's (a missing bucket's delta is the nearest lower kept one's, 0 below the first)."""
     kept, histograms = {}, {}
     for key, value in deltas.items():
         le = _LE.search(key) if series_name(key).endswith("_bucket") else None

@@ -48,6 +48,21 @@ from start.processes import group_alive  # noqa: E402
 API_KEY = "sk-KEYMARKER-5d1f0c"
 
 
+def decide_held(run: dict, found: list[dict], ending):
+    """contract.decide() on records as readback gives them: held to their declarations
+    first (records.held()), those left out failing the run."""
+    import core.records as records
+    kept, unread = records.held([run] + [r for r in found if r is not run])
+    runs = [r for r in kept if r.record == "run"]
+    return contract.decide(runs[-1] if runs else None, kept, ending, unread)
+
+
+def recorded_plan(plan: dict):
+    """A run record's plan as held (records.held() types it): what contract.read_plan reads."""
+    import core.records as records
+    return records.shaped(plan, records.SHAPED["plan"])
+
+
 PACKAGES = ("core", "tools", "start")       # the folder's packages, beside the entry points
 
 

@@ -12,6 +12,7 @@ import time
 import unittest
 
 from support import HelperCase
+from support import decide_held  # noqa: E402
 import core.contract as contract  # noqa: E402
 import core.prometheus as prometheus  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402  (support puts offload/launch on sys.path)
@@ -213,7 +214,7 @@ class TestEnginesSeenAreWarmed(unittest.TestCase):
         from support import contract_requests, run_record, wave_records
         run = run_record("r1", engines_skipped=list(skipped))
         run["engines"] = engines
-        gauges = {"record": "gauges", "run_id": "r1", "wave": "B1", "ok": True,
+        gauges = {"record": "gauges", "run_id": "r1", "wave": "B1", "ok": True, "at_s": 0.0, "settle_s": None,
                   "samples": [{"name": "vllm:num_requests_running",
                                "labels": {"engine": e, "model_name": "m"}, "value": 0.0}
                               for e in ("0", "1")], "fresh_engines": [], "problems": []}
@@ -221,19 +222,19 @@ class TestEnginesSeenAreWarmed(unittest.TestCase):
 
     def test_an_engine_seen_and_not_warmed_is_not_a_pass(self):
         run, records = self.records(None)
-        verdict = contract.decide(run, records, contract.Ending())
+        verdict = decide_held(run, records, contract.Ending())
         self.assertEqual(verdict.verdict, "fail")
         self.assertIn("engine 1 of the server (seen in this run's /metrics records) was not "
                       "warmed", verdict.problems[0])
 
     def test_an_engine_named_as_left_out_is_a_custom_plan_not_a_failure(self):
         run, records = self.records(None, skipped=[1])
-        self.assertEqual(contract.decide(run, records, contract.Ending()).verdict, "custom")
+        self.assertEqual(decide_held(run, records, contract.Ending()).verdict, "custom")
 
     def test_the_engines_warmed_pass(self):
         run, records = self.records(None)
         records[1]["samples"] = records[1]["samples"][:1]        # engine 0 only
-        self.assertEqual(contract.decide(run, records, contract.Ending()).verdict, "pass")
+        self.assertEqual(decide_held(run, records, contract.Ending()).verdict, "pass")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import core.runframe as runframe  # noqa: E402  (support puts offload/launch on 
 import tools.report as report  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.prometheus as prometheus  # noqa: E402
+import core.records as records  # noqa: E402
 import core.locks as locks  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
 import core.vllm_metrics as vllm_metrics  # noqa: E402
@@ -242,7 +243,7 @@ class TestCounterDeltas(unittest.TestCase):
         self.assertNotIn("vllm:spec_decode_*", with_spec)
 
     def test_cross_check_fails_on_more_than_recorded_and_warns_on_less(self):
-        requests = [{"completion_tokens": 32, "http_status": 200}] * 10
+        requests = [records.CLASSES["request"](completion_tokens=32, http_status=200)] * 10
         good = {'vllm:generation_tokens_total{engine="0"}': 300.0,
                 'vllm:generation_tokens_total{engine="1"}': 20.0, SERIES: 10.0}
         self.assertEqual(evidence.cross_check(good, requests), ([], []))

@@ -12,7 +12,8 @@ import sys
 
 from support import (LAUNCH, QUALIFY, HelperCase, contract_requests, gauges_record,
                      read_records, request_record, run_record, summary_record, wave_records)
-import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
+import core.contract as contract  # noqa: E402
+from support import decide_held, recorded_plan  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import start.steps as steps  # noqa: E402
 import qualify  # noqa: E402
@@ -77,18 +78,19 @@ class TestTheJudge(unittest.TestCase):
         self.assertEqual(kinds.judge(cut, GREEDY, 32), ["read timed out"])
 
     def test_a_recorded_plan_is_read_back_in_one_place(self):
-        plan, why = contract.read_plan(run_record("r", 10)["plan"])
+        plan, why = contract.read_plan(recorded_plan(run_record("r", 10)["plan"]))
         self.assertEqual((plan, why), (contract.REVIEWED, []))
         self.assertEqual(contract.differences(plan), [])
         self.assertEqual((plan.requests_per_engine, plan.requests_per_engine * plan.tokens),
                          (10, 320), "the reviewed budget: ten requests, 320 tokens")
         recorded = contract.plan_record(contract.Plan(waves=(1, 2, 3, 4, 6, 8)))
-        deeper, _ = contract.read_plan(recorded)
+        deeper, _ = contract.read_plan(recorded_plan(recorded))
         self.assertEqual(contract.differences(deeper), ["waves B1,B2,B3,B4,B6,B8"],
                          "waves past B4 make a custom plan")
         given = contract.Plan(tokens=2, waves=(1,), given=(("waves", "WARMUP_WAVES=1 from "
                                                                      "the environment"),))
-        self.assertEqual(contract.differences(contract.read_plan(contract.plan_record(given))[0]),
+        read = contract.read_plan(recorded_plan(contract.plan_record(given)))[0]
+        self.assertEqual(contract.differences(read),
                          ["tokens 2", "waves B1 (WARMUP_WAVES=1 from the environment)"])
 
     def test_a_recorded_plan_that_cannot_be_read_fails_closed(self):
@@ -107,12 +109,6 @@ def read_plan_held(plan: dict):
     return contract.read_plan(kept[0]["plan"])[0] if kept else None
 
 
-def decide_held(run: dict, found: list[dict], ending):
-    """contract.decide() on records as readback gives them: held to their declarations
-    first (records.held()), those left out failing the run."""
-    kept, unread = records.held([run] + found)
-    runs = [r for r in kept if r["record"] == "run"]
-    return contract.decide(runs[-1] if runs else None, kept, ending, unread)
 
 
 class TestTheVerdict(unittest.TestCase):
@@ -250,8 +246,8 @@ class TestTheVerdict(unittest.TestCase):
         self.assertIn("the guard refused before B3, yet the run claims a pass", said.problems)
         waves = wave_records("r")                  # each wave's guard read, then the wave
         waves[3] = dict(waves[3], ok=False)
-        said = contract.decide(run_record("r"), contract_requests("r") + waves,
-                               contract.Ending())
+        said = decide_held(run_record("r"), contract_requests("r") + waves,
+                           contract.Ending())
         self.assertIn("B2: its wave record says it failed", said.problems)
         refusal = self.decide(contract_requests("r")[:3] + [refused],
                               contract.Ending("refused", 3, ("refused before B3",)))

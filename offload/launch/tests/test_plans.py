@@ -13,7 +13,8 @@ import unittest
 
 from support import (LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, copy_product,
                      read_records)
-import core.contract as contract  # noqa: E402  (support puts offload/launch on sys.path)
+import core.contract as contract  # noqa: E402
+from support import recorded_plan  # noqa: E402  (support puts offload/launch on sys.path)
 from core.plan_file import plan_fields, read_plan_file  # noqa: E402
 from core.transport import UsageError
 
@@ -132,10 +133,10 @@ class TestPlanFiles(HelperCase):
         path, digest = write_plan(self.tmp, DEEP)
         plan = contract.plan_of_file(read_plan_file(path))
         recorded = contract.plan_record(plan)
-        self.assertEqual(contract.read_plan(recorded)[0].file.sha256, digest)
+        self.assertEqual(contract.read_plan(recorded_plan(recorded))[0].file.sha256, digest)
         forged = json.dumps(dict(DEEP, tokens=32)).encode()
         recorded["file"]["base64"] = base64.b64encode(forged).decode()
-        self.assertEqual(contract.read_plan(recorded),
+        self.assertEqual(contract.read_plan(recorded_plan(recorded)),
                          (None, ["the run record's plan file does not hash to its sha256"]))
 
     def test_a_short_b1_fails_whatever_the_chunk(self):

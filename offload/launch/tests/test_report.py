@@ -197,7 +197,7 @@ class TestReportJudgesAgain(HelperCase):
                     self.assertNotIn("SERVERWORDS", shown.stdout + shown.stderr,
                                      "the server's words: their type and size only")
                 else:                 # off its declaration: the reader leaves it out
-                    self.assertIn("B2#1: request record's prompt_tokens is not int: the "
+                    self.assertIn("B2#1: request record's prompt_tokens is not count: the "
                                   "record is not read", shown.stdout)
         self.assertEqual(self.report(found).code, 0, "the file as written passes")
 

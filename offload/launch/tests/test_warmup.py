@@ -266,13 +266,13 @@ class TestJudge(unittest.TestCase):
         self.assertEqual(self.judge(http_status=503, error="busy")[0], "HTTP 503: busy")
 
     def test_run_verdicts(self):
-        from support import contract_requests, run_record, wave_records
+        from support import contract_requests, decide_held, run_record, wave_records
         ok = contract_requests("r")
         bad = list(ok)
         bad[1] = dict(bad[1], http_status=500, error="x", ok=False, problems=["x"])
 
         def verdict(records, ending=contract.Ending()):
-            found = contract.decide(run_record("r"), records + wave_records("r"), ending)
+            found = decide_held(run_record("r"), records + wave_records("r"), ending)
             return found.verdict, found.exit_code, list(found.problems)
         self.assertEqual(verdict(ok)[:2], ("pass", 0))
         self.assertEqual(verdict(bad)[:2], ("fail", 1))

@@ -156,8 +156,8 @@ def tidy(value, depth: int = 0):
     if isinstance(value, list):
         return [tidy(v, depth + 1) for v in value] if depth < 32 else None
     if isinstance(value, dict):
-        return {clean_text(str(k), 100): tidy(v, depth + 1)
-                for k, v in value.items()} if depth < 32 else None
+        return type(value)({clean_text(str(k), 100): tidy(v, depth + 1)    # a Record stays one
+                            for k, v in value.items()}) if depth < 32 else None
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
