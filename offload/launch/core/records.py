@@ -44,12 +44,12 @@ DECLARED = {
                "~engines:list[@share] "
                "~served:dict? ~counted:@counted",
     "status": "run_id:str path:str state:str why:str? delta:dict? ~fresh_by:str?",
-    "summary": "run_id:str verdict:str exit_code:int ~requests_ok:int ~requests_total:int "
+    "summary": "run_id:str verdict:str exit_code:int ~requests_ok:count ~requests_total:count "
                "~requests_ran:int ~notes:list[str] ~warnings:list[str] ~settled_s:list ~counters:dict? "
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
                "~parts:list[list] ~shape:@shape ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
                "~worst_typos:int? ~passages_ok:str ~preambles:list[str] "
-               "~time_to_warm:dict[num?] elapsed_s:num deadline_s:num problems:list[str] "
+               "~time_to_warm:dict[num?] elapsed_s:finite deadline_s:finite problems:list[str] "
                "records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
              "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list[str]",

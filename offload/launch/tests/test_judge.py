@@ -213,8 +213,8 @@ class TestTheVerdict(unittest.TestCase):
         self.assertIn("B1, B2, B3, B4 ended after the deadline (1 s)", late.problems)
         lying = run_record("r", contract=False)
         claimed = decide_held(lying, requests + wave_records("r"), contract.Ending())
-        self.assertEqual(readback.claims_problems(lying, summary_record("r", "pass", 0),
-                                                  claimed),
+        self.assertEqual(readback.claims_problems(records.typed(lying), records.typed(
+                             summary_record("r", "pass", 0)), claimed),
                          ["the run record's plan says contract no; its plan is the reviewed "
                           "one"], "the copies of a verdict are held in one place: readback")
         hostile = dict(requests[0], request_kind=[])
@@ -254,7 +254,7 @@ class TestTheVerdict(unittest.TestCase):
         self.assertEqual(refusal.verdict, "refused", "a refused run's records say so")
 
     def test_a_summary_s_pass_with_a_failing_exit_code_is_not_read_as_a_pass(self):
-        said = readback.ending_of(summary_record("r", "pass", 1), 90.0)
+        said = readback.ending_of(records.typed(summary_record("r", "pass", 1)), 90.0)
         self.assertEqual((said.verdict, said.exit_code), ("fail", 1))
         self.assertIn("verdict pass and exit code 1 disagree", said.problems[0])
 

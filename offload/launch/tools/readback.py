@@ -17,7 +17,7 @@ from core.records import held, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
-from core.sanitize import clean_text, finite_number
+from core.sanitize import clean_text
 from core.transport import decode_json
 
 MAX_RECORD_LINE_BYTES = 1 << 20       # a longer line is a bad line, skipped unread
@@ -178,10 +178,10 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
     (exit 1), as is a run without a summary (killed, or still running). A custom plan exits
     1 here: it is not the contract's warm-up, whatever the run itself exited."""
     records, unread = held(records)
-    runs = [r for r in records if r["record"] == "run"]
-    summaries = [r for r in records if r["record"] == "summary"]
+    runs = [r for r in records if r.record == "run"]
+    summaries = [r for r in records if r.record == "summary"]
     run, summary = (runs or [None])[-1], (summaries or [None])[-1]
-    deadline = run["plan"].get("deadline_s") if run else None
+    deadline = run.plan.deadline_s if run else None
     decided = decide(run, records, ending_of(summary, deadline) or Ending("fail", EXIT_FAIL),
                      unread)
     found = list(unread)
@@ -193,15 +193,15 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
         found += claims_problems(run, summary, decided)
     if summary is None:
         verdict, code = "incomplete", EXIT_FAIL
-    elif found or (summary["verdict"] in ("pass", "custom")
-                   and decided.verdict != summary["verdict"]):
+    elif found or (summary.verdict in ("pass", "custom")
+                   and decided.verdict != summary.verdict):
         verdict, code = "incomplete", EXIT_FAIL
         found += list(decided.structural) + list(decided.problems)
     else:
         verdict = decided.verdict
         code = EXIT_FAIL if verdict == "custom" else decided.exit_code
     return {"run": run, "summary": summary, "decided": decided, "verdict": verdict,
-            "exit_code": code, "claimed": summary["verdict"] if summary else None,
+            "exit_code": code, "claimed": summary.verdict if summary else None,
             "evidence_problems": list(dict.fromkeys(found)), "records": records}
 
 
@@ -210,27 +210,26 @@ def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[s
     summary) are held against the verdict its records give: a pass with problems, counts,
     the shape test's verdict, a claim of the contract's plan."""
     found = []
-    plan = (run or {}).get("plan", {})
+    claim = run.plan.contract if run else None
     differs = "; ".join(decided.differences)
-    if "contract" in plan and plan["contract"] is not (not differs):
-        found.append(f"the run record's plan says contract {show(plan['contract'])}; its "
+    if claim is not None and claim is not (not differs):
+        found.append(f"the run record's plan says contract {show(claim)}; its "
                      f"plan {'differs: ' + differs if differs else 'is the reviewed one'}")
-    if summary["verdict"] == "pass" and summary["problems"]:
+    if summary.verdict == "pass" and summary.problems:
         found.append("the summary claims a pass and names problems")
-    for key, want, differs in (
-            ("requests_ok", decided.requests_ok,
+    for said, want, differs in (
+            (summary.requests_ok, decided.requests_ok,
              "the summary says {} requests ok; the records show {}"),
-            ("requests_total", decided.requests_total,
+            (summary.requests_total, decided.requests_total,
              "the summary counts {} planned requests; the run record {}")):
-        said = summary.get(key)
-        if key in summary and said != want:
+        if said is not None and said != want:
             found.append(differs.format(said, want))
-    said = summary.get("shape", {}).get("verdict")
+    said = summary.shape and summary.shape.verdict
     judged = decided.shape.verdict if decided.shape else None
     if said != judged:
         found.append(f"the summary says the shape test's verdict is {show(said)}; its records "
                      f"show {show(judged)}")
-    if summary.get("contract") is True and decided.differences:
+    if summary.contract is True and decided.differences:
         found.append("the summary claims the contract's plan; the run record's plan "
                      "differs: " + "; ".join(decided.differences))
     return found
@@ -288,15 +287,15 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
     run record's deadline (`deadline`), never the summary's own."""
     if summary is None:
         return None
-    claimed, code = summary["verdict"], summary["exit_code"]
+    claimed, code = summary.verdict, summary.exit_code
     if claimed not in ENDINGS or not 0 <= code <= 255:
         return Ending("fail", EXIT_FAIL, ("the summary's verdict or exit code cannot be read",))
     shape_failed = claimed == "custom" and code == EXIT_FAIL and \
-        summary.get("shape", {}).get("verdict") == "fail"     # decide() judges it again
+        summary.shape is not None and summary.shape.verdict == "fail"   # judged again
     if claimed in ("pass", "custom") and code != EXIT_PASS and not shape_failed:
         return Ending("fail", EXIT_FAIL, (f"the summary's verdict {claimed} and exit code "
                                           f"{code} disagree",))
-    elapsed, deadline = finite_number(summary["elapsed_s"]), finite_number(deadline)
+    elapsed = summary.elapsed_s
     if claimed in ("pass", "custom") and (elapsed is None or deadline is None
                                           or elapsed > deadline or deadline > MAX_SECONDS):
         return Ending("fail", EXIT_FAIL, (f"the summary's elapsed_s {show(elapsed)} is not "
@@ -306,4 +305,4 @@ def ending_of(summary: dict | None, deadline) -> Ending | None:
         return Ending()
     allowed = ENDING_EXITS[claimed]
     return Ending(claimed, code if code in allowed else allowed[0],
-                  tuple(summary["problems"]))
+                  tuple(summary.problems))
