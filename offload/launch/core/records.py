@@ -57,11 +57,11 @@ DECLARED = {
                      "meaning:str",
     "gate": "run_id:str request_id:str request_kind:str probe:str kind:str shape:str "
             "index:int engine:int? " + _ANSWER + " exact:bool? edit_distance:int? "
-            "reference_chars:int answer_chars:int? cer:num? word_errors:int? "
+            "reference_chars:int answer_chars:int? cer:finite? word_errors:count? "
             "reference_words:int? preamble_chars:int? removed:list[str] latency_s:num? "
             "sent_at_s:num? ok:bool problems:list[str]",
     "gate_summary": "run_id:str verdict:str exit_code:int identifiers_exact:dict[str] "
-                    "worst_cer:num? passages_ok:str? worst_typos:int? max_typos:int "
+                    "worst_cer:finite? passages_ok:str? worst_typos:int? max_typos:int "
                     "preambles:list[str] max_cer:num endpoint:str elapsed_s:num? "
                     "problems:list[str] records:str?",
 }
@@ -95,9 +95,9 @@ SHAPES = {
                "waves:dict overlaps:list[str]",
     "shape": "verdict:str requests_ok:int requests_total:int parts:list[list] "
              "problems:list[str]",
-    "probe_item": "item:str engine:int? rounds:int cached_rounds:list[int] ttft_first_s:num? "
-                  "ttft_later_median_s:num? ttft_ratio:num? total_first_s:num? "
-                  "total_later_median_s:num? total_ratio:num?",
+    "probe_item": "item:str engine:int? rounds:int cached_rounds:list[int] "
+                  "ttft_first_s:finite? ttft_later_median_s:finite? ttft_ratio:num? "
+                  "total_first_s:finite? total_later_median_s:finite? total_ratio:num?",
 }
 
 

@@ -16,6 +16,7 @@ from support import (PYTHON, QUALIFY, REPO, HelperCase, contract_requests, quali
 import tools.probe as probe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402
 import tools.report as report  # noqa: E402
+import core.records as records_  # noqa: E402
 import core.runframe as runframe  # noqa: E402
 import core.transport as transport  # noqa: E402
 import core.vllm_client as vllm_client  # noqa: E402
@@ -360,8 +361,9 @@ class TestReportPieces(unittest.TestCase):
         self.assertEqual(e0["ttft_later_median_s"], 0.2, "the cached round is left out")
         self.assertEqual(e0["ttft_ratio"], 1.35)
         self.assertEqual((e1["engine"], e1["cached_rounds"], e1["ttft_ratio"]), (1, [], 3.0))
-        self.assertIn("long e0", report.probe_line(e0))
-        self.assertIn("round 2 served from the prefix cache, left out", report.probe_line(e0))
+        line = report.probe_line(records_.shaped(e0, records_.SHAPED["probe_item"]))
+        self.assertIn("long e0", line)
+        self.assertIn("round 2 served from the prefix cache, left out", line)
 
     def test_bad_usage_values_are_cut(self):
         counts, problems = vllm_client.read_usage({"completion_tokens": "9" * 10000,

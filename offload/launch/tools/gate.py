@@ -21,6 +21,7 @@ import unicodedata
 
 from core.values import Value
 from core.cli import emit, number_type, whole
+from core.records import typed
 from core.runframe import Run, RunSettings, add_run_options
 from core.sanitize import REDACTIONS, clean_text
 from core.transport import UsageError, decode_json
@@ -513,7 +514,7 @@ class Gate(ServerProgram):
         fail, refused, killed); --json prints it instead of the summary."""
         record = gate_summary_record(summary, run.settings.run_id, self.options,
                                      run.settings.records_path)
-        run.say(gate_summary_line(record))
+        run.say(gate_summary_line(typed(record)))
         return record
 
     def batch(self, run: Run, shape: str, probes: list[tuple[int, Probe]], first: bool
@@ -541,7 +542,7 @@ class Gate(ServerProgram):
                                  slot, options)
             run.write(record)
             self.tally.requests.append(record)
-            run.say(gate_line(record))
+            run.say(gate_line(typed(record)))
         return True
 
 

@@ -20,6 +20,7 @@ import textwrap
 
 from core.values import Value
 from core.contract import NOT_REPORTED
+from core.records import SHAPED, shaped
 from core.kinds import KINDS, PATH_NAMES, judge, kinds_of, parse_paths, request_id
 from core.prompts import (MAX_LONG_PROMPT_TOKENS, MIN_LONG_PROMPT_TOKENS, make_short_prompt,
                           new_nonce)
@@ -122,7 +123,7 @@ class WarmthProbe(ServerProgram):
                     f"(cached_tokens > 0): left out of the ratios")
         run.say("probe (first round against the median of later rounds):")
         for entry in self.items:
-            run.say(probe_line(entry))
+            run.say(probe_line(shaped(entry, SHAPED["probe_item"])))
         for where, seen in (counters or {}).items():
             run.say(f"counter {seen['counter']} at {where}: round 1 {seen['first']}, later "
                     f"rounds' median {seen['later_median']} (each round: "

@@ -74,9 +74,9 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
     def pick(kind: str) -> list[dict]:
         """The shown fields; a judged record's `ok` is the report's own judgement (the
         record's claim beside it as `claimed_ok`)."""
-        return [dict({k: r.get(k) for k in PICKED[kind]},
-                     **({"ok": identity(r) not in failed, "claimed_ok": r["ok"]}
-                        if kind == judged_kind and "ok" in PICKED[kind] else {}))
+        return [type(r)({k: r.get(k) for k in PICKED[kind]},       # still its kind's class
+                        **({"ok": identity(r) not in failed, "claimed_ok": r.ok}
+                           if kind == judged_kind and "ok" in PICKED[kind] else {}))
                 for r in by_kind.get(kind, [])]
 
     return tidy({
