@@ -11,7 +11,6 @@ from __future__ import annotations
 from core.values import Value
 from core.records import ANSWER_FIELDS, clean_stop_reason
 from core.cli import comma_list
-from core.sanitize import count_value
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -268,10 +267,10 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
     if counted and holds.tokens == "exact" and not named:
         if completion is None:
             problems.append("usage.completion_tokens missing")
-        elif count_value(completion) != tokens:
+        elif completion != tokens:
             problems.append(f"completion_tokens {said(completion)}, expected {tokens}")
     elif counted and holds.tokens == "upto" and not named:
-        if count_value(completion) is None or not 1 <= completion <= tokens:
+        if completion is None or not 1 <= completion <= tokens:
             problems.append(f"completion_tokens {said(completion)}, expected 1 to {tokens} "
                             f"(structured output may end early)")
     if holds.finishes and finish not in holds.finishes:
@@ -279,7 +278,7 @@ def held_problems(answer: dict, holds: Holds, tokens: int) -> list[str]:
                         f"{' or '.join(repr(f) for f in holds.finishes)}")
     if holds.stop_null and stop is not None:
         problems.append(f"stop_reason {said(stop)}, expected null")
-    if holds.logprobs and not count_value(answer.get("logprobs_count")):
+    if holds.logprobs and not answer.get("logprobs_count"):
         problems.append("no log-probabilities in the answer")
     if holds.stream and answer.get("stream_done") is not True:
         problems.append("stream did not end with [DONE]")
@@ -300,7 +299,7 @@ def long_prompt_problems(answer: dict, floor: int) -> list[str]:
     problems = []
     if prompt is None:
         problems.append("usage.prompt_tokens missing: B1's size cannot be checked")
-    elif count_value(prompt) is None or prompt < floor:
+    elif prompt < floor:
         problems.append(f"B1 prompt_tokens {said(prompt)}, expected more than {floor - 1}")
     if cached is not None and cached != 0:
         problems.append(f"B1 cached_tokens {said(cached)}, expected 0: a cached prefix matched, "
@@ -324,8 +323,8 @@ def copy_problem(record: dict, max_cer: float, max_typos: int) -> str | None:
     `max_typos` word errors and `max_cer`. None when it holds."""
     if record.get("kind") == "identifier":
         return None if record.get("exact") is True else "not an exact copy"
-    errors, cer = count_value(record.get("word_errors")), record.get("cer")
-    if errors is None or not isinstance(cer, (int, float)) or isinstance(cer, bool):
+    errors, cer = record.get("word_errors"), record.get("cer")   # a count, a finite number
+    if errors is None or cer is None:
         return "no score"
     if errors > max_typos or not cer <= max_cer:
         return f"{errors} word error(s) (allowed {max_typos}), CER {cer} (bound {max_cer})"

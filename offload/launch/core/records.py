@@ -49,7 +49,7 @@ DECLARED = {
                "~spec_decode:dict? ~contract:bool ~plan_differences:list ~cache_check:str "
                "~parts:list[list] ~shape:@shape ~probe:list ~identifiers_exact:dict ~worst_cer:num? "
                "~worst_typos:int? ~passages_ok:str ~preambles:list[str] "
-               "~time_to_warm:dict[num?] elapsed_s:finite deadline_s:finite problems:list[str] "
+               "~time_to_warm:@time_to_warm elapsed_s:finite deadline_s:finite problems:list[str] "
                "records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
              "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list[str]",
@@ -82,6 +82,8 @@ SHAPES = {
             "~endpoint:str ~path:str ~max_tokens:count ~max_cer:finite ~max_typos:count "
             "~temperature:num ~seed:int ~chat_template_kwargs:dict?",
     "wave_plan": "wave:str depth:int kind:str",
+    "time_to_warm": "start_to_healthy_s:finite? healthy_to_warm_s:finite? "
+                    "start_to_warm_s:finite?",
     "plan_file": "name:str sha256:str base64:str",
     "path_plan": "path:str depths:list[int] endpoint:str stream:bool",
     "item_plan": "item:str depth:int",
@@ -173,9 +175,8 @@ def type_problems(value, kind: str, where: str) -> list[str]:
 
 
 def held(records: list[dict]) -> tuple[list[Record], list[str]]:
-    """The one reader of records from a file: (the records that hold their declarations,
-    typed, one line for each that does not, which is left out). What reads the records
-    kept reads every field as its declaration types it, by attribute."""
+    """The one reader of records from a file: (those that hold their declarations, typed;
+    a line for each that does not, which is left out)."""
     kept, problems = [], []
     for record in records:
         found = field_problems(record)
@@ -189,9 +190,8 @@ def held(records: list[dict]) -> tuple[list[Record], list[str]]:
 
 
 class Record(dict):
-    """A record that holds its declaration: the dict it is written and shown as, each
-    declared field also an attribute (None when absent); an undeclared name is an
-    AttributeError. One class per record kind and per nested shape, made from DECLARED."""
+    """A record that holds its declaration: the dict it is written as, each declared field
+    an attribute (None when absent). One class per kind and nested shape, from DECLARED."""
 
     __slots__ = ()
 
@@ -202,8 +202,7 @@ class Record(dict):
 
 
 def record_class(name: str, fields: dict) -> type:
-    """The class of one declared kind or shape: a property per field (but one that a
-    dict method's name takes: probe_summary's `items` is read by key)."""
+    """A declared kind's class: a property per field (`items`, a dict method, read by key)."""
     namespace = {"__slots__": (), "FIELDS": fields}
     for field in fields:
         if not hasattr(dict, field):
@@ -234,8 +233,7 @@ def shaped(value: dict, cls: type) -> Record:
 
 
 def clean_stop_reason(value) -> str | None:
-    """stop_reason as records and lines keep it: null, or its type and size only (a server
-    may put generated text or a token id there, which nothing keeps)."""
+    """stop_reason as kept: null, or its type and size only (never a server's text or id)."""
     if value is None or isinstance(value, str) and DESCRIBED.fullmatch(value):
         return value                      # already a description (a records file's)
     if isinstance(value, int) and not isinstance(value, bool):
@@ -270,6 +268,14 @@ def show(value, limit: int = SHOW_LIMIT) -> str:
     if not isinstance(value, str):
         value = json.dumps(value, ensure_ascii=False)[:64 * limit]
     return clean_text(value, limit) or "-"
+
+
+def shown_number(value) -> str:
+    """A number as a line says it ('320', not '320.0'); anything else as show() says it."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and \
+            math.isfinite(value):
+        return f"{value:g}"
+    return show(value)
 
 
 def parts_text(parts) -> str:

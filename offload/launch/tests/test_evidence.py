@@ -422,8 +422,8 @@ class TestEvidenceDecides(HelperCase):
                       "over the wave)", shown.stdout)
 
     def test_a_wave_with_no_drafts_says_so(self):
-        wave = {"wave": "B1", "engine": None, "spec_decode": {"drafts": 0.0,
-                                                              "drafted_length": None}}
+        wave = records.typed({"record": "wave", "wave": "B1", "engine": None,
+                              "spec_decode": {"drafts": 0.0, "drafted_length": None}})
         (found,) = report.drafted_findings([wave], {"wave": {"B1": 5}})
         self.assertFalse(found["holds"])
         self.assertIn("no drafts over the wave", found["said"])

@@ -12,6 +12,7 @@ import sys
 
 from support import (LAUNCH, QUALIFY, HelperCase, contract_requests, gauges_record,
                      read_records, request_record, run_record, summary_record, wave_records)
+import core.vllm_client as vllm_client  # noqa: E402
 import core.contract as contract  # noqa: E402
 from support import decide_held, recorded_plan  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
@@ -64,12 +65,24 @@ class TestTheJudge(unittest.TestCase):
         self.assertFalse(contract.Plan(chunk_tokens=4096, context=327680).one_step)
         self.assertIn("chunk (4096, assumed)", contract.one_step_said(contract.Plan(context=4096)))
 
-    def test_hostile_values_are_problems_not_crashes(self):
-        for value in ("32", 32.0, True, None, [32], -1):
+    def test_hostile_values_are_problems_at_the_edge_not_crashes(self):
+        # 55: the readers are the edge (a server's body: extract_fields(); a file: held());
+        # what they pass on is a count or None, which judge() reads without a check.
+        for value in ("32", 32.0, True, [32], -1, 1 << 60):
             with self.subTest(value=value):
-                said = kinds.judge(dict(ANSWER, completion_tokens=value, prompt_tokens=value),
-                                   kinds.KINDS["long"], 32, floor=4097)
-                self.assertTrue(said)
+                body = json.dumps({"choices": [{"index": 0, "text": "x",
+                                                "finish_reason": "length"}],
+                                   "usage": {"prompt_tokens": value,
+                                             "completion_tokens": value}}).encode()
+                said = kinds.judge(vllm_client.extract_fields(200, body), kinds.KINDS["long"],
+                                   32, floor=4097)
+                self.assertTrue(any("is not a count" in p for p in said), said)
+                kept, unread = records.held([dict(request_record("r", 0),
+                                                  completion_tokens=value)])
+                self.assertEqual((kept, len(unread)), ([], 1))
+        missing = kinds.judge(dict(ANSWER, completion_tokens=None, prompt_tokens=None),
+                              kinds.KINDS["long"], 32, floor=4097)
+        self.assertIn("usage.completion_tokens missing", missing)
 
     def test_a_record_is_judged_as_its_answer_was(self):
         record = request_record("r", 0)

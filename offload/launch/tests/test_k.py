@@ -8,6 +8,7 @@ import argparse
 import unittest
 
 from support import HelperCase, qualify
+import core.records as records  # noqa: E402
 import tools.report as report  # noqa: E402  (support puts offload/launch on sys.path)
 
 K1 = ((1, 2, 5), (3, 4, 4))
@@ -31,8 +32,9 @@ class TestExpectKGrammar(unittest.TestCase):
                                       (2, 4.5, True), (4, 3.6, True), (4, 3.5, True),
                                       (1, 5.1, False)):
             with self.subTest(depth=depth, drafted=drafted):
-                wave = {"wave": f"B{depth}", "depth": depth, "engine": None,
-                        "spec_decode": {"drafts": 10, "drafted_length": drafted}}
+                wave = records.typed({"record": "wave", "wave": f"B{depth}", "depth": depth,
+                                      "engine": None,
+                                      "spec_decode": {"drafts": 10, "drafted_length": drafted}})
                 (found,) = report.drafted_findings([wave], k1)
                 self.assertIs(found["holds"], holds, found["said"])
 

@@ -205,9 +205,10 @@ class TestOwnerAnswers(OwnerCase):
         self.assertGreaterEqual(len(records), 2, "each attempt keeps its records")
         first, _ = read_records(os.path.join(self.logs, records[0]))
         self.assertEqual(first[-1]["verdict"], "refused")
-        with open(self.textfile) as handle:
-            text = handle.read()
-        self.assertIn('offload_warmup_last_run_verdict{verdict="pass"} 1.0', text)
+        def says_pass() -> bool:             # carried over just after the move to warm
+            with open(self.textfile) as handle:
+                return 'offload_warmup_last_run_verdict{verdict="pass"} 1.0' in handle.read()
+        self.wait_for(says_pass, 10, "the textfile says pass")
 
     def test_refusals_past_the_start_guard_end_failed_and_critical(self):
         self.supervised("--busy", "1", env={"START_GUARD_S": "3"})

@@ -253,14 +253,15 @@ class TestReportPieces(unittest.TestCase):
         self.assertIn("verdict: incomplete (exit 1; no summary", report.format_report(built))
 
     def test_a_counter_that_went_down_is_named_with_or_without_a_table(self):
-        down = {"wave": "B2", "depth": 2, "counters_went_down": ["vllm:prompt_tokens_total"]}
+        wave = records_.CLASSES["wave"]
+        down = wave(wave="B2", depth=2, counters_went_down=["vllm:prompt_tokens_total"])
         bare = report.evidence_table([down])
         self.assertEqual(bare, ["counter went down during a wave (a restart?): "
                                 "vllm:prompt_tokens_total"])
-        table = report.evidence_table([dict(down, gauge_samples=3, running_max=2.0)])
+        table = report.evidence_table([wave(down, gauge_samples=3, running_max=2.0)])
         self.assertEqual(table[-1], bare[0])
         self.assertTrue(table[0].startswith("wave"), table)
-        self.assertEqual(report.evidence_table([{"wave": "B1", "depth": 1}]), [])
+        self.assertEqual(report.evidence_table([wave(wave="B1", depth=1)]), [])
 
     def test_cut_short_probe_names_its_failed_requests(self):
         answer = {k: v for k, v in request_record("r", 1).items() if k in ANSWER_FIELDS}

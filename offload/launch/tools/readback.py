@@ -13,7 +13,7 @@ import math
 
 from core.contract import Ending, Verdict, decide
 from core.readyfile import ready_of, unmet, write_ready
-from core.records import held, show
+from core.records import held, parse_fields, record_class, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
@@ -170,7 +170,13 @@ def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
     return any(isinstance(i, str) and ids.count(i) > 1 for i in mine)
 
 
-def judge_run(records: list[dict], repeated: bool = False) -> dict:
+# One run judged: what judge_run() gives (a dict, each field an attribute).
+Judged = record_class("judged", parse_fields(
+    "run:any summary:any decided:any verdict:str exit_code:int claimed:any "
+    "evidence_problems:list records:list"))
+
+
+def judge_run(records: list[dict], repeated: bool = False):
     """One run's records read (records.held(): one line for each that breaks its
     declaration, which fails the run) and judged: contract.decide() on them with how its
     summary says it ended, held against that claim. A summary that claims a pass or a
@@ -200,9 +206,9 @@ def judge_run(records: list[dict], repeated: bool = False) -> dict:
     else:
         verdict = decided.verdict
         code = EXIT_FAIL if verdict == "custom" else decided.exit_code
-    return {"run": run, "summary": summary, "decided": decided, "verdict": verdict,
-            "exit_code": code, "claimed": summary.verdict if summary else None,
-            "evidence_problems": list(dict.fromkeys(found)), "records": records}
+    return Judged(run=run, summary=summary, decided=decided, verdict=verdict, exit_code=code,
+                  claimed=summary.verdict if summary else None,
+                  evidence_problems=list(dict.fromkeys(found)), records=records)
 
 
 def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[str]:
@@ -265,9 +271,9 @@ def ready_from_records(path: str, records: str, run_id: str | None = None,
     if warm is None or gate_records and gate is None:
         return f"cannot read a run in {clean_text(records if warm is None else gate_records, 200)}"
     gate_part = None if gate is None else {
-        "verdict": gate["verdict"], "records": gate_records,
-        "run_id": gate["run"]["run_id"] if gate["run"] else None}
-    doc, why = ready_of(warm["verdict"], warm["records"], records, gate_part, server_pgid)
+        "verdict": gate.verdict, "records": gate_records,
+        "run_id": gate.run.run_id if gate.run else None}
+    doc, why = ready_of(warm.verdict, warm.records, records, gate_part, server_pgid)
     if doc and chunk_from and doc["chunk_source"] == "WARMUP_CHUNK_TOKENS":
         doc["chunk_source"] = chunk_from
     return why or unmet(doc, *required) or (write_ready(path, doc) if path else None)

@@ -25,12 +25,26 @@ from core.contract import batch_name, chunk_said, identity, read_plan
 from core.readyfile import last_gauges, sha256_type
 from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
                             tidy)
-from core.records import JUDGED, label, parts_text, shape_text, show
+from core.records import (CLASSES, JUDGED, SHAPED, label, parse_fields, parts_text,
+                          record_class, shape_text, show, shown_number)
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, number_in, whole
-from core.sanitize import clean_text, finite_number
+from core.sanitize import clean_text
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
 PROG = "qualify.py report"
+# What report --json prints, declared as the records are (a class each, each field an
+# attribute): a run, the file, a --expect-k finding.
+RunReport = record_class("run_report", parse_fields(
+    "run:any requests:list waves:list metrics:list status:list probe:list probe_summary:any "
+    "gate:list gate_summary:any summary:any problems:list verdict:str exit_code:int "
+    "claimed:any evidence:str evidence_problems:list differences:list parts:list notes:list "
+    "ends:str shape:any sleep_state:any"))
+FileReport = record_class("file_report", parse_fields(
+    "runs:list issues:list verdict:str exit_code:int evidence:str ends:str ~expect_k:list "
+    "~plan_sha256:any"))
+Finding = record_class("finding", parse_fields("wave:str holds:bool said:str "
+                                               "~drafted_length:num"))
+SPEC_NONE, SUMMARY_NONE = SHAPED["spec"](), CLASSES["summary"]()     # absent: every field None
 
 PICKED = {
     "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
@@ -54,22 +68,22 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
     the verdict judged from its evidence (readback.judge_run: contract.decide())."""
     judged = judge_run(records, repeated)
-    run, summary, decided = judged["run"], judged["summary"], judged["decided"]
+    run, summary, decided = judged.run, judged.summary, judged.decided
     by_kind: dict[str, list[dict]] = {}
-    for record in judged["records"]:     # the records held to their declarations
-        by_kind.setdefault(record["record"], []).append(record)
+    for record in judged.records:     # the records held to their declarations
+        by_kind.setdefault(record.record, []).append(record)
     where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
-        f"no summary: {where} after a '{show(records[-1]['record'], 40)}' record (the "
+        f"no summary: {where} after a '{show(records[-1].get('record'), 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
     failed = set(decided.failed)
-    judged_kind = JUDGED.get(run["mode"], "request") if run else "request"
+    judged_kind = JUDGED.get(run.mode, "request") if run else "request"
     if summary:
-        problems = summary["problems"]
+        problems = summary.problems
     else:                             # cut short: name what failed before the cut
         problems = [f"{label(r)}: {p}" for r in by_kind.get(judged_kind, [])
-                    if not r["ok"] or identity(r) in failed
-                    for p in r["problems"] or ["fails its kind's rules"]]
+                    if not r.ok or identity(r) in failed
+                    for p in r.problems or ["fails its kind's rules"]]
 
     def pick(kind: str) -> list[dict]:
         """The shown fields; a judged record's `ok` is the report's own judgement (the
@@ -79,32 +93,30 @@ def build_run(records: list[dict], last: bool = True, repeated: bool = False) ->
                            if kind == judged_kind and "ok" in PICKED[kind] else {}))
                 for r in by_kind.get(kind, [])]
 
-    return tidy({
+    return tidy(RunReport({
         "run": run,
         "requests": pick("request"), "waves": pick("wave"), "metrics": pick("metrics"),
         "status": pick("status"), "probe": pick("probe"),
         "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
         "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
         "summary": summary, "problems": problems,
-        "verdict": judged["verdict"], "exit_code": judged["exit_code"],
-        "claimed": judged["claimed"],
-        "evidence": "incomplete" if judged["evidence_problems"] else "complete",
-        "evidence_problems": judged["evidence_problems"],
+        "verdict": judged.verdict, "exit_code": judged.exit_code, "claimed": judged.claimed,
+        "evidence": "incomplete" if judged.evidence_problems else "complete",
+        "evidence_problems": judged.evidence_problems,
         "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
         "notes": list(decided.notes), "ends": ends,
         "shape": decided.shape.as_record() if decided.shape else None,
         # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
-        "sleep_state": last_gauges(judged["records"]).get("sleep_state"),
-    })
+        "sleep_state": last_gauges(judged.records).get("sleep_state"),
+    }))
 
 
-def time_to_warm_line(phases: dict) -> str:
+def time_to_warm_line(phases) -> str:
     """'time to warm: process start -> healthy 36.2 s -> warm 4.1 s (40.3 s in all)'."""
-    def secs(name):
-        value = finite_number(phases.get(name))
+    def secs(value):
         return "unknown" if value is None else f"{value:.1f} s"
-    return (f"time to warm: process start -> healthy {secs('start_to_healthy_s')} -> warm "
-            f"{secs('healthy_to_warm_s')} ({secs('start_to_warm_s')} in all)")
+    return (f"time to warm: process start -> healthy {secs(phases.start_to_healthy_s)} -> "
+            f"warm {secs(phases.healthy_to_warm_s)} ({secs(phases.start_to_warm_s)} in all)")
 
 
 def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
@@ -114,18 +126,17 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
     runs = [build_run(group, last=(i == len(groups) - 1), repeated=repeated_run(group, groups))
             for i, group in enumerate(groups)]
     if any(issue.startswith(READ_STOPPED) for issue in issues):
-        return {"runs": runs, "issues": tidy(issues), "verdict": "incomplete",
-                "exit_code": EXIT_FAIL, "evidence": "incomplete",
-                "ends": f"{clean_text(path, 200)} was not read to its end (too large to "
-                        f"read whole): its last run is not known"}
-    if not any(r["record"] == "run" for r in records):
-        return {"runs": runs, "issues": tidy(issues), "verdict": "none",
-                "exit_code": EXIT_FAIL, "evidence": "incomplete",
-                "ends": f"no warm-up run in {clean_text(path, 200)} (no run record)"}
+        return FileReport(runs=runs, issues=tidy(issues), verdict="incomplete",
+                          exit_code=EXIT_FAIL, evidence="incomplete",
+                          ends=f"{clean_text(path, 200)} was not read to its end (too large "
+                               f"to read whole): its last run is not known")
+    if not any(r.get("record") == "run" for r in records):      # records as read: dicts
+        return FileReport(runs=runs, issues=tidy(issues), verdict="none",
+                          exit_code=EXIT_FAIL, evidence="incomplete",
+                          ends=f"no warm-up run in {clean_text(path, 200)} (no run record)")
     last = decisive(runs)
-    return {"runs": runs, "issues": tidy(issues),
-            "verdict": last["verdict"], "exit_code": last["exit_code"],
-            "evidence": last["evidence"], "ends": last["ends"]}
+    return FileReport(runs=runs, issues=tidy(issues), verdict=last.verdict,
+                      exit_code=last.exit_code, evidence=last.evidence, ends=last.ends)
 
 
 def decisive(runs: list[dict]) -> dict:
@@ -134,14 +145,14 @@ def decisive(runs: list[dict]) -> dict:
     its line lost) make it incomplete; a last run that is not a warm-up (a probe, a gate)
     exits 1: the file holds no warm-up pass to go by."""
     last = runs[-1]
-    if last["run"] is None:         # none, or none it could read
-        return dict(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
+    if last.run is None:            # none, or none it could read
+        return RunReport(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
                     ends="the file's last records belong to no run record it could read (a "
                          "run KILLed before writing it, its line lost or damaged): its last "
                          "attempt is not known to have passed")
-    mode = last["run"]["mode"]
-    if mode != "warmup" and last["exit_code"] == EXIT_PASS:
-        return dict(last, exit_code=EXIT_FAIL, verdict="no warm-up",
+    mode = last.run.mode
+    if mode != "warmup" and last.exit_code == EXIT_PASS:
+        return RunReport(last, exit_code=EXIT_FAIL, verdict="no warm-up",
                     ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
                          f"no warm-up pass to release HOLD by")
     return last
@@ -149,27 +160,26 @@ def decisive(runs: list[dict]) -> dict:
 
 def run_header(run: dict) -> str:
     """The run record in one line: what ran, where, against which model and server."""
-    plan, mode = run["plan"], run["mode"]
-    model = f"model {known(run['model'])} (server {known(run['versions'].get('server'))})"
-    where = f"{show(run['run_id'])}: {show(run['base_url'])} {model}"
-    engines = run["engines"] or []
+    plan, mode = run.plan, run.mode
+    model = f"model {known(run.model)} (server {known(run.versions.get('server'))})"
+    where = f"{show(run.run_id)}: {show(run.base_url)} {model}"
+    engines = run.engines or []
     where += f", engines {','.join(map(str, engines))}" if engines else ""
-    deadline = f"deadline {show(plan.get('deadline_s'))} s"
+    deadline = f"deadline {show(plan.deadline_s)} s"
     if mode == "probe":
-        items = ", ".join(show(i["item"]) for i in plan.get("items", []))
-        return (f"probe {where}, {show(plan.get('rounds'))} rounds of {items or '-'}, "
-                f"{show(plan.get('requests_total'))} requests, {deadline}")
+        items = ", ".join(show(i.item) for i in plan.get("items") or [])   # dict's items()
+        return (f"probe {where}, {show(plan.rounds)} rounds of {items or '-'}, "
+                f"{show(plan.requests_total)} requests, {deadline}")
     if mode == "gate":
-        return (f"gate {where}, endpoint {show(plan.get('endpoint'))}, "
-                f"{show(plan.get('requests_total'))} requests, max CER "
-                f"{show(plan.get('max_cer'))}, max_tokens {show(plan.get('max_tokens'))}, "
+        return (f"gate {where}, endpoint {show(plan.endpoint)}, {show(plan.requests_total)} "
+                f"requests, max CER {show(plan.max_cer)}, max_tokens {show(plan.max_tokens)}, "
                 f"{deadline}")
     warm, _ = read_plan(plan)             # the one reader of a warm-up's plan
     waves = ",".join(batch_name(k, d) for k, d in warm.batches()) if warm else "unreadable"
     given = "; given: " + ", ".join(v for _, v in warm.given) if warm and warm.given else ""
-    counted = plan.get("b1_prompt_tokens_counted")
+    counted = plan.b1_prompt_tokens_counted
     chunk = f" ({chunk_said(warm)})" if warm else ""
-    return (f"warm-up {where}, waves {waves}, {show(plan.get('requests_total'))} "
+    return (f"warm-up {where}, waves {waves}, {show(plan.requests_total)} "
             f"requests, B1 {show(counted) if counted is not None else 'estimated'} "
             f"tokens{chunk}, {deadline}{given}")
 
@@ -180,20 +190,19 @@ def request_table(requests: list[dict]) -> list[str]:
                "completion_tokens", "finish_reason", "stop_reason", "latency_s", "ok"]
     heads = ["wave", "id", "status", "prompt", "cached", "completion", "finish", "stop",
              "latency", "ok"]
-    if any(r["engine"] is not None for r in requests):
+    if any(r.engine is not None for r in requests):
         columns.insert(1, "engine")
         heads.insert(1, "engine")
-    rows = [heads] + [[show(r[c]) for c in columns] for r in requests]
+    rows = [heads] + [[show(r.get(c)) for c in columns] for r in requests]
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
-def wave_text(wave: dict) -> str:
-    where = show(wave["wave"]) + ("" if wave["engine"] is None else f" e{wave['engine']}")
-    return (f"{where:<4} depth {show(wave['depth'])}  skew "
-            f"{show(wave['release_skew_ms'])} ms  {show(wave['duration_s'])} s  "
-            f"{show(wave['released_at'])} -> {show(wave['last_answer_at'])}  "
-            f"{'ok' if wave['ok'] else 'FAILED'}")
+def wave_text(wave) -> str:
+    where = show(wave.wave) + ("" if wave.engine is None else f" e{wave.engine}")
+    return (f"{where:<4} depth {show(wave.depth)}  skew {show(wave.release_skew_ms)} ms  "
+            f"{show(wave.duration_s)} s  {show(wave.released_at)} -> "
+            f"{show(wave.last_answer_at)}  {'ok' if wave.ok else 'FAILED'}")
 
 
 def evidence_table(waves: list[dict]) -> list[str]:
@@ -202,122 +211,116 @@ def evidence_table(waves: list[dict]) -> list[str]:
     of batch shapes or graph capture; '-' where the server did not say. [] when no wave
     has any (run with --gauge-interval-ms 0): a table of '-' would say nothing. A counter
     that went down during a wave is named either way."""
-    went_down = sorted({show(k, 160) for w in waves for k in w.get("counters_went_down") or []})
+    went_down = sorted({show(k, 160) for w in waves for k in w.counters_went_down or []})
     notes = [f"counter went down during a wave (a restart?): {k}" for k in went_down]
-    if not any(w.get(k) is not None for w in waves
-               for k in ("gauge_samples", "running_max", "spec_decode", "tokens_per_step")):
+    if all(w.gauge_samples is None and w.running_max is None and w.spec_decode is None
+           and w.tokens_per_step is None for w in waves):
         return notes
     heads = ["wave", "engine", "depth", "observed", "gauge samples", "drafted",
              "accept rate", "mean accept len", "accept by position", "tokens/step"]
     rows = [heads]
     for wave in waves:
-        spec = wave.get("spec_decode") or {}
-        positions = " ".join(show(p, 8) for p in spec.get("acceptance_by_position", []))
-        running = finite_number(wave.get("running_max"))
-        rows.append([show(wave["wave"]), show(wave.get("engine")), show(wave.get("depth")),
-                     "-" if running is None else f"{running:g}",
-                     show(wave.get("gauge_samples")), show(spec.get("drafted_length")),
-                     show(spec.get("acceptance_rate")),
-                     show(spec.get("mean_acceptance_length")), positions or "-",
-                     show(wave.get("tokens_per_step"))])
+        spec = wave.spec_decode or SPEC_NONE
+        positions = " ".join(show(p, 8) for p in spec.acceptance_by_position or [])
+        rows.append([show(wave.wave), show(wave.engine), show(wave.depth),
+                     shown_number(wave.running_max), show(wave.gauge_samples),
+                     show(spec.drafted_length), show(spec.acceptance_rate),
+                     show(spec.mean_acceptance_length), positions or "-",
+                     show(wave.tokens_per_step)])
     widths = [max(len(row[i]) for row in rows) for i in range(len(heads))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     return lines + notes
 
 
-def counted_lines(counted: dict) -> list[str]:
+def counted_lines(counted) -> list[str]:
     """An operator counter (--metrics-counter) against what the warm-up sent."""
     if not counted:
         return []
-
-    def num(value) -> str:
-        return f"{value:g}" if finite_number(value) is not None else show(value)
-    more = counted["foreign"]
-    during = ", ".join(map(show, counted["overlaps"])) or "-"
+    more = counted.foreign
+    during = ", ".join(map(show, counted.overlaps)) or "-"
     said = "not compared (a read failed)" if more is None else "no foreign work" \
-        if not more else f"FOREIGN WORK: {num(more)} more (during {during})"
-    return [f"  {show(counted['counter'])}: counted {num(counted['delta'])} "
-            f"{show(counted['unit'])}, the warm-up sent {num(counted['sent'])}: {said}"]
+        if not more else f"FOREIGN WORK: {shown_number(more)} more (during {during})"
+    return [f"  {show(counted.counter)}: counted {shown_number(counted.delta)} "
+            f"{show(counted.unit)}, the warm-up sent {shown_number(counted.sent)}: {said}"]
 
 
-def overlapped(metrics: list[dict]) -> dict:
+def overlapped(metrics: list) -> dict:
     """wave -> the sources whose operator counter saw foreign work during it."""
     found: dict = {}
     for m in metrics:
-        for wave in (m["counted"] or {}).get("overlaps", []):
-            found.setdefault(wave, []).append(show(m["source"], 120))
+        for wave in m.counted.overlaps if m.counted else []:
+            found.setdefault(wave, []).append(show(m.source, 120))
     return found
 
 
-def format_run(run: dict) -> list[str]:
-    """One run's lines, ending with its verdict line."""
-    lines = [run_header(run["run"])] if run["run"] else ["(no run record it could read)"]
-    if run["requests"]:
-        lines += [""] + request_table(run["requests"])
-    if run["waves"]:
-        foreign = overlapped(run["metrics"])
+def format_run(run) -> list[str]:
+    """One run's lines (a RunReport), ending with its verdict line."""
+    lines = [run_header(run.run)] if run.run else ["(no run record it could read)"]
+    if run.requests:
+        lines += [""] + request_table(run.requests)
+    if run.waves:
+        foreign = overlapped(run.metrics)
         lines += [""] + [wave_text(w) + "".join(f"  foreign work on {s}" for s in
-                                                foreign.get(w["wave"], []))
-                         for w in run["waves"]]
-        table = evidence_table(run["waves"])
+                                                foreign.get(w.wave, []))
+                         for w in run.waves]
+        table = evidence_table(run.waves)
         if table:
             lines += ["", "per-wave evidence (counters and gauges; not worker RPC steps, not "
                           "proof of graph capture):"] + table
-    for m in run["metrics"]:
-        why = f": {show(m['why'], 200)}" if m["why"] else ""
-        lines += ["", f"counter deltas from {show(m['source'])} ({show(m['state'])}{why}):"]
-        lines += [f"  {show(k, 160)} {show(v)}" for k, v in m["highlights"].items()]
-        lines += [f"  warning: {show(w, 300)}" for w in m["warnings"] or []]
-        lines += counted_lines(m["counted"] or {})
-    for st in run["status"]:
-        why = f": {show(st['why'], 200)}" if st["why"] else ""
+    for m in run.metrics:
+        why = f": {show(m.why, 200)}" if m.why else ""
+        lines += ["", f"counter deltas from {show(m.source)} ({show(m.state)}{why}):"]
+        lines += [f"  {show(k, 160)} {show(v)}" for k, v in m.highlights.items()]
+        lines += [f"  warning: {show(w, 300)}" for w in m.warnings or []]
+        lines += counted_lines(m.counted)
+    for st in run.status:
+        why = f": {show(st.why, 200)}" if st.why else ""
         moved = ", ".join(f"{show(k, 60)} {show(v)}"
-                          for k, v in list((st["delta"] or {}).items())[:12])
-        fresh = f" (fresh by {show(st['fresh_by'], 80)})" if st["fresh_by"] else ""
-        lines.append(f"status file {show(st['path'], 200)}: {show(st['state'])}{why}"
+                          for k, v in list((st.delta or {}).items())[:12])
+        fresh = f" (fresh by {show(st.fresh_by, 80)})" if st.fresh_by else ""
+        lines.append(f"status file {show(st.path, 200)}: {show(st.state)}{why}"
                      f"{fresh}" + (f"; deltas: {moved}" if moved else ""))
-    if run["probe_summary"]:
+    if run.probe_summary:
         lines += ["", "probe (first round against the median of later rounds):"]
-        lines += [probe_line(i) for i in run["probe_summary"]["items"]]
-    if run["gate"]:
+        lines += [probe_line(i) for i in run.probe_summary["items"]]   # a dict method's name
+    if run.gate:
         lines += ["", "gate (exact copies; counts and distances only):"]
-        lines += [gate_line(r) for r in run["gate"]]
-    if run["gate_summary"]:
-        lines.append(gate_summary_line(run["gate_summary"]))
-    if run["problems"]:
-        lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run["problems"]]
-    summary = run["summary"] or {}
-    if summary.get("time_to_warm"):
-        lines.append(time_to_warm_line(summary["time_to_warm"]))
-    lines += [f"note: {show(n, 300)}"
-              for n in dict.fromkeys(run["notes"] + summary.get("notes", []))]
-    lines += [f"warning: {show(w, 300)}" for w in summary.get("warnings", [])]
-    if run["evidence_problems"]:
-        lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}"
-                                             for p in run["evidence_problems"]]
-    if run["shape"]:
-        lines.append(shape_text(run["shape"]))
-    if not run["summary"]:
-        lines.append(f"verdict: incomplete (exit {run['exit_code']}; {run['ends']})")
-    elif run["verdict"] == "custom":
-        lines.append(f"verdict: custom plan, not the contract's (exit {run['exit_code']}; "
-                     f"{show('; '.join(run['differences']), 300)}): it passed its own plan")
-    elif run["verdict"] != run["claimed"]:
-        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']}; the summary "
-                     f"claims {show(run['claimed'])}, the evidence does not show it)")
+        lines += [gate_line(r) for r in run.gate]
+    if run.gate_summary:
+        lines.append(gate_summary_line(run.gate_summary))
+    if run.problems:
+        lines += ["", "problems:"] + [f"  - {show(p, 300)}" for p in run.problems]
+    summary = run.summary or SUMMARY_NONE
+    if summary.time_to_warm:
+        lines.append(time_to_warm_line(summary.time_to_warm))
+    lines += [f"note: {show(n, 300)}" for n in dict.fromkeys(run.notes + (summary.notes or []))]
+    lines += [f"warning: {show(w, 300)}" for w in summary.warnings or []]
+    if run.evidence_problems:
+        lines += ["evidence: incomplete"] + [f"  - {show(p, 300)}" for p in run.evidence_problems]
+    if run.shape:
+        lines.append(shape_text(run.shape))
+    code = run.exit_code
+    if not run.summary:
+        lines.append(f"verdict: incomplete (exit {code}; {run.ends})")
+    elif run.verdict == "custom":
+        lines.append(f"verdict: custom plan, not the contract's (exit {code}; "
+                     f"{show('; '.join(run.differences), 300)}): it passed its own plan")
+    elif run.verdict != run.claimed:
+        lines.append(f"verdict: {show(run.verdict)} (exit {code}; the summary claims "
+                     f"{show(run.claimed)}, the evidence does not show it)")
     else:
-        counts = parts_text(run["parts"])
-        lines.append(f"verdict: {show(run['verdict'])} (exit {run['exit_code']})"
+        counts = parts_text(run.parts)
+        lines.append(f"verdict: {show(run.verdict)} (exit {code})"
                      + (f": {counts}" if counts else ""))
     return lines
 
 
-def format_report(report: dict) -> str:
+def format_report(report) -> str:
     """The whole file for a terminal: bad lines first, then each run, the last run last."""
-    lines = [f"note: {show(issue, 300)}" for issue in report["issues"]]
-    runs = report["runs"]
-    if report["verdict"] == "none":
-        lines.append(f"verdict: none ({report['ends']})")
+    lines = [f"note: {show(issue, 300)}" for issue in report.issues]
+    runs = report.runs
+    if report.verdict == "none":
+        lines.append(f"verdict: none ({report.ends})")
         return "\n".join(lines)
     for number, run in enumerate(runs, 1):
         if len(runs) > 1:
@@ -379,48 +382,51 @@ def report_main(argv: list[str]) -> int:
                     sys.stderr)
         return EXIT_USAGE
     report = build_report(records, issues, args.records)
+    last, unheld = _last_run(report), []
     if args.expect_k:
-        last = _last_run(report)
-        report["expect_k"] = drafted_findings(
-            last.get("waves") or [], args.expect_k, args.proposer,
-            (last.get("run") or {}).get("spec_positions"))
-    unheld = ["--expect-k does not hold"] if not all(
-        f["holds"] for f in report.get("expect_k", [])) else []
+        findings = drafted_findings(last.waves or [], args.expect_k, args.proposer,
+                                    last.run.spec_positions if last.run else None)
+        report = FileReport(report, expect_k=findings)
+        unheld += [] if all(f.holds for f in findings) else ["--expect-k does not hold"]
     if args.plan_sha256:
-        report["plan_sha256"] = plan_pinned(_last_run(report), args.plan_sha256)
-        unheld += [] if report["plan_sha256"]["holds"] else [report["plan_sha256"]["said"]]
-    code = report["exit_code"] or (EXIT_FAIL if unheld else EXIT_PASS)
+        pinned = plan_pinned(last, args.plan_sha256)
+        report = FileReport(report, plan_sha256=pinned)
+        unheld += [] if pinned.holds else [pinned.said]
+    code = report.exit_code or (EXIT_FAIL if unheld else EXIT_PASS)
     if args.json:
         emit(json.dumps(report, indent=2))
     else:
         emit(format_report(report) + "".join(
-            f"\nexpect-k {f['wave']}: {f['said']}" for f in report.get("expect_k", []))
+            f"\nexpect-k {f.wave}: {f.said}" for f in report.expect_k or [])
             + final_line(report, unheld, code))
     return code
 
 
-def plan_pinned(last: dict, wanted: str) -> dict:
+Pinned = record_class("pinned", parse_fields("wanted:str found:str? holds:bool said:str"))
+
+
+def plan_pinned(last, wanted: str):
     """--plan-sha256: does the last run's plan file have the digest reviewed?"""
-    file = ((last.get("run") or {}).get("plan") or {}).get("file") or {}
-    found = file.get("sha256")
+    file = last.run and last.run.plan.file
+    found = file.sha256 if file else None
     said = f"its plan is {'sha256:' + show(found, 64) if found else 'not a plan file'}, " \
            f"not sha256:{wanted}"
-    return {"wanted": wanted, "found": found, "holds": found == wanted,
-            "said": "" if found == wanted else said}
+    return Pinned(wanted=wanted, found=found, holds=found == wanted,
+                  said="" if found == wanted else said)
 
 
 def final_line(report: dict, unheld: list, code: int) -> str:
     """The file's verdict with the exit status report returns, as a last line of its own
     where the last run's verdict line does not already say it ("": it does)."""
     last = _last_run(report)
-    if report["verdict"] == "none":
+    if report.verdict == "none":
         return f"\nverdict: none (exit {code})"
     if unheld:
-        return f"\nverdict: {show(report['verdict'])}, but {'; '.join(unheld)} (exit {code})"
-    shown = report["runs"][-1] if report["runs"] else {}     # what its own line says
-    if shown.get("verdict") != report["verdict"] or shown.get("exit_code") != code or \
-            last.get("ends") != shown.get("ends") or len(report["runs"]) > 1:
-        return f"\nverdict: {show(report['verdict'])} (exit {code}; {show(report['ends'], 300)})"
+        return f"\nverdict: {show(report.verdict)}, but {'; '.join(unheld)} (exit {code})"
+    shown = report.runs[-1] if report.runs else RunReport()     # what its own line says
+    if shown.verdict != report.verdict or shown.exit_code != code or \
+            last.ends != shown.ends or len(report.runs) > 1:
+        return f"\nverdict: {show(report.verdict)} (exit {code}; {show(report.ends, 300)})"
     return ""
 
 
@@ -470,57 +476,51 @@ def drafted_findings(waves: list[dict], expected: dict, proposer: str = "mtp",
     top = max(wanted.values()) if wanted else None
     found = []
     if positions is not None and top is not None and positions != top:
-        found.append({"wave": "server", "holds": False,
-                      "said": f"it counts {positions} draft positions: its k is {positions}, "
-                              f"not {top}"})
-    names = sorted({str(w.get("wave")) for w in waves if not w.get("path")}) if by_batch \
-        else list(wanted)
+        found.append(Finding(wave="server", holds=False, said=f"it counts {positions} draft "
+                             f"positions: its k is {positions}, not {top}"))
+    names = sorted({str(w.wave) for w in waves if not w.path}) if by_batch else list(wanted)
     for name in names:
-        mine = [w for w in waves if w.get("wave") == name]
+        mine = [w for w in waves if w.wave == name]
         if not mine:
-            found.append({"wave": name, "holds": False, "said": "no wave record of it"})
+            found.append(Finding(wave=name, holds=False, said="no wave record of it"))
         for wave in mine:
             found.append(judge_drafted(wave, name, by_batch, wanted, proposer))
     return found
 
 
-def judge_drafted(wave: dict, name: str, by_batch: dict | None, wanted: dict,
-                  proposer: str) -> dict:
+def judge_drafted(wave, name: str, by_batch: dict | None, wanted: dict, proposer: str):
     """One wave record's drafted length against the k its depth (and its tails) allow."""
-    where = name + ("" if wave.get("engine") is None else f" e{show(wave['engine'])}")
-    spec = wave.get("spec_decode") or {}
-    drafted = finite_number(spec.get("drafted_length"))
-    depth = wave.get("depth") or 0
+    where = name + ("" if wave.engine is None else f" e{show(wave.engine)}")
+    spec = wave.spec_decode or SPEC_NONE
+    drafted, depth = spec.drafted_length, wave.depth or 0
     k = by_batch.get(depth) if by_batch else wanted.get(name)
     if drafted is None or k is None:
         why = f"no k for batch size {depth}" if k is None else \
-            "no drafts over the wave: the proposer proposed nothing" if spec.get("drafts") == 0 \
+            "no drafts over the wave: the proposer proposed nothing" if spec.drafts == 0 \
             else "no speculative counters over the wave"
-        return {"wave": where, "holds": False, "said": f"drafted length not observed ({why})"
-                if drafted is None else f"drafted length {drafted:g}: {why}"}
+        return Finding(wave=where, holds=False, said=f"drafted length not observed ({why})"
+                       if drafted is None else f"drafted length {drafted:g}: {why}")
     tails = sorted({by_batch[s] for s in range(1, depth) if s in by_batch} - {k}) \
         if by_batch else []
     said = f"drafted length {drafted:g}, k {k}"
+    tail = next((t for t in tails if k < drafted < t), None)     # a smaller batch's larger k
     if proposer == "ngram":
         most = max([k] + tails)
-        holds = 0 < drafted <= most
-        return {"wave": where, "holds": holds, "drafted_length": drafted,
-                "said": f"{said} (ngram: at most {most}): {'holds' if holds else 'DIFFERS'}"}
-    if k - 0.5 < drafted <= k:                # a step that drafted less, at most
-        return {"wave": where, "holds": True, "drafted_length": drafted,
-                "said": f"{said}: holds"}
-    tail = next((t for t in tails if k < drafted < t), None)     # a smaller batch's larger k
-    if tail is not None:
-        return {"wave": where, "holds": True, "drafted_length": drafted,
-                "said": f"{said}: holds, explained by tails (a smaller batch drafts {tail}: "
-                        f"about {(drafted - k) / (tail - k):.0%} of its steps)"}
-    if drafted < k:                          # tails and short steps: evidence, not failure
-        return {"wave": where, "holds": True, "drafted_length": drafted,
-                "said": f"{said}: holds as evidence, {(k - drafted) / k:.0%} under k (steps "
-                        f"that drafted fewer: requests ending, smaller shapes, tails)"}
-    return {"wave": where, "holds": False, "drafted_length": drafted,
-            "said": f"{said}: DIFFERS (more than any k its batch sizes allow)"}
+        holds, said = 0 < drafted <= most, f"{said} (ngram: at most {most}): " + (
+            "holds" if 0 < drafted <= most else "DIFFERS")
+    elif k - 0.5 < drafted <= k:              # a step that drafted less, at most
+        holds, said = True, f"{said}: holds"
+    elif tail is not None:
+        holds, said = True, (f"{said}: holds, explained by tails (a smaller batch drafts "
+                             f"{tail}: about {(drafted - k) / (tail - k):.0%} of its steps)")
+    elif drafted < k:                        # tails and short steps: evidence, not failure
+        holds, said = True, (f"{said}: holds as evidence, {(k - drafted) / k:.0%} under k "
+                             f"(steps that drafted fewer: requests ending, smaller shapes, "
+                             f"tails)")
+    else:
+        holds, said = False, f"{said}: DIFFERS (more than any k its batch sizes allow)"
+    return Finding(wave=where, holds=holds, drafted_length=drafted, said=said)
 
 
-def _last_run(report: dict) -> dict:
-    return decisive(report["runs"]) if report["runs"] else {}
+def _last_run(report):
+    return decisive(report.runs) if report.runs else RunReport()
