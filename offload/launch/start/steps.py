@@ -82,17 +82,16 @@ def judged(records: str, status: int) -> dict:
     from core.cli import outcome
     from core.textfile import outcome_of_status
     found = last_verdict(records) if os.path.isfile(records) else None
-    if found is None or found["summary"] is None:
+    if found is None or found.summary is None:
         return {"verdict": outcome_of_status(status), "differences": "-", "plan": None,
                 "cache_check": "-", "judged": found, "counts": "", "given": "", "notes": ()}
-    summary = found["summary"]
-    given = found["run"]["plan"].get("given", {}) if found["run"] else {}
-    plan = read_plan(found["run"]["plan"])[0] if found["run"] and \
-        found["run"]["mode"] == "warmup" else None
-    return {"verdict": outcome(found["verdict"], status), "judged": found, "plan": plan,
-            "differences": "; ".join(found["decided"].differences) or "-",
-            "cache_check": str(summary.get("cache_check", "-")),
-            "counts": parts_text(found["decided"].parts), "notes": found["decided"].notes,
+    run, decided = found.run, found.decided
+    given = (run.plan.given or {}) if run else {}
+    plan = read_plan(run.plan)[0] if run and run.mode == "warmup" else None
+    return {"verdict": outcome(found.verdict, status), "judged": found, "plan": plan,
+            "differences": "; ".join(decided.differences) or "-",
+            "cache_check": str(found.summary.cache_check or "-"),
+            "counts": parts_text(decided.parts), "notes": decided.notes,
             "given": ", ".join(show(v, 120) for v in given.values())}
 
 
@@ -130,7 +129,7 @@ def run_warmup(settings: Settings, server: LaunchedServer, log: Log, env: dict, 
     log(f"warm-up: {WRAPPER} --records {records} (WARMUP_BASE_URL {settings.target.display})")
     status = Steps.run(["bash", WRAPPER, "--records", records], env)
     run = judged(records, status)
-    if not (run["judged"] or {}).get("summary"):
+    if not (run["judged"] and run["judged"].summary):
         publish_start_outcome(settings, "warmup", status)
     compiles = sum(1 for line in server.logged_since(offset).splitlines()
                    if COMPILE_LINES.search(line))
@@ -150,7 +149,7 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
                         sys.executable, "-I", "-S", QUALIFY, "gate", "--records", records],
                        env)
     gate = judged(records, status)
-    if not (gate["judged"] or {}).get("summary"):
+    if not (gate["judged"] and gate["judged"].summary):
         publish_start_outcome(settings, "gate", status)
     gate.update(figures=gate_said(gate["judged"]), records=records, status=status)
     log(f"gate ended: exit {status}, verdict {gate['verdict']}, "
@@ -206,10 +205,10 @@ def prune_records(folder: str, keep: int, current: tuple = ()) -> list[str]:
 def gate_said(found: dict | None) -> str:
     """A gate's identifiers and worst CER as the OK and WARN lines show them."""
     from core.records import show
-    summary = found["summary"] or {} if found else {}
-    exact = summary.get("identifiers_exact", {})
+    summary = found and found.summary
+    exact = (summary and summary.identifiers_exact) or {}
     alone, batched = show(exact.get("alone"), 20), show(exact.get("batched"), 20)
-    cer = summary.get("worst_cer")
+    cer = summary and summary.worst_cer
     shapes = f"{alone} alone and batched" if alone == batched else \
         f"{alone} alone, {batched} batched"
     return f"identifiers {shapes}, worst CER " + (
