@@ -29,7 +29,7 @@ READY_KIND = "offload-ready/1"
 MAX_READY_BYTES = 64 << 10
 
 
-def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_state=None,
+def ready_document(verdict: str, run, summary, records: str, sleep_state=None,
                    gate: dict | None = None, served: dict | None = None,
                    written_at: str | None = None, server_pgid: int | None = None
                    ) -> tuple[dict | None, str | None]:
@@ -37,32 +37,29 @@ def ready_document(verdict: str, run: dict, summary: dict, records: str, sleep_s
     and summary, the requests each engine had served after it (`served`, from its metrics
     record), with --gate the gate's pass, and the process group start.sh launched (the
     one that must hold the port): (document, None) for a warm-up's contract pass, else
-    (None, why). Pure."""
-    if run.get("mode") != "warmup":
-        return None, f"the records are not a warm-up's (mode {clean_text(str(run.get('mode')), 20)})"
+    (None, why). Pure; the run record and the summary typed (records.held(), typed())."""
+    if run.mode != "warmup":
+        return None, f"the records are not a warm-up's (mode {clean_text(str(run.mode), 20)})"
     if verdict != "pass":
         return None, f"the warm-up's records show {clean_text(str(verdict), 20)}, not a pass"
     if gate is not None and gate.get("verdict") != "pass":
         return None, f"the gate's records show {gate.get('verdict')}, not a pass"
     served = served_counts(served)
-    if finite_number(run.get("process_start_time_seconds")) is None and not served:
+    if run.process_start_time_seconds is None and not served:
         return None, ("the warm-up saw neither process_start_time_seconds nor request "
                       "counters on /metrics, so the ready file could never be checked")
-    versions = run.get("versions") if isinstance(run.get("versions"), dict) else {}
+    plan = run.plan
     return {
-        "kind": READY_KIND, "base_url": run.get("base_url"), "model": run.get("model"),
-        "process_start_time_seconds": run.get("process_start_time_seconds"),
-        "served_at_warm": served, "engines": run.get("engines"),
-        "server_version": versions.get("server"),
-        "run_id": run.get("run_id"), "verdict": "pass", "warmed_at": run.get("started_at"),
-        "elapsed_s": summary.get("elapsed_s"), "records": records,
+        "kind": READY_KIND, "base_url": run.base_url, "model": run.model,
+        "process_start_time_seconds": run.process_start_time_seconds,
+        "served_at_warm": served, "engines": run.engines,
+        "server_version": run.versions.get("server"),
+        "run_id": run.run_id, "verdict": "pass", "warmed_at": run.started_at,
+        "elapsed_s": summary.elapsed_s, "records": records,
         "written_at": written_at or iso_time(time.time()), "sleep_state": sleep_state,
-        "time_to_warm": summary.get("time_to_warm"), "gate": gate,
-        "server_pgid": server_pgid,
-        "chunk_tokens": run.get("plan", {}).get("chunk_tokens"),
-        "chunk_source": run.get("plan", {}).get("chunk_source"),
-        "b1_one_step": run.get("plan", {}).get("b1_one_step"),
-        "plan": plan_vouched(run.get("plan", {}).get("file")),
+        "time_to_warm": summary.time_to_warm, "gate": gate, "server_pgid": server_pgid,
+        "chunk_tokens": plan.chunk_tokens, "chunk_source": plan.chunk_source,
+        "b1_one_step": plan.b1_one_step, "plan": plan_vouched(plan.file),
     }, None
 
 
@@ -94,22 +91,23 @@ def unmet(doc: dict, plan_sha256: str | None = None, require_chunk: bool = False
 
 def last_gauges(records: list[dict]) -> dict:
     """The last guard read's record of a run ({} when none)."""
-    return ([r for r in records if r["record"] == "gauges"] or [{}])[-1]
+    return ([r for r in records if r.record == "gauges"] or [{}])[-1]
 
 
 def served_after(records: list[dict]) -> dict | None:
     """The requests each engine had served after the run (its main metrics record's)."""
-    main = next((r for r in records if r["record"] == "metrics"), {})
-    return main.get("served") or None
+    main = next((r for r in records if r.record == "metrics"), None)
+    return (main and main.served) or None
 
 
 def ready_of(verdict: str, records: list[dict], path: str, gate: dict | None = None,
              server_pgid: int | None = None):
     """The ready file's document from a warm-up's verdict and its records, and the process
     group start.sh launched when it did: (doc, why)."""
-    runs = [r for r in records if r["record"] == "run"]
-    summaries = [r for r in records if r["record"] == "summary"]
-    return ready_document(verdict, (runs or [{}])[-1], (summaries or [{}])[-1], path,
+    from core.records import CLASSES           # the writers' only: never the probe's load
+    runs = [r for r in records if r.record == "run"] or [CLASSES["run"]()]
+    summaries = [r for r in records if r.record == "summary"] or [CLASSES["summary"]()]
+    return ready_document(verdict, runs[-1], summaries[-1], path,
                           last_gauges(records).get("sleep_state"), gate,
                           served_after(records), server_pgid=server_pgid)
 
@@ -180,7 +178,9 @@ def rewrite_after_run(path: str, run, summary: dict, vouched: dict, target) -> N
     """The warm-up's ready file from its own verdict (--ready-file; the file was taken away
     when the run began): written anew for a contract pass, else left absent."""
     same = same_address(vouched.get("base_url"), target)
-    doc, why = ready_of(summary["verdict"], run.written, run.settings.records_path,
+    from core.records import typed
+    doc, why = ready_of(summary["verdict"], [typed(r) for r in run.written],
+                        run.settings.records_path,
                         server_pgid=vouched.get("server_pgid") if same else None)
     why = why or write_ready(path, doc)
     if why is None:

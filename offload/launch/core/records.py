@@ -26,7 +26,7 @@ _ANSWER = ("http_status:int? choices:int? usage:bool body_error:str? prompt_toke
 DECLARED = {
     "run": "run_id:str mode:str format:int started_at:str base_url:str "
            "model:str? max_model_len:int? engines:list[int]? plan:@plan versions:dict "
-           "process_start_time_seconds:num? ~spec_positions:int? api_key_env:str "
+           "process_start_time_seconds:finite? ~spec_positions:int? api_key_env:str "
            "api_key_set:bool pid:int",
     "gauges": "run_id:str wave:str at_s:num ok:bool samples:list[@sample] fresh_engines:list "
               "settle_s:num? problems:list[str] ~sleep_state:dict[str]?",
