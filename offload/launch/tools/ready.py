@@ -65,22 +65,14 @@ def check_health(target, clock: Clock) -> tuple[int, str]:
     return EXIT_FAIL, f"{target.display}/health answered HTTP {response.status}"
 
 
-class EpilogAsWritten(argparse.HelpFormatter):
-    """argparse's formatter that wraps the description but keeps the epilog's lines."""
-
-    def _fill_text(self, text, width, indent):
-        if "\n" in text:
-            return "".join(indent + line for line in text.splitlines(keepends=True))
-        return super()._fill_text(text, width, indent)
-
-
 def check_parser(command: str, description: str, epilog: str, base_url_default: str,
                  timeout_what: str) -> argparse.ArgumentParser:
     """The options of a bounded check (health, ready): --base-url and --timeout-s."""
+    import textwrap                       # argparse's own, loaded when a parser is built
     parser = argparse.ArgumentParser(prog=f"{PROG} {command}", epilog=epilog,
                                      allow_abbrev=False,
-                                     description=description,
-                                     formatter_class=EpilogAsWritten)
+                                     description=textwrap.fill(description, 79),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", metavar="URL", default=None,
                         help=f"the server's address (default: $WARMUP_BASE_URL, else "
                              f"{base_url_default})")
