@@ -267,7 +267,7 @@ class Owner:
         if self.state not in ("warming", "rewarming"):
             return f"the pod is {self.state} now"
         from tools.ready import slept
-        exposition = read_gauges(self.settings, 5.0)       # a sleep during the warm-up
+        exposition = read_gauges(self.settings.target, 5.0)   # a sleep during the warm-up
         if exposition is None or slept(exposition):
             return "the server " + ("went to sleep during the warm-up" if exposition else
                                     "did not answer /metrics after it")
@@ -400,7 +400,7 @@ def watch(owner: "Owner") -> None:
         why = foreign_listener({"server_pgid": owner.server.pid}, owner.settings.target.port)
         if why:
             owner.go("port lost", why)
-    exposition = read_gauges(owner.settings, 1.0)
+    exposition = read_gauges(owner.settings.target, 1.0)
     if exposition is None:
         return
     from tools.ready import slept
@@ -411,12 +411,11 @@ def watch(owner: "Owner") -> None:
         owner.warm()
 
 
-def read_gauges(settings, timeout_s: float):
+def read_gauges(target, timeout_s: float):
     """The sleep and request gauges from /metrics, or None (bounded)."""
     from core.transport import Clock
     from core.vllm_metrics import GAUGES, SLEEP_GAUGE, read_exposition
     from tools.ready import basic_auth
-    target = settings.target
     return read_exposition(target, Clock.start(timeout_s, timeout_s),
                            only=(SLEEP_GAUGE,) + GAUGES, headers=basic_auth(target))[0]
 
@@ -445,7 +444,7 @@ def pass_on(owner: "Owner") -> None:
     """The first signal said, the requests in flight counted, then passed on."""
     owner.said_stop = True
     name, _, signum = owner.asked[0]
-    exposition = read_gauges(owner.settings, 1.0)
+    exposition = read_gauges(owner.settings.target, 1.0)
     if exposition is not None:
         from core.vllm_metrics import GAUGES
         owner.in_flight = int(sum(v for n, _, v in exposition.samples if n in GAUGES

@@ -157,12 +157,12 @@ class LaunchedServer(ServerProcess):
         return Exit(1)
 
 
-def health(settings: Settings, timeout_s: float) -> int:
+def health(target, timeout_s: float) -> int:
     """One GET /health: 0 for 200, 1 another answer, ready.EXIT_NO_ANSWER none."""
     from tools.ready import check_health
     from core.transport import Clock
     timeout_s = max(timeout_s, 0.1)
-    return check_health(settings.target, Clock.start(timeout_s, timeout_s))[0]
+    return check_health(target, Clock.start(timeout_s, timeout_s))[0]
 
 
 def refuse_a_running_server(settings: Settings, log: Log) -> None:
@@ -179,7 +179,7 @@ def refuse_a_running_server(settings: Settings, log: Log) -> None:
             raise Exit(1)
         log(f"stale {pid_file} (pid {old or 'none'} is gone): replacing it")
     from tools.ready import EXIT_NO_ANSWER
-    if health(settings, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
+    if health(settings.target, PROBE_TIMEOUT_S) != EXIT_NO_ANSWER:
         log.error(f"something already answers at {settings.target.display}/health before "
                   f"launch: start.sh reports only on a server it starts. Stop that server, "
                   f"or give the new server another port (its command's --port).")
@@ -205,7 +205,7 @@ def wait_ready(settings: Settings, server: LaunchedServer, log: Log) -> float:
             server.show_error()
             server.stop_group()
             raise Exit(1)
-        if health(settings, min(left, 5.0)) == 0:
+        if health(settings.target, min(left, 5.0)) == 0:
             healthy_at = time.time()
             if not server.alive():
                 raise server.gone(f"when {url}/health answered 200 (that answer came from "
@@ -238,7 +238,8 @@ def refuse_a_foreign_answer(settings: Settings, server: LaunchedServer, log: Log
             f"launched (pid {server.pid}; another member of its group, such as a proxy, "
             f"does not count: a wrapper script must exec the server)"))
     named = commanded_model(settings.command)
-    served, why = served_model_ids(settings) if named else ([], None)
+    served, why = served_model_ids(settings.target, settings.env.get("VLLM_API_KEY")) \
+        if named else ([], None)
     if why:                           # the warm-up reads /v1/models too, and fails on it
         log(f"GET {settings.target.display}/v1/models {why}: the served model is checked "
             f"by the warm-up")
@@ -259,14 +260,13 @@ def refuse_the_server(server: LaunchedServer, log: Log, problem: str) -> None:
     raise Exit(1)
 
 
-def served_model_ids(settings: Settings) -> tuple[list[str], str | None]:
+def served_model_ids(target, key: str | None) -> tuple[list[str], str | None]:
     """The model ids GET /v1/models lists (with the API key the warm-up sends), or ([],
     why none could be read)."""
     from core.transport import Clock, TransportError, decode_json, fetch
-    key = settings.env.get("VLLM_API_KEY") or None
     try:
-        response = fetch(settings.target, Clock.start(5.0, 5.0), "GET", "/v1/models",
-                         bearer=key)
+        response = fetch(target, Clock.start(5.0, 5.0), "GET", "/v1/models",
+                         bearer=key or None)
     except TransportError as exc:
         return [], f"did not answer ({exc.problem})"
     doc, why = decode_json(response.body) if response.status == 200 else (None, None)

@@ -363,7 +363,8 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     names that process): the ready file taken away first, written anew only from a pass;
     0 only for a pass."""
     from core.transport import UsageError, parse_base_url
-    asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(settings),
+    asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(
+        settings.env.get("WARMUP_HARD_S", ""), settings.gate and settings.gate_hard_s),
                                     lambda line: print(line, flush=True))
     if asked is not None:
         return asked
@@ -414,13 +415,12 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
                       (records_name("warmup", when), records_name("gate", when)))
 
 
-def rewarm_bound_s(settings: Settings) -> float:
-    """How long start.sh --rewarm waits for the owner: a warm-up and a gate under their
-    hard bounds, one more that may be running, and a margin."""
-    hard = settings.env.get("WARMUP_HARD_S", "")
+def rewarm_bound_s(hard: str, gate_hard_s: float | None) -> float:
+    """How long start.sh --rewarm waits for the owner: a warm-up (under WARMUP_HARD_S,
+    `hard`) and a gate (when one runs) under their bounds, one more that may be running,
+    and a margin."""
     hard_s = number_in(hard, seconds(86400)) or 95.0
-    return 2 * (hard_s + KILL_AFTER_S) + (settings.gate_hard_s + KILL_AFTER_S
-                                          if settings.gate else 0) + 30
+    return 2 * (hard_s + KILL_AFTER_S) + (gate_hard_s + KILL_AFTER_S if gate_hard_s else 0) + 30
 
 
 def server_lock(folder: str) -> int | None:
@@ -456,7 +456,7 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
     if server.pid:                               # the one creator: held to the end
         server.lock = server_lock(settings.log_dir)
     if settings.supervise:
-        shutdown_warned(settings, log)
+        shutdown_warned(settings.command, settings.stop_grace_s, log)
     env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"
     chunk = logged_chunk(server.logged_since(server.log_offset))
     if chunk and not settings.command_chunk():
@@ -488,14 +488,14 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
     return None
 
 
-def shutdown_warned(settings: Settings, log: Log) -> None:
+def shutdown_warned(command: list[str], grace_s: int, log: Log) -> None:
     """WARN at launch when the server command gives vLLM no --shutdown-timeout (or 0, its
     default): a stop then fails the requests in flight."""
-    if not settings.command_shutdown_s():
-        from start.server_command import flag_value
-        given = flag_value("--shutdown-timeout", settings.command)
+    from start.server_command import flag_value, seconds_of
+    given = flag_value("--shutdown-timeout", command)
+    if not seconds_of(given):
         log("WARN: the server command gives " + (f"--shutdown-timeout {given}" if given else
                                                   "no --shutdown-timeout") +
             f": vLLM's default, 0, fails the requests in flight at a stop (500s, or "
             f"connections held until the KILL); give it one below START_STOP_GRACE_S "
-            f"({settings.stop_grace_s} s)")
+            f"({grace_s} s)")
