@@ -43,6 +43,8 @@ The coordinator's tools after a start:
                 alone and batched; clean means no typo
   health        one bounded GET /health (exit 0 for 200, 1 another answer, 3 none)
   ready         is the ready file still true of the running server? (a readiness probe)
+  compat        does a running vLLM still answer as this helper relies on? (before an
+                upgrade: each route, metric, label and request field, held or missing)
 
 The contract: CONTRACT.md beside this file."""
 
@@ -52,7 +54,7 @@ The contract: CONTRACT.md beside this file."""
 COMMANDS = {                          # name -> (module, its main); imported when it runs
     "report": ("tools.report", "report_main"), "probe": ("tools.probe", "probe_main"),
     "gate": ("tools.gate", "gate_main"), "health": ("tools.ready", "health_main"),
-    "ready": ("tools.ready", "ready_main"),
+    "ready": ("tools.ready", "ready_main"), "compat": ("tools.compat", "compat_main"),
 }
 
 

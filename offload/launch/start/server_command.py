@@ -5,7 +5,6 @@
   tokens_value()       a token count as vLLM reads one (16K = 16384)
   command_url()        the base URL its --port and --host say; address_problem(): why a
                        --base-url cannot be that address
-  logged_chunk()       the prefill chunk vLLM logged at start
 
 Below the launcher, a leaf.
 """
@@ -17,9 +16,6 @@ import re
 SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
 SECRET_VARIABLE = re.compile(r"([A-Za-z0-9_]*_)?(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?"
                              r"=", re.I)          # env HF_TOKEN=..., VLLM_API_KEY=...
-# How vLLM 0.32 says its prefill chunk at start (the only place it does).
-CHUNK_LINES = re.compile(r"(?:Chunked prefill is enabled with max_num_batched_tokens=|"
-                         r"max_num_scheduled_tokens is set to )([0-9]{1,7})")
 
 
 def redacted_command(command: list[str]) -> str:
@@ -100,13 +96,6 @@ def command_url(command: list[str]) -> str:
     host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
     port = flag_value("--port", command) or "8000"
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
-
-
-def logged_chunk(text: str) -> str:
-    """The prefill chunk vLLM logged at start ("Chunked prefill is enabled with
-    max_num_batched_tokens=N", or "max_num_scheduled_tokens is set to N"); '' if none."""
-    found = CHUNK_LINES.findall(text)
-    return found[-1] if found else ""
 
 
 def seconds_of(text: str) -> float | None:

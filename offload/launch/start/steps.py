@@ -26,11 +26,11 @@ from core.cli import number_in, seconds, whole
 from core.contract import NOT_REPORTED, chunk_said, read_plan
 from core.files import open_own, regular, remove_regular
 from core.runframe import records_name
+from tools.vllm_log import COMPILE_LINES, logged_chunk
 from start.processes import process_alive, stop_session
 from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log,
                           interrupt_while_starting, read_small, refuse_a_foreign_answer,
                           refuse_a_running_server, wait_ready)
-from start.server_command import logged_chunk
 from start.settings import Settings, Usage, check_file_place, os_problem
 from start.supervisor import shell_status, size_of
 
@@ -38,7 +38,6 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/l
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
 KILL_AFTER_S = 5                      # TERM to KILL of a step (warmup_serve.sh keeps its own, in bash)
-COMPILE_LINES = re.compile(r"JIT compilation during inference|Compiling|autotun", re.I)
 RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z(_[0-9]{1,3})?\.jsonl")
 
 

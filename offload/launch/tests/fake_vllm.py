@@ -82,6 +82,7 @@ class FakeConfig:
     fault_status: int = 500
     fault_message: str = "Internal server error"
     metrics_mode: str = "normal"
+    engine_label: str = "engine"          # another name, as a vLLM that renamed it
     gauge_values: dict = None             # {(gauge, engine): value}; {} for each server
     waiting_by_reason: float = 0.0        # the gauge whose name is a trap for prefix matching
     health_delay_s: float = 0.0           # /health answers 503 until this long after start
@@ -597,7 +598,11 @@ class Handler(BaseHTTPRequestHandler):
             # Every counter also has a *_created sample: a Unix time, never a count.
             lines.append(f"{name[:-len('_total')]}_created{{{inner}}} {st.process_start}")
         lines += self.iteration_histogram(st, cfg)
-        self.send_bytes(200, ("\n".join(lines) + "\n").encode(),
+        text = "\n".join(lines) + "\n"
+        if cfg.engine_label != "engine":
+            text = text.replace('{engine="', "{" + cfg.engine_label + '="').replace(
+                ',engine="', "," + cfg.engine_label + '="')
+        self.send_bytes(200, text.encode(),
                         "text/plain; version=0.0.4; charset=utf-8")
 
     def count_out(self, engine: int) -> None:
@@ -1051,6 +1056,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how the quality gate's copy probes are answered (chat and raw "
                              "completions): faithful (exact), typos, garbage")
     parser.add_argument("--metrics-mode", choices=METRICS_MODES, default="normal")
+    parser.add_argument("--engine-label", default="engine",
+                        help="the engine's label name in /metrics (a vLLM that renamed it)")
     parser.add_argument("--busy", type=float, default=0.0,
                         help="report this many running requests on engine 0")
     parser.add_argument("--prompt-tokens-details", action="store_true")
@@ -1159,7 +1166,7 @@ def main(argv: list[str] | None = None) -> int:
                         api_key=args.api_key, latency_s=args.latency_s, fault=args.fault,
                         copy=args.copy,
                         fault_match=args.fault_match, fault_times=args.fault_times,
-                        metrics_mode=args.metrics_mode,
+                        metrics_mode=args.metrics_mode, engine_label=args.engine_label,
                         prompt_tokens_details=args.prompt_tokens_details,
                         per_request_metrics=args.per_request_metrics,
                         health_delay_s=args.health_delay_s, compile_lines=args.compile_lines,

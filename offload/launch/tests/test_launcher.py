@@ -27,7 +27,8 @@ from support import (PYTHON, FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, He
 import start.server_command as server_command  # noqa: E402
 from start.server import LaunchedServer, Log  # noqa: E402
 from start.settings import Settings  # noqa: E402
-from start.server_command import flag_value, logged_chunk, redacted_command, tokens_value  # noqa: E402
+from start.server_command import flag_value, redacted_command, tokens_value  # noqa: E402
+from tools.vllm_log import logged_chunk  # noqa: E402
 from start.processes import group_alive
 from tools.procfs import proc_stat
 import core.prometheus as prometheus  # noqa: E402

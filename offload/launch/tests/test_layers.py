@@ -38,6 +38,7 @@ LAYERS = {
     "core.evidence": 4,
     "start.server": 4.5, "start.steps": 4.6, "start.owner": 4.7,
     "warmup": 5, "qualify": 5, "tools.gate": 5, "tools.report": 5, "tools.probe": 5,
+    "tools.compat": 5, "tools.vllm_log": 0.2,
     "launcher": 5,
 }
 PROGRAMS = {name for name, layer in LAYERS.items() if layer == 5}
@@ -75,7 +76,8 @@ def modules() -> dict[str, str]:
 # (number_type, whole, seconds, number_in). Other grammars are other people's: the wire's
 # (HTTP, Prometheus text, a metric's labels), vLLM's own (its human-readable token counts),
 # and names that hold digits (a records file's name, a described value).
-OTHER_GRAMMARS = {"core.transport", "core.prometheus", "core.sanitize", "core.vllm_metrics", "start.server_command",
+OTHER_GRAMMARS = {"core.transport", "core.prometheus", "core.sanitize", "core.vllm_metrics",
+                  "tools.vllm_log", "start.server_command",
                   "start.steps", "core.records", "core.cli"}
 DIGIT_SPELLINGS = re.compile(r"\.is(?:digit|decimal|numeric)\(|\[0-9\]|\\d")
 
@@ -94,7 +96,8 @@ class TestLayers(unittest.TestCase):
         self.assertEqual(spelled, {}, "a number read another way than core/cli.NUMBER")
         self.assertEqual(sorted(callers), sorted(
             ["core.cli", "core.runframe", "core.vllm_client", "start.owner", "start.processes",
-             "start.settings", "start.steps", "tools.gate", "tools.probe", "tools.procfs",
+             "start.settings", "start.steps", "tools.compat", "tools.gate", "tools.probe",
+             "tools.procfs",
              "tools.ready", "tools.report", "warmup"]), "the callers of the one grammar")
 
     def test_every_module_has_a_layer(self):
