@@ -104,7 +104,8 @@ class TestAlertsInARealPrometheus(HelperCase):
             handle.write(f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
                          f"rule_files: [{json.dumps(RULES)}]\n"
                          f"scrape_configs:\n  - job_name: vllm-offload\n    static_configs:\n"
-                         f"      - targets: {json.dumps(list(targets.values()))}\n")
+                         f"      - targets: {json.dumps(list(targets.values()))}\n"
+                         f"        labels: {{offload_textfile: '1'}}\n")
         port = free_port()
         prometheus = self.serve([PROMETHEUS, f"--config.file={config}",
                                  f"--storage.tsdb.path={os.path.join(self.tmp, 'tsdb')}",

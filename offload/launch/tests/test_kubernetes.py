@@ -300,10 +300,18 @@ class TestMonitoring(unittest.TestCase):
             self.assertIn(endpoint["port"], ports)
         for kind in (monitor, manifest(os.path.join(PACKAGE, "monitoring", "rules.yaml"))):
             self.assertEqual(kind["metadata"]["namespace"], deployment["metadata"]["namespace"])
+        self.assertTrue(job)
         with open(ALERTS, encoding="utf-8") as handle:
             rules = handle.read()
-        self.assertEqual(re.findall(r'\bup\{job="([^"]+)"\}', rules), [job])
-        self.assertNotIn('job="node"', rules)
+        self.assertEqual(re.findall(r'job="([^"]+)"', rules), [], "no rule names a job (56)")
+        self.assertEqual(re.findall(r'\bup\{([^}]+)\}', rules), ['offload_textfile="1"'])
+        textfile, server = monitor["spec"]["podMetricsEndpoints"]
+        self.assertEqual(textfile["relabelings"], [{"targetLabel": "offload_textfile",
+                                                    "replacement": "1"}])
+        self.assertEqual((server["port"], server["path"]), ("http", "/metrics"),
+                         "vLLM's own /metrics is scraped beside the textfile (56)")
+        for line in (l for l in rules.splitlines() if " by (" in l or " on (" in l):
+            self.assertIn("namespace, pod, instance, job", line, "the pod stays named")
 
 
 class Pod:
