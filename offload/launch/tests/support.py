@@ -245,15 +245,18 @@ class SilentServer:
         self.listener.close()
 
 
-def send_completion(url: str, request_id: str, answers: list, prompt: str = "p") -> None:
-    """One short completion to the server at `url`, as a producer sends it; its HTTP
-    status (or the error's name) appended to `answers`."""
+def send_completion(url: str, request_id: str, answers: list, prompt: str = "p",
+                    key: str | None = None) -> None:
+    """One short completion to the server at `url`, as a producer sends it (with `key` as
+    its bearer); its HTTP status (or the error's name) appended to `answers`."""
     import urllib.error
     import urllib.request
     body = json.dumps({"model": "fake-model", "prompt": prompt, "max_tokens": 4,
                        "request_id": request_id}).encode()
-    request = urllib.request.Request(url + "/v1/completions", body,
-                                     {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + "/v1/completions", body, headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             answers.append(answer.status)

@@ -28,7 +28,7 @@ import unittest
 import urllib.error
 import urllib.request
 
-from support import FAKE, REPO, HelperCase, free_port, read_records, send_completion
+from support import API_KEY, FAKE, REPO, HelperCase, free_port, read_records, send_completion
 from start.settings import OPTIONS  # noqa: E402  (support puts offload/launch on sys.path)
 from start.steps import KILL_AFTER_S  # noqa: E402
 
@@ -286,6 +286,19 @@ class TestMonitoring(unittest.TestCase):
         with open(path, encoding="utf-8") as handle:
             self.assertEqual(handle.read(), rules_text())
 
+    def test_a_service_routes_to_ready_pods_and_only_named_sources_connect(self):
+        docs = package()
+        service, policy, deployment = docs["Service"], docs["NetworkPolicy"], docs["Deployment"]
+        self.assertEqual(service["spec"]["selector"],
+                         deployment["spec"]["selector"]["matchLabels"])
+        self.assertEqual([p["targetPort"] for p in service["spec"]["ports"]], ["http"])
+        for rule in policy["spec"]["ingress"]:
+            self.assertTrue(rule.get("from"), "every ingress rule names its sources (56)")
+        env = {e["name"]: e for e in container(deployment)["env"]}
+        ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+        self.assertEqual((ref["name"], ref.get("optional", False)), ("vllm", False),
+                         "the key is required: no optional secret")
+
     def test_the_monitor_scrapes_the_sidecar_under_the_job_the_rules_select(self):
         listed = manifest(os.path.join(PACKAGE, "monitoring", "kustomization.yaml"))["resources"]
         self.assertEqual(sorted(listed), sorted(f for f in os.listdir(os.path.join(
@@ -317,8 +330,13 @@ class TestMonitoring(unittest.TestCase):
 class Pod:
     """The kubelet for the manifest's vllm container (see the module's docstring)."""
 
-    def __init__(self, case: HelperCase, *server_args: str):
+    def __init__(self, case: HelperCase, *server_args: str, secrets: dict | None = None):
         self.case, self.doc = case, manifest()
+        # The cluster's Secrets by name (the package's `vllm` with a key, unless given):
+        # a required one missing keeps the container from starting, as a kubelet's
+        # CreateContainerConfigError does.
+        self.secrets = {"vllm": {"api-key": API_KEY}} if secrets is None else secrets
+        self.config_error: str | None = None
         self.spec = scaled(container(self.doc), time_scale())
         self.port = free_port()
         self.ready_port = free_port()             # the manifest's START_READY_PORT, here
@@ -357,13 +375,27 @@ class Pod:
         for item in self.spec.get("env", []):
             if "value" in item:
                 env[item["name"]] = self.path(item["value"])
+            elif "secretKeyRef" in item.get("valueFrom", {}):
+                ref = item["valueFrom"]["secretKeyRef"]
+                value = self.secrets.get(ref["name"], {}).get(ref["key"])
+                if value is None and not ref.get("optional"):
+                    raise LookupError(f'secret "{ref["name"]}" not found')
+                if value is not None:
+                    env[item["name"]] = value
+                    if item["name"] == "VLLM_API_KEY":        # the fake's own variable
+                        env["FAKE_VLLM_API_KEY"] = value
         env["WARMUP_LOCK_DIR"] = self.case.tmp      # the test's, as every test's
         env["START_READY_PORT"] = str(self.ready_port)
         return env
 
     def start_container(self) -> None:
         prefix = ["unshare", "-pf", "--mount-proc"] if NAMESPACE else []
-        self.proc = subprocess.Popen(prefix + self.command(), env=self.env(),
+        try:
+            env = self.env()
+        except LookupError as exc:               # CreateContainerConfigError: not started
+            self.config_error, self.proc = str(exc), None
+            return
+        self.proc = subprocess.Popen(prefix + self.command(), env=env,
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)
         self.started_at = time.monotonic()
@@ -509,6 +541,18 @@ class TestKubeletPass(KubeletCase):
         self.assertEqual((pod.restarts, pod.ready), (0, True), pod.exits)
 
 
+class TestKubeletKeyRequired(KubeletCase):
+    def test_without_its_secret_the_pod_never_starts_and_with_it_the_key_is_sent(self):
+        # 56: the key is required; the played kubelet passes the Secret's key to vLLM (the
+        # fake requires it under /v1) and the warm-up sends it.
+        pod = Pod(self, "--latency-s", "0.01", secrets={}).run()
+        time.sleep(2)
+        self.assertEqual((pod.config_error, pod.proc, pod.ready),
+                         ('secret "vllm" not found', None, False))
+        keyed = Pod(self, "--latency-s", "0.01").run()
+        self.assertTrue(keyed.wait_for(lambda: keyed.ready, self.readiness_budget(keyed)))
+
+
 class TestKubeletFailedWarmup(KubeletCase):
     def test_a_failed_warm_up_runs_never_ready_and_keeps_its_evidence(self):
         # A transient fault: the first answer is one token; the re-warm passes.
@@ -594,7 +638,7 @@ class TestKubeletDrain(KubeletCase):
         self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
         answers: list = []
         clients = [threading.Thread(target=send_completion, args=(
-            f"http://127.0.0.1:{pod.port}", f"drain-{n}", answers, f"drain {n}"))
+            f"http://127.0.0.1:{pod.port}", f"drain-{n}", answers, f"drain {n}", API_KEY))
                    for n in range(4)]
         for client in clients:
             client.start()
