@@ -115,7 +115,8 @@ SWITCHES = (                               # (flag, variable, the value the flag
     ("--gate", "START_GATE", True, "after a passing warm-up, run `qualify.py gate`"),
     ("--supervise", "START_SUPERVISE", True,
      "a container's entry point: stay the server's parent, its output also on start.sh's "
-     "own ('server| ' before each line) and server.log rotated at START_LOG_MAX_BYTES "
+     "own ('server| ' before each line; each step's records too, 'records| ': the container "
+     "log keeps them when the pod is gone) and server.log rotated at START_LOG_MAX_BYTES "
      "(100 MiB; one old copy, server.log.1); pass TERM and INT on to the server process (it "
      "drains, then stops its engines). It owns readiness: it alone writes the ready file "
      "and the textfile's outcome, retries a warm-up the guard refused (backoff 2 s doubling "

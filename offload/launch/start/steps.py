@@ -24,7 +24,7 @@ import time
 
 from core.cli import number_in, seconds, whole
 from core.contract import NOT_REPORTED, chunk_said, read_plan
-from core.files import open_own, regular, remove_regular
+from core.files import open_own, open_regular, regular, remove_regular
 from core.runframe import records_name
 from tools.vllm_log import COMPILE_LINES, logged_chunk
 from start.processes import process_alive, stop_session
@@ -37,6 +37,8 @@ from start.supervisor import shell_status, size_of
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
 WRAPPER = os.path.join(HERE, "warmup_serve.sh")
 QUALIFY = os.path.join(HERE, "qualify.py")
+RECORDS_PREFIX = "records| "            # a step's record on a container's log
+MAX_ECHO_BYTES = 1 << 20
 KILL_AFTER_S = 5                      # TERM to KILL of a step (warmup_serve.sh keeps its own, in bash)
 RECORDS_NAME = re.compile(r"(warmup|gate)-[0-9]{8}T[0-9]{6}Z(_[0-9]{1,3})?\.jsonl")
 
@@ -135,7 +137,27 @@ def run_warmup(settings: Settings, server: LaunchedServer, log: Log, env: dict, 
     run.update(records=records, status=status, compiles=compiles)
     log(f"warm-up ended: exit {status}, verdict {run['verdict']}, "
         f"{int(time.monotonic() - started)} s, {compiles} compile lines in server.log during it")
+    if settings.supervise:
+        echo_records(log, records)
     return run
+
+
+def echo_records(log: Log, path: str) -> None:
+    """A container's step records, sanitized as written, also on its log ('records| ' before
+    each line, at most MAX_ECHO_BYTES): the cluster's log pipeline keeps them when the pod,
+    and its log volume, are gone."""
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(MAX_ECHO_BYTES + 1)
+    except OSError:
+        return                            # no records: the WARN line says so
+    text = data[:MAX_ECHO_BYTES].decode("utf-8", "replace")
+    lines = text.splitlines()[:-1] if len(data) > MAX_ECHO_BYTES else text.splitlines()
+    for line in lines:
+        log.show(RECORDS_PREFIX + line, sys.stdout)
+    if len(data) > MAX_ECHO_BYTES:
+        log.show(f"{RECORDS_PREFIX}(cut at {MAX_ECHO_BYTES >> 20} MiB: the rest is in {path})",
+                 sys.stdout)
 
 
 def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
@@ -148,6 +170,8 @@ def run_gate(settings: Settings, log: Log, env: dict, when: str) -> dict:
                         sys.executable, "-I", "-S", QUALIFY, "gate", "--records", records],
                        env)
     gate = judged(records, status)
+    if settings.supervise:
+        echo_records(log, records)
     if not (gate["judged"] and gate["judged"].summary):
         publish_start_outcome(settings, "gate", status)
     gate.update(figures=gate_said(gate["judged"]), records=records, status=status)

@@ -34,6 +34,7 @@ from start.steps import KILL_AFTER_S  # noqa: E402
 
 PACKAGE = os.path.join(REPO, "offload", "deploy", "kubernetes")
 MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
+QUALIFY_PATH = os.path.join(REPO, "offload", "launch", "qualify.py")
 DOCKERFILE = os.path.join(REPO, "offload", "deploy", "image", "Dockerfile")
 ALERTS = os.path.join(REPO, "offload", "monitoring", "alerts.yml")
 NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
@@ -395,9 +396,10 @@ class Pod:
         except LookupError as exc:               # CreateContainerConfigError: not started
             self.config_error, self.proc = str(exc), None
             return
-        self.proc = subprocess.Popen(prefix + self.command(), env=env,
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        with open(os.path.join(self.case.tmp, "container.log"), "ab") as log:   # kubectl logs
+            self.proc = subprocess.Popen(prefix + self.command(), env=env,
+                                         stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         self.started_at = time.monotonic()
         self.started = False                      # the startup probe has not passed yet
 
@@ -569,6 +571,18 @@ class TestKubeletFailedWarmup(KubeletCase):
         self.assertEqual(len(records), 1)
         found, _ = read_records(os.path.join(logs, records[0]))
         self.assertEqual(found[-1]["verdict"], "fail")
+        # The evidence outlives the pod (56): the container's log alone holds the records.
+        logged = [line[len("records| "):] for line in
+                  read(os.path.join(self.tmp, "container.log")).splitlines()
+                  if line.startswith("records| ")]
+        self.assertEqual([json.loads(line) for line in logged], found)
+        kept = os.path.join(self.tmp, "from-the-log.jsonl")
+        with open(kept, "w") as handle:
+            handle.write("\n".join(logged) + "\n")
+        shown = subprocess.run([sys.executable, "-S", QUALIFY_PATH, "report", kept],
+                               capture_output=True, text=True, timeout=30)
+        self.assertEqual(shown.returncode, 1)
+        self.assertIn("verdict: fail", shown.stdout)
         textfile = read(os.path.join(pod.path("/textfile"), "offload.prom"))
         self.assertIn('offload_warmup_last_run_verdict{verdict="fail"} 1.0', textfile)
         # The re-warm the manifest's comment gives, run in the container as kubectl exec

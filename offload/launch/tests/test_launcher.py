@@ -67,6 +67,7 @@ class TestStart(StartCase):
             handle.write("{}\n")
         result = self.start("--keep", "1", "--ready-file", self.ready, server=self.fake())
         self.assertEqual(result.code, 0, result.stdout + result.stderr)
+        self.assertNotIn("records| ", result.stdout, "only a container's log gets them")
         with open(self.ready) as handle:
             records = json.load(handle)["records"]
         self.assertTrue(os.path.exists(records), "the ready file's records are kept")
