@@ -12,13 +12,16 @@ child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 forwarded="" # the signal forwarded to timeout, if any
 began_us=0 bound_us=0 # when this script began, and when the bound falls (epoch µs)
-ran=""       # the file the helper's interpreter writes first (proof that it ran)
+ran=""       # the file the helper's interpreter removes first (proof that it ran)
 
-# The helper: Python 3.10+ writes the file argv[1] first (/bin/true, which runs nothing,
-# would exit 0), argv[2] is the folder (one unit). PUBLISH: core/ending.py.
-readonly RUN_HELPER='import sys
+# The helper: Python 3.10+ removes the file argv[1] first (/bin/true, which runs nothing,
+# would exit 0; a removal needs no space), argv[2] is the folder (one unit).
+readonly RUN_HELPER='import os, sys
 if sys.version_info < (3, 10): sys.exit(2)
-open(sys.argv.pop(1), "w").write("ran"); sys.path.insert(0, sys.argv.pop(1)); import warmup
+os.unlink(sys.argv.pop(1)); sys.path.insert(0, sys.argv.pop(1))
+try: import warmup
+except (ImportError, SyntaxError) as e: print("warmup_serve.sh: cannot load", getattr(e, "name", None) or e, "(offload/launch/ is copied and rolled back as one folder: restore it whole)", file=sys.stderr); sys.exit(2)
+except KeyboardInterrupt: sys.exit(130)
 warmup.runframe.script_exit(warmup.main(prog="warmup_serve.sh"))'
 readonly PUBLISH='import sys; sys.path.insert(0, sys.argv.pop(1)); import core.ending;
 core.ending.publish_ending(sys.argv[5:], int(sys.argv[1]), int(sys.argv[2]) / 1e6,
@@ -45,13 +48,13 @@ stop_early() {
   exit "${status}"
 }
 
-# A child's ($1) exit status, waited for even when a trapped signal interrupts the wait.
+# A child's ($1) exit status, waited for even when a signal interrupts the wait.
 wait_status() {
   local status=0
-  wait "$1" || status=$?
+  wait "$1" 2>/dev/null || status=$?  # bash's own "Killed" job line is not for operators
   while kill -0 "$1" 2>/dev/null; do
     status=0
-    wait "$1" || status=$?
+    wait "$1" 2>/dev/null || status=$?
   done
   return "${status}"
 }
@@ -77,11 +80,10 @@ main() {
   command -v timeout >/dev/null || stop_early 2 "coreutils 'timeout' is required" "$@"
   command -v "${python}" >/dev/null || stop_early 2 "'${python}' does not run Python 3.10 \
 or later (set WARMUP_PYTHON)" "$@"
-  local fraction="${hard#*.}000000"
-  [[ "${hard}" == *.* ]] || fraction="000000"
+  local fraction="000000" && [[ "${hard}" == *.* ]] && fraction="${hard#*.}000000"
   bound_us=$((began_us + 10#${hard%%.*} * 1000000 + 10#${fraction:0:6}))
-  # Set before anything starts: a TERM before the helper exists is forwarded once it does.
-  # shellcheck disable=SC2064  # the signal's name is meant to be expanded now
+  # Set first: a TERM before the helper exists is forwarded once it does (SC2064: meant).
+  # shellcheck disable=SC2064
   for signal in TERM INT HUP; do trap "forward_signal ${signal}" "${signal}"; done
   ran="$(mktemp)" || stop_early 2 "cannot create a temporary file in ${TMPDIR:-/tmp}" "$@"
   trap 'rm -f "${ran}"' EXIT
@@ -95,12 +97,11 @@ or later (set WARMUP_PYTHON)" "$@"
   [[ -z "${pending}" ]] || forward_signal "${pending}"
   wait_status "${child}" || status=$?
   trap - TERM INT HUP
-  # A signal that reached timeout as it started the helper: passed on to what is left.
-  [[ -z "${forwarded}" ]] || kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true
-  if [[ ! -s "${ran}" ]] && ((status == 124 || status == 137)); then
+  [[ -z "${forwarded}" ]] || kill -s "${forwarded}" -- "-${child}" 2>/dev/null || true  # leftovers
+  if [[ -e "${ran}" && -z "${forwarded}" ]] && ((status == 124 || status == 137)); then
     echo "warmup_serve.sh: '${python}' did not answer within the hard bound (${hard} s): a \
 hung interpreter (a stuck mount, a broken site-packages?); nothing was sent" >&2
-  elif [[ ! -s "${ran}" ]] && ((status < 129 || status > 159)); then
+  elif [[ -e "${ran}" ]] && ((status < 129 || status > 159)); then
     stop_early 2 "'${python}' does not run Python 3.10 or later (set WARMUP_PYTHON)" "$@"
   fi
   ((status == 0)) || publish_ending "${status}" "$@"

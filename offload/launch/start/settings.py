@@ -344,8 +344,9 @@ def check_rewarm(settings: Settings) -> None:
 def textfile_given(argv: list[str], default: str) -> str:
     """--textfile's value in a command line that could not be parsed, else default."""
     head = argv[:argv.index("--")] if "--" in argv else argv
-    return next((head[i + 1] for i in range(len(head) - 1) if head[i] == "--textfile"),
-                default)
+    given = [head[i + 1] for i in range(len(head) - 1) if head[i] == "--textfile"] + \
+        [arg.partition("=")[2] for arg in head if arg.startswith("--textfile=")]
+    return given[-1] if given else default
 
 
 def os_reason(exc: OSError) -> str:

@@ -69,6 +69,11 @@ class TestCompat(HelperCase):
         self.assertIn("log: the prefill chunk line: max_num_batched_tokens 8192", held.stdout)
         with open(log, "w") as handle:
             handle.write("INFO nothing of the chunk\n")
+        fifo = os.path.join(self.tmp, "fifo")
+        os.mkfifo(fifo)
+        refused = self.compat(server, "--log", fifo, "--timeout-s", "5")
+        self.assertEqual(refused.code, 1, "a FIFO is refused, never waited on")
+        self.assertIn("MISSING log", refused.stdout)
         missing = self.compat(server, "--log", log, "--json")
         doc = json.loads(missing.stdout)
         self.assertEqual((missing.code, doc["missing"], doc["checks"][-1]["held"]),

@@ -464,6 +464,18 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                     self.assertFalse(os.path.exists(self.ready))
                 self.assert_no_leak(None, result.stdout, result.stderr, self.start_log())
 
+    def test_a_usage_error_is_published_to_the_textfile_however_the_flag_is_written(self):
+        for form in (["--textfile", "{}"], ["--textfile={}"]):
+            with self.subTest(form=form[0]):
+                textfile = os.path.join(self.tmp, f"{len(form)}.prom")
+                args = [a.format(textfile) for a in form]
+                result = self.refused("--log-dir", self.logs, *args, "--bogus", "--", "true",
+                                      env={"START_TEXTFILE": os.path.join(self.tmp, "v.prom")})
+                self.assertEqual(result.code, 2, result.stderr)
+                with open(textfile) as handle:
+                    self.assertIn('offload_warmup_last_run_verdict{verdict="usage"} 1.0',
+                                  handle.read())
+
     def test_usage_errors(self):
         for args, env in ((["--start-guard-s", "soon", "--", "true"], {}), (["--bogus"], {}),
                           ([], {}), (["--start-guard-s", "9223372036854775808", "--", "true"], {}),

@@ -15,6 +15,7 @@ import sys
 import time
 
 from core.cli import EXIT_FAIL, EXIT_PASS, emit, seconds
+from core.files import open_regular
 from core.kinds import KINDS, completion_body, judge
 from core.prometheus import parse_prometheus
 from core.records import parse_fields, record_class
@@ -42,8 +43,9 @@ def route_checks(target, clock: Clock, key: str | None) -> tuple[list, str | Non
     """/health, /v1/models (the model it names), /tokenize: (checks, the model)."""
     found, model = [], None
     for path in ("/health", "/v1/models"):
-        try:
-            response = fetch(target, clock, "GET", path, bearer=key)
+        try:                              # only /v1 takes the key, as the warm-up sends it
+            response = fetch(target, clock, "GET", path,
+                             bearer=key if path.startswith("/v1/") else None)
         except TransportError as exc:
             found.append(check(f"GET {path}", False, f"no answer ({exc.problem})"))
             continue
@@ -58,8 +60,7 @@ def route_checks(target, clock: Clock, key: str | None) -> tuple[list, str | Non
     if model is None:
         return found + [check("POST /tokenize", False, "no model to count for")], None
     try:
-        response = fetch(target, clock, "POST", "/tokenize", {"model": model, "prompt": "x y"},
-                         bearer=key)
+        response = fetch(target, clock, "POST", "/tokenize", {"model": model, "prompt": "x y"})
         doc = decode_json(response.body)[0] if response.status == 200 else None
         counted = count_value(doc.get("count")) if isinstance(doc, dict) else None
         found.append(check("POST /tokenize (B1 sized exactly)", counted is not None,
@@ -126,11 +127,12 @@ def request_check(target, clock: Clock, key: str | None, model: str):
 
 def log_checks(path: str) -> list:
     """The server log lines start.sh reads: the prefill chunk."""
-    try:
-        with open(path, "rb") as handle:
+    try:                                  # a regular file only: a FIFO would never end
+        with open_regular(path) as handle:
             text = handle.read(16 << 20).decode("utf-8", "replace")
     except OSError as exc:
-        return [check(f"log {path}", False, f"cannot be read ({exc.strerror})")]
+        return [check(f"log {clean_text(path, 200)}", False,
+                      f"cannot be read ({exc.strerror or 'not a regular file'})")]
     chunk = logged_chunk(text)
     return [check("log: the prefill chunk line", bool(chunk), f"max_num_batched_tokens "
                   f"{chunk}" if chunk else "not found: start.sh assumes 4096 unless the "
@@ -142,7 +144,7 @@ def compat(target, key: str | None, timeout_s: float, log: str | None) -> list:
     clock = Clock.start(timeout_s, min(timeout_s, 30.0))
     found, model = route_checks(target, clock, key)
     try:
-        response = fetch(target, clock, "GET", "/metrics", bearer=key)
+        response = fetch(target, clock, "GET", "/metrics")
         found += metrics_checks(response.body.decode("utf-8", "replace")) \
             if response.status == 200 else [check("GET /metrics", False,
                                                   f"HTTP {response.status}")]
