@@ -412,7 +412,7 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
     missing = [f"only {waves_ran} of {want} requests ran"] \
         if want is not None and waves_ran < want else []
     found = said_once([r for r in failed if not in_shape(r)])
-    shape = None
+    shape, parts = None, tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if plan is not None:
         skipped = recorded.engines_skipped or []
         differs = differences(plan, skipped)
@@ -424,10 +424,9 @@ def decide(run: dict | None, records: list[dict], ending: Ending,
         if ending.verdict in ("pass", "custom"):      # a refusal or a kill stays itself
             found += unwarmed_engines(engines, skipped, records)
         if plan.paths:
-            shape = shape_verdict(plan, len(engines), judged, failed, wave_problems(
+            shape = shape_verdict(parts[1:], in_shape, judged, failed, wave_problems(
                 engines, [r for r in records if in_shape(r)], several,
                 recorded.deadline_s, ending))
-    parts = tuple(part_counts(plan, len(engines), judged, failed)) if plan else ()
     if parts:                 # the waves' part: the contract's, a plan file's, or custom
         parts = ((plan_label(plan) if not differs else "plan",) + tuple(parts[0][1:]),)
     ok = len(judged) - len(failed)
@@ -463,12 +462,10 @@ def wave_problems(engines: list, records: list[dict], several: bool, deadline,
     return unguarded_waves(engines, records, several) + failed + late_waves(deadline, records)
 
 
-def shape_verdict(plan: Plan, engines: int, judged: list[dict], failed: list[dict],
+def shape_verdict(parts: tuple, in_shape, judged: list[dict], failed: list[dict],
                   waves: list[str]) -> Shape:
-    """The shape test's own verdict: every path's requests there and passing, its waves
-    guarded, not failed, not late. Pure."""
-    parts = tuple(part_counts(plan, engines, judged, failed))[1:]
-    in_shape = shape_test(plan)
+    """The shape test's own verdict from its paths' counts (part_counts'): every path's
+    requests there and passing, its waves guarded, not failed, not late. Pure."""
     problems = said_once([r for r in failed if in_shape(r)]) + waves
     ran = sum(1 for r in judged if in_shape(r))
     total = sum(part[2] for part in parts)

@@ -209,10 +209,11 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
             *lines, rest = (rest + got).split(b"\n")
             for line in lines:
                 text = line.decode("utf-8", "replace")
-                if text.startswith("exit ") and number_in(text[5:], whole(0, 255)) is not None:
-                    code = int(text[5:])
-                else:
+                said = number_in(text[5:], whole(0, 255)) if text.startswith("exit ") else None
+                if said is None:
                     say(text)
+                else:
+                    code = said
         else:
             say(f"start.sh --rewarm: no outcome from the owner within {bound_s:g} s")
     return code

@@ -50,6 +50,11 @@ exit status:
   143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up)"""
 
 
+def switch_name(flag: str) -> str:
+    """The setting a switch sets: --no-warmup sets warmup, --require-chunk require_chunk."""
+    return flag.removeprefix("--no-").lstrip("-").replace("-", "_")
+
+
 def switch(text: str) -> bool:
     """A START_* switch variable: 0 or 1."""
     if text not in ("0", "1"):
@@ -184,7 +189,7 @@ class Settings:
             setattr(self, setting.dest, setting.default)
             self.source[setting.dest] = setting.variable
         for flag, variable, given, _ in SWITCHES:
-            setattr(self, flag.lstrip("-").replace("no-", "").replace("-", "_"), not given)
+            setattr(self, switch_name(flag), not given)
         for variable, _, default in TUNING:
             setattr(self, variable[6:].lower(), default)
         self.textfile = env.get("START_TEXTFILE") or env.get("WARMUP_TEXTFILE", "")
@@ -211,9 +216,8 @@ class Settings:
                     self.source[setting.dest] = setting.flag if where.startswith("--") \
                         else setting.variable
             for flag, variable, given, _ in SWITCHES:
-                name = flag.lstrip("-").replace("no-", "").replace("-", "_")
-                value = getattr(args, flag.lstrip("-").replace("-", "_"))
-                setattr(self, name, value if value is not None else given_value(
+                value = getattr(args, flag.lstrip("-").replace("-", "_"))   # argparse's dest
+                setattr(self, switch_name(flag), value if value is not None else given_value(
                     None, flag, variable, switch, not given, env)[0])
             for variable, parse, default in TUNING:
                 setattr(self, variable[6:].lower(),
