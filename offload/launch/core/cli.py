@@ -4,6 +4,7 @@ types, a setting from its flag or its variable."""
 from __future__ import annotations
 
 import argparse
+import decimal
 import os
 import re
 import sys
@@ -83,13 +84,14 @@ NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?")   # the house's one grammar of a num
 def number_type(convert, fits, wants: str, name: str):
     """An argparse type: convert(text) when it is a NUMBER that `fits`, else '<wants>, got
     <text>'. int() and float() also take '1_000', ' 5', '1e3', 'nan' and other scripts'
-    digits, which no option, variable or file of ours means (warmup_serve.sh: the same)."""
+    digits, which no option, variable or file of ours means (warmup_serve.sh: the same).
+    The range is checked on the exact decimal too: 0.9999999999999999999 is no float 1."""
     def parse(text: str):
         try:
             value = convert(text) if NUMBER.fullmatch(text) else None
         except ValueError:
             value = None
-        if value is None or not fits(value):
+        if value is None or not fits(value) or not fits(decimal.Decimal(text)):
             raise argparse.ArgumentTypeError(f"{wants}, got {text!r}")
         return value
     parse.__name__ = name

@@ -1,8 +1,9 @@
 """The one home of the records: each kind's fields and types (CONTRACT.md's table). Run.write()
 holds each record to them; held() reads a file's, leaving out (and naming) one that breaks
 them and typing the rest (a class per kind, each field an attribute: read without a check).
-`name:type?` may be null, `~name` absent. Types: str, int, num, count (0 to 2**53), finite,
-bool, list, dict, any; list[T] and dict[T] hold T (T? may be null); @name, a SHAPES object."""
+`name:type?` may be null, `~name` absent. Types: str, int, num, count (0 to 2**53), finite
+(a finite number, 0 or more), bool, list, dict, any; list[T] and dict[T] hold T (T? may be
+null); @name, a SHAPES object."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ DECLARED = {
                "index:int engine:int? " + _ANSWER + " latency_s:num? sent_at_s:num? ok:bool "
                "problems:list[str] metrics:dict? speculative_decoding:dict?",
     "wave": "run_id:str wave:str ~path:str depth:int engine:int? release_skew_ms:num? "
-            "batch_release_skew_ms:num? duration_s:num started_at_s:num "
+            "batch_release_skew_ms:num? duration_s:finite started_at_s:finite "
             "released_at:str? last_answer_at:str? ok:bool requests_ok:int problems:list[str] "
             "~counters:dict ~counters_cut:int? ~counters_went_down:list[str] ~counters_why:str? "
             "~running_max:num? ~waiting_max:num? ~gauge_samples:int ~gauge_reads:int? "
@@ -89,7 +90,7 @@ SHAPES = {
     "item_plan": "item:str depth:int",
     "gate_probe": "probe:str kind:str reference_chars:int",
     "sample": "name:str labels:dict[str] value:any",
-    "spec": "drafts:num draft_tokens:num? accepted_tokens:num? drafted_length:num? "
+    "spec": "drafts:num draft_tokens:num? accepted_tokens:num? drafted_length:finite? "
             "acceptance_rate:num? mean_acceptance_length:num? acceptance_by_position:list[num?]",
     "share": "engine:int generation_tokens:num? generation_tokens_planned:int "
              "prompt_tokens:num? b1_prompt_tokens:int?",
@@ -156,7 +157,7 @@ def type_problems(value, kind: str, where: str) -> list[str]:
             not -BIGGEST <= value < BIGGEST:
         return [f"{where} is not {kind} (an integer past 64 bits)"]
     if outer == "count" and isinstance(value, int) and not 0 <= value < 1 << 53 or \
-            outer == "finite" and isinstance(value, float) and not math.isfinite(value):
+            outer == "finite" and isinstance(value, (int, float)) and not 0 <= value < math.inf:
         return [f"{where} is not {kind}"]
     if kind == "any" or isinstance(value, BASE_TYPES[outer]) and not (
             isinstance(value, bool) and outer in ("int", "num", "count", "finite")):

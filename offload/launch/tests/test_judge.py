@@ -479,8 +479,13 @@ class TestRecordsSchema(unittest.TestCase):
         self.assertEqual(records.field_problems(summary_record("r", "pass", 0)), [])
         wave = wave_records("r")[1]
         self.assertEqual(records.field_problems(dict(wave, duration_s=10 ** 400)),
-                         ["wave record's duration_s is not num (an integer past 64 bits)"],
+                         ["wave record's duration_s is not finite (an integer past 64 bits)"],
                          "valid JSON no float can hold: no sum or format may meet it")
+        # finite: a number 0 or more (a hand-edited negative duration is no evidence).
+        for value in (-0.5, -1, float("nan"), float("inf")):
+            with self.subTest(duration_s=value):
+                self.assertEqual(records.field_problems(dict(wave, duration_s=value)),
+                                 ["wave record's duration_s is not finite"])
         said = records.field_problems(dict(request_record("r", 0), ok="yes", extra=1))
         self.assertEqual(said, ["request record's ok is not bool",
                                 "request record with an undeclared field 'extra'"])

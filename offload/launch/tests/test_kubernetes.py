@@ -509,6 +509,11 @@ class Pod:
         self.stopping.set()
         self.kill_container()
 
+    def container_log(self) -> str:
+        """What the container printed (`kubectl logs --previous` and all), as text."""
+        with open(os.path.join(self.case.tmp, "container.log"), "rb") as log:
+            return log.read().decode("utf-8", "replace")
+
     def logs(self) -> str:
         return self.path("/var/log/offload")
 
@@ -536,7 +541,8 @@ class TestKubeletPass(KubeletCase):
     def test_a_passing_start_becomes_ready_and_stays(self):
         pod = Pod(self, "--latency-s", "0.01").run()
         self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)),
-                        "Ready within the stated budget")
+                        f"Ready within the stated budget; restarts {pod.exits}, the "
+                        f"container's log ends:\n{pod.container_log()[-3000:]}")
         self.assertLess(pod.ready_at, self.readiness_budget(pod))
         period = pod.spec["livenessProbe"]["periodSeconds"]
         time.sleep(period + 1)                     # a liveness period: still one container

@@ -231,6 +231,14 @@ class TestReportJudgesAgain(HelperCase):
         self.assertIn("request record without usage", self.report(edited).stdout)
         edited = [dict(r, format=1) if r["record"] == "run" else r for r in found]
         self.assertIn("the run record is of format 1, not 2", self.report(edited).stdout)
+        # A duration or elapsed time below 0 is no measurement (a hand edit): not read.
+        for kind, field in (("wave", "duration_s"), ("summary", "elapsed_s")):
+            with self.subTest(field=field):
+                edited = [dict(r, **{field: -0.5}) if r["record"] == kind else r
+                          for r in found]
+                shown = self.report(edited)
+                self.assertEqual(shown.code, 1, shown.stdout)
+                self.assertIn(f"{kind} record's {field} is not finite", shown.stdout)
 
 
 class TestReportPieces(unittest.TestCase):
