@@ -577,6 +577,8 @@ class Pod:
         self.server_args = server_args
         self.proc: subprocess.Popen | None = None
         self.restarts, self.exits, self.ready_at, self.started = 0, [], None, False
+        self.ready_since = self.deleted_at = self.term_at = None     # monotonic times
+        self.name = folder
         self.ready = False
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -724,6 +726,7 @@ class Pod:
                     self.ready = ok or self.ready and failures < spec["failureThreshold"]
                     if self.ready and self.ready_at is None:
                         self.ready_at = time.monotonic() - self.started_at
+                        self.ready_since = time.monotonic()
 
     def wait_for(self, condition, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -736,6 +739,22 @@ class Pod:
     def stop(self) -> None:
         self.stopping.set()
         self.kill_container()
+
+    def delete(self, pre_stop_s: float) -> int:
+        """A pod's deletion as the kubelet runs it: out of the endpoints at once, its
+        preStop, then TERM; the container's exit status (KILL past the grace)."""
+        self.deleted_at = time.monotonic()
+        time.sleep(pre_stop_s)
+        self.stopping.set()                      # no probe, no restart from here on
+        init = self.in_container()
+        self.term_at = time.monotonic()
+        os.kill(int(init[2]) if init else self.proc.pid, signal.SIGTERM)
+        grace = self.doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        try:
+            return self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.kill_container()
+            return -9
 
     def container_log(self) -> str:
         """What the container printed (`kubectl logs --previous` and all), as text."""
@@ -919,6 +938,122 @@ class TestKubeletDrain(KubeletCase):
                               r"the 40 s grace; 4 requests in flight at the TERM, ended "
                               r"within its --shutdown-timeout 30")
         self.assertFalse(os.path.exists(pod.path("/run/offload/warm")))
+
+
+class Service:
+    """The played Service: the endpoints controller's list (a pod's Ready from its
+    readiness probe, dropped at once when its deletion starts) and kube-proxy, a request
+    sent on to the next endpoint in turn; each routing kept as (when, pod)."""
+
+    def __init__(self, case: HelperCase):
+        import http.server
+        self.pods: list[Pod] = []
+        self.routed: list[tuple[float, Pod]] = []
+        self.lock, self.turn = threading.Lock(), 0
+        service = self
+
+        class Proxy(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                pod = service.pick()
+                if pod is None:                       # no endpoint: kube-proxy rejects
+                    self.send_error(503)
+                    return
+                request = urllib.request.Request(
+                    f"http://127.0.0.1:{pod.port}{self.path}", body,
+                    {k: v for k, v in self.headers.items()
+                     if k in ("Content-Type", "Authorization")})
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        status, data = answer.status, answer.read()
+                except urllib.error.HTTPError as exc:
+                    status, data = exc.code, exc.read()
+                except OSError:
+                    status, data = 502, b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        case.addCleanup(self.server.server_close)
+        case.addCleanup(self.server.shutdown)
+
+    def endpoints(self) -> list[Pod]:
+        return [pod for pod in self.pods if pod.ready and pod.deleted_at is None]
+
+    def pick(self) -> Pod | None:
+        with self.lock:
+            ready = self.endpoints()
+            if not ready:
+                return None
+            self.turn += 1
+            pod = ready[self.turn % len(ready)]
+            self.routed.append((time.monotonic(), pod))
+            return pod
+
+
+class TestKubeletRollout(KubeletCase):
+    """56: a rolling update of the small overlay's three pods (its strategy: maxSurge 1,
+    maxUnavailable 0; its preStop, then TERM) under four clients sending through the
+    played Service."""
+    runs_long = 30
+
+    def test_a_rolling_update_answers_every_request_from_warm_pods_only(self):
+        deployment = kinds(built("small"))["Deployment"]
+        self.assertEqual(deployment["spec"]["strategy"]["rollingUpdate"],
+                         {"maxSurge": 1, "maxUnavailable": 0})
+        service = Service(self)
+        old = [self.pod(service, f"old-{n}") for n in range(3)]
+        for pod in old:
+            self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
+        answers: list = []
+        sending = threading.Event()
+
+        def client(number: int) -> None:
+            sent = 0
+            while not sending.is_set():
+                send_completion(service.url, f"client-{number}-{sent}", answers,
+                                f"client {number}", API_KEY)
+                sent += 1
+                sending.wait(0.05)                       # a producer's pace, not a flood
+        clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        for each in clients:
+            each.start()
+        self.addCleanup(lambda: (sending.set(), [each.join(60) for each in clients]))
+        pre_stop = float(container(deployment)["lifecycle"]["preStop"]["exec"]["command"][1])
+        for number, leaving in enumerate(old):           # one surge pod, then one old out
+            new = self.pod(service, f"new-{number}")
+            self.assertTrue(new.wait_for(lambda: new.ready, self.readiness_budget(new)),
+                            new.container_log()[-2000:])
+            self.assertGreaterEqual(len(service.endpoints()), 3, "maxUnavailable 0")
+            self.assertEqual(leaving.delete(pre_stop * time_scale()), 0,
+                             leaving.container_log()[-2000:])
+        time.sleep(1.0)
+        sending.set()
+        for each in clients:
+            each.join(60)
+        bad = [a for a in answers if not (isinstance(a, int) and 200 <= a < 300)]
+        self.assertEqual(bad, [], f"{len(answers)} requests through the Service")
+        self.assertGreater(len(answers), 20)
+        for when, pod in service.routed:                 # from warm, not stopping pods
+            self.assertGreaterEqual(when, pod.ready_since, pod.name)
+            self.assertTrue(pod.deleted_at is None or when < pod.deleted_at, pod.name)
+            self.assertTrue(pod.term_at is None or when < pod.term_at, pod.name)
+        served = {pod.name for _, pod in service.routed}
+        self.assertTrue({"old-0", "new-2"} <= served, served)
+
+    def pod(self, service: Service, name: str) -> "Pod":
+        pod = Pod(self, "--latency-s", "0.05", folder=name)
+        pod.name = name
+        service.pods.append(pod)
+        return pod.run()
 
 
 def read(path: str) -> str:
