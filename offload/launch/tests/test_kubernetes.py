@@ -248,6 +248,20 @@ class TestOverlays(unittest.TestCase):
                 self.assertEqual(claim["persistentVolumeClaim"]["claimName"],
                                  docs["PersistentVolumeClaim"]["metadata"]["name"])
 
+    def test_an_overlay_keeps_its_log_folder_on_a_volume_of_its_own(self):
+        # 56 item 5: the evidence outlives the pod where an overlay says so (long-context:
+        # a volume made with each pod, on a class that retains it), beside the container log.
+        pod = kinds(built("long-context"))["Deployment"]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in container({"spec": {"template": {
+            "spec": pod}}})["env"]}
+        mount = next(m for m in container({"spec": {"template": {"spec": pod}}})["volumeMounts"]
+                     if env["START_LOG_DIR"].startswith(m["mountPath"]))
+        logs = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+        self.assertNotIn("emptyDir", logs)
+        claim = logs["ephemeral"]["volumeClaimTemplate"]["spec"]
+        self.assertEqual(claim["accessModes"], ["ReadWriteOnce"], "one pod's, never shared")
+        self.assertTrue(claim["storageClassName"])
+
     def test_the_overlays_are_two_models_apart(self):
         seen = {}
         for overlay in overlays():
