@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
         check_plan_file(settings.env.get("WARMUP_PLAN"))
     except Usage as exc:
         if settings is not None:          # no older success stays standing
-            publish_start_outcome(settings, "warmup", 2, "usage")
+            publish_start_outcome(settings, "warmup", 2, "usage", said=str(exc))
         return start_usage_error(str(exc))
     log = Log(settings.log_dir)
     try:

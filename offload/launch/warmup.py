@@ -271,10 +271,9 @@ def engine_figures(warm: WarmUp, deltas: dict, record: dict) -> None:
     """Each engine's figures in the main metrics record (its share is decide()'s to judge)."""
     engines = routed(warm.server.engines)
     if engines and deltas:
-        record["engines"], _, warnings = engine_shares(
+        record["engines"] = engine_shares(
             deltas, engines, warm.plan.wave_requests * warm.plan.tokens,
-            b1_prompts(warm.tally.requests))
-        warm.tally.warnings += warnings
+            b1_prompts(warm.tally.requests))[0]
 
 
 def request_record(run: Run, warm: WarmUp, depth: int, slot: Slot, kind_: Kind) -> dict:

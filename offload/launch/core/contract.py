@@ -251,10 +251,10 @@ def cross_check(deltas: dict, requests: list[dict], scope: str = "the warm-up",
 
 
 def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
-                  want_prompt: dict) -> tuple[list[dict], list[str], list[str]]:
+                  want_prompt: dict) -> tuple[list[dict], list[str]]:
     """Each engine's share of the work from its own counter deltas: (per-engine figures,
-    problems: an engine short of its share, warnings: counters absent, never made up)."""
-    shares, problems, warnings = [], [], []
+    problems: an engine short of its share or without counters, never made up)."""
+    shares, problems = [], []
     for engine in engines:
         generated = series_sum(deltas, "vllm:generation_tokens_total", engine)
         prompt = series_sum(deltas, "vllm:prompt_tokens_total", engine)
@@ -262,7 +262,8 @@ def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
                        "generation_tokens_planned": want_generated, "prompt_tokens": prompt,
                        "b1_prompt_tokens": want_prompt.get(engine)})
         if generated is None or prompt is None:
-            warnings.append(f"engine {engine}: counters absent, its share cannot be checked")
+            problems.append(f"engine {engine}: counters absent or unreadable, its share "
+                            f"cannot be checked: its warm-up is not proven")
             continue
         if generated < want_generated:
             problems.append(f"engine {engine} generated {generated:g} of {want_generated} "
@@ -272,7 +273,7 @@ def engine_shares(deltas: dict, engines: tuple[int, ...], want_generated: int,
             problems.append(f"engine {engine} prefilled {prompt:g} prompt tokens, fewer than "
                             f"its B1 prompt's {needed}: is {ENGINE_HEADER} honoured by this "
                             f"server?")
-    return shares, problems, warnings
+    return shares, problems
 
 
 def engines_seen(records: list[dict]) -> set[int]:

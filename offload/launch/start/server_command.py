@@ -75,16 +75,17 @@ def tokens_value(text: str) -> str:
     return str(int(float(found[1] + (found[2] or "")) * TOKEN_SUFFIXES[found[3]]))
 
 
-def address_problem(target, command: list[str]) -> str | None:
-    """Why --base-url and the server command's --port / --host cannot be one address (a
-    mismatch would only show as the start guard running out); None when they can be."""
+def address_problem(target, command: list[str], given: str = "--base-url") -> str | None:
+    """Why the base URL (`given`: the flag or variable that set it) and the server
+    command's --port / --host cannot be one address (a mismatch would only show as the
+    start guard running out); None when they can be."""
     port, host = flag_value("--port", command), flag_value("--host", command)
     if port and port != str(target.port):
-        return (f"--base-url {target.display} names port {target.port}, the server command "
+        return (f"{given} {target.display} names port {target.port}, the server command "
                 f"--port {port}: make them one address")
     same = {host, target.host} <= {"127.0.0.1", "localhost"} or host == target.host
     if host and host not in ("0.0.0.0", "::", "[::]") and not same:
-        return (f"--base-url {target.display} names host {target.host}, the server command "
+        return (f"{given} {target.display} names host {target.host}, the server command "
                 f"--host {host}: make them one address")
     return None
 

@@ -44,8 +44,8 @@ exit status:
        missed the start guard (its process group is stopped), /proc cannot tell who
        holds its port, or it serves another model; with --rewarm: no live server in
        LOG_DIR, or the re-warm did not pass (the server keeps running)
-  2    usage error (bad option, --log-dir not writable, --ready-file folder missing);
-       nothing was launched
+  2    usage error (bad option, --log-dir not writable, --ready-file folder missing,
+       --rewarm without server.pid in LOG_DIR); nothing was launched
   130  interrupted by INT (the server was stopped; with --rewarm, only the warm-up)
   143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up)"""
 
@@ -249,7 +249,7 @@ class Settings:
             self.target = parse_base_url(self.base_url.rstrip("/"), self.source["base_url"])
         except UsageError as exc:
             raise Usage(str(exc)) from None
-        why = address_problem(self.target, self.command)
+        why = address_problem(self.target, self.command, self.source["base_url"])
         if why:
             raise Usage(why)
 

@@ -103,11 +103,12 @@ def records_line(path: str) -> str:
 
 
 def publish_start_outcome(settings: Settings, mode: str, status: int, verdict: str = "",
-                          log=None) -> None:
+                          log=None, said: str = "") -> None:
     """How a step or start.sh itself ended, in the textfile (success 0): a step that left
     no summary (its verdict from its exit status), a start begun (starting), refused or
     not trusted (not_started), interrupted (killed), skipped (not_warmed) or a usage
-    error. A textfile that cannot be written is removed, and that said."""
+    error. A textfile that cannot be written is removed, and that said (unless `said`
+    already is the reason: a usage error about the textfile itself)."""
     if not settings.textfile:
         return
     from core.textfile import outcome_of_status, publish_outcome as publish
@@ -119,7 +120,7 @@ def publish_start_outcome(settings: Settings, mode: str, status: int, verdict: s
         why = publish(settings.textfile, mode, verdict or outcome_of_status(status), status)
     if why and log is not None:
         log(f"WARN: {why}", sys.stderr)
-    elif why:
+    elif why and why != said:
         print(f"start.sh: {why}", file=sys.stderr)
 
 

@@ -7,11 +7,14 @@ X-data-parallel-rank header routes, requests without it are balanced.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import time
 import unittest
 
-from support import HelperCase
+from support import QUALIFY, HelperCase, read_records
 from support import decide_held  # noqa: E402
 import core.contract as contract  # noqa: E402
 import core.prometheus as prometheus  # noqa: E402
@@ -54,14 +57,20 @@ class TestGuardPerEngine(unittest.TestCase):
                   'vllm:generation_tokens_total{engine="1"}': 0.0,
                   'vllm:prompt_tokens_total{engine="0"}': 5200.0,
                   'vllm:prompt_tokens_total{engine="1"}': 0.0}
-        shares, problems, warnings = contract.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
+        shares, problems = contract.engine_shares(deltas, (0, 1), 320, {0: 4990, 1: 4990})
         self.assertEqual([s["generation_tokens"] for s in shares], [320.0, 0.0])
         self.assertEqual(problems[0], "engine 1 generated 0 of 320 tokens: is "
                                       "X-data-parallel-rank honoured by this server?")
-        self.assertEqual(warnings, [])
-        _, problems, warnings = contract.engine_shares({}, (0, 1), 320, {})
-        self.assertEqual(problems, [])
-        self.assertEqual(len(warnings), 2)
+        # An engine without readable counters: its warm-up is not proven (a NaN, a text or
+        # a deleted delta, as a hand edit leaves it, the same).
+        self.assertEqual(len(contract.engine_shares({}, (0, 1), 320, {})[1]), 2)
+        for value in (float("nan"), "320", None):
+            edited = dict(deltas, **{'vllm:generation_tokens_total{engine="1"}': value})
+            if value is None:
+                del edited['vllm:generation_tokens_total{engine="1"}']
+            problems = contract.engine_shares(edited, (0, 1), 320, {0: 4990, 1: 4990})[1]
+            self.assertEqual(problems, ["engine 1: counters absent or unreadable, its share "
+                                        "cannot be checked: its warm-up is not proven"])
 
 
 class TestEngines(HelperCase):
@@ -105,6 +114,27 @@ class TestEngines(HelperCase):
         b4 = [e for e in self.completions(server) if "-B4-" in e["body"]["request_id"]]
         self.assertEqual(len(b4), 8)
         self.assertLess(max(e["arrived"] for e in b4), min(e["done"] for e in b4))
+        # Read again, an engine whose counter delta was edited away (a text, a deletion)
+        # is no pass: its share of the warm-up cannot be checked.
+        report = [sys.executable, "-S", QUALIFY, "report", self.records_path]
+        self.assertEqual(subprocess.run(report, capture_output=True, timeout=30).returncode, 0)
+        for value in ("320", None):
+            found, _ = read_records(self.records_path)
+            for record in found:
+                if record["record"] == "metrics":
+                    key = next(k for k in record["deltas"] if k.startswith(
+                        "vllm:generation_tokens_total") and 'engine="1"' in k)
+                    if value is None:
+                        del record["deltas"][key]
+                    else:
+                        record["deltas"][key] = value
+            edited = os.path.join(self.tmp, "edited.jsonl")
+            with open(edited, "w", encoding="utf-8") as handle:
+                handle.write("".join(json.dumps(r) + "\n" for r in found))
+            shown = subprocess.run(report[:-1] + [edited], capture_output=True, text=True,
+                                   timeout=30)
+            self.assertEqual(shown.returncode, 1, shown.stdout)
+            self.assertIn("engine 1: counters absent or unreadable", shown.stdout)
 
     def test_server_that_ignores_the_header_fails_naming_the_cold_engine(self):
         server = self.start_fake(engines=2, ignore_rank=True)

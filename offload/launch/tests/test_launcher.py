@@ -431,6 +431,8 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                      r"\n  130 +interrupted by INT", r"\n  143 +interrupted by TERM"):
             self.assertRegex(result.stdout, line)
         self.assertIn("Read the records before releasing HOLD", result.stdout)
+        self.assertIn("--rewarm without server.pid in LOG_DIR); nothing was launched",
+                      result.stdout, "the status the refusal gives (test_signals: 2)")
 
     def test_ok_line_says_when_the_cache_check_was_not_made(self):
         for details, said in ((False, True), (True, False)):
@@ -475,6 +477,11 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
                 with open(textfile) as handle:
                     self.assertIn('offload_warmup_last_run_verdict{verdict="usage"} 1.0',
                                   handle.read())
+        # A textfile whose folder is missing is the usage error, said once.
+        result = self.refused("--log-dir", self.logs, "--", "true",
+                              env={"START_TEXTFILE": os.path.join(self.tmp, "no", "x.prom")})
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertEqual(result.stderr.count("its folder does not exist"), 1, result.stderr)
 
     def test_usage_errors(self):
         for args, env in ((["--start-guard-s", "soon", "--", "true"], {}), (["--bogus"], {}),
@@ -992,6 +999,11 @@ class TestOneAddress(StartCase):
                 self.assertEqual(result.code, 2, result.stderr)
                 self.assertIn(said, result.stderr)
                 self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+        # Set by the variable, the variable is named (not a flag nobody gave).
+        result = self.refused("--log-dir", self.logs, "--", *PYTHON, FAKE, "--port", other,
+                              env={"START_BASE_URL": self.url})
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertIn(f"START_BASE_URL {self.url} names port {self.port}", result.stderr)
 
     def test_the_last_chunk_flag_counts_as_vllm_s_parser_takes_it(self):
         self.assertEqual(flag_value("--max-num-batched-tokens", [
