@@ -2,9 +2,9 @@
 
 Used by report.py, the launcher and gate.py. A records file may be cut short by a kill,
 hold several runs, damaged lines or hostile values: load_records() reads past bad lines
-and names them, never holding more than a bounded amount; judge_records() gives each
-run contract.decide()'s verdict, held against what its summary claims; tidy() makes any
-value safe for report --json.
+and names them, never holding more than a bounded amount; judge_file() splits them into
+runs and gives each (judge_run()) contract.decide()'s verdict, held against what its
+summary claims; tidy() makes any value safe for report --json.
 """
 
 from __future__ import annotations
@@ -211,6 +211,12 @@ def judge_run(records: list[dict], repeated: bool = False):
                   evidence_problems=list(dict.fromkeys(found)), records=records)
 
 
+def judge_file(records: list[dict]) -> list[tuple[list[dict], dict]]:
+    """Each run of a records file as (its records as read, judged: judge_run())."""
+    groups = split_runs(records)
+    return [(group, judge_run(group, repeated_run(group, groups))) for group in groups]
+
+
 def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[str]:
     """The one place the copies of a verdict the writer left (the run record's plan, the
     summary) are held against the verdict its records give: a pass with problems, counts,
@@ -254,7 +260,7 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
     groups = split_runs(records)
     if not groups or not any(r["record"] == "run" for r in groups[-1]):
         return None
-    return judge_run(groups[-1], repeated_run(groups[-1], groups))
+    return judge_file(records)[-1][1]
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,

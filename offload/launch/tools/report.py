@@ -2,7 +2,7 @@
 
   report_main()        FILE -> load_records() (readback.py) -> build_report() ->
                        format_report(), or --json
-    build_run()        one run: its records grouped and judged by readback.judge_run()
+    build_run()        one run: its records, as readback.judge_file() grouped and judged them
                        (contract.decide(), the warm-up's own verdict, held against what
                        the summary claims: a claimed pass without the evidence is
                        'incomplete'; a pass of a plan that is not the contract's, 'custom')
@@ -23,8 +23,7 @@ import sys
 
 from core.contract import batch_name, chunk_said, identity, read_plan
 from core.readyfile import last_gauges, sha256_type
-from tools.readback import (READ_STOPPED, judge_run, load_records, repeated_run, split_runs,
-                            tidy)
+from tools.readback import READ_STOPPED, judge_file, load_records, tidy
 from core.records import (CLASSES, JUDGED, SHAPED, label, parse_fields, parts_text,
                           record_class, shape_text, show, shown_number)
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, number_in, whole
@@ -64,10 +63,9 @@ PICKED = {
 }
 
 
-def build_run(records: list[dict], last: bool = True, repeated: bool = False) -> dict:
+def build_run(records: list[dict], judged: dict, last: bool = True) -> dict:
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
     the verdict judged from its evidence (readback.judge_run: contract.decide())."""
-    judged = judge_run(records, repeated)
     run, summary, decided = judged.run, judged.summary, judged.decided
     by_kind: dict[str, list[dict]] = {}
     for record in judged.records:     # the records held to their declarations
@@ -122,9 +120,9 @@ def time_to_warm_line(phases) -> str:
 def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
     """A records file as one object: each run, the bad lines, and the last run's verdict.
     A file with no run record holds no run, whatever else it holds: exit 1."""
-    groups = split_runs(records)
-    runs = [build_run(group, last=(i == len(groups) - 1), repeated=repeated_run(group, groups))
-            for i, group in enumerate(groups)]
+    judged = judge_file(records)
+    runs = [build_run(group, verdict, last=(i == len(judged) - 1))
+            for i, (group, verdict) in enumerate(judged)]
     if any(issue.startswith(READ_STOPPED) for issue in issues):
         return FileReport(runs=runs, issues=tidy(issues), verdict="incomplete",
                           exit_code=EXIT_FAIL, evidence="incomplete",
