@@ -274,10 +274,10 @@ class TestOverlays(unittest.TestCase):
 
     def test_each_build_validates_against_the_kubernetes_schema(self):
         tool = shutil.which("kubernetes-validate")
+        needs(tool is not None, "kubernetes-validate")
         for overlay in overlays():
             with self.subTest(overlay=overlay):
                 docs = built(overlay)
-                needs(tool is not None, "kubernetes-validate")
                 path = os.path.join(self.tmp(), f"{overlay}.yaml")
                 import yaml
                 with open(path, "w", encoding="utf-8") as handle:
@@ -1036,7 +1036,7 @@ class TestKubeletRollout(KubeletCase):
                 send_completion(service.url, f"client-{number}-{sent}", answers,
                                 f"client {number}", API_KEY)
                 sent += 1
-                sending.wait(0.05)                       # a producer's pace, not a flood
+                sending.wait(0.2)                        # a producer's pace, not a flood
         clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
         for each in clients:
             each.start()
