@@ -575,7 +575,8 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="target size of B1's long prompt in tokens, more than "
                              "--chunk-tokens and at most 1048576, capped by the context; "
                              "counted with the server's /tokenize when it has one (default: "
-                             "5000, or past --chunk-tokens when that is larger)")
+                             "5000, or past --chunk-tokens when that is larger); given, the "
+                             "plan is custom")
     parser.add_argument("--chat-template-kwargs", metavar="JSON", type=template_kwargs_type,
                         help="a JSON object passed to the chat template by the chat kinds of "
                              "--paths, e.g. '{\"enable_thinking\": false}'")

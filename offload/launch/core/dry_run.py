@@ -27,6 +27,8 @@ def print_plan(plan: Plan, settings: RunSettings, connection: Connection,
         return
     lines = [f"{plan_label(plan) if plan.file else 'plan'} for {target.display} (dry run: "
              f"nothing sent)"]
+    if plan.file:                 # whole, as START_PLAN_SHA256 and --plan-sha256 take it
+        lines.append(f"  sha256 {plan.file.sha256}")
     if plan.given:
         lines.append(f"  given: {', '.join(source for _, source in plan.given)}")
     for i, depth in enumerate(plan.waves):

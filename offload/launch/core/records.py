@@ -32,7 +32,7 @@ DECLARED = {
     "gauges": "run_id:str wave:str at_s:num ok:bool samples:list[@sample] fresh_engines:list "
               "settle_s:num? problems:list[str] ~sleep_state:dict[str]?",
     "request": "run_id:str request_id:str request_kind:str wave:str ~path:str depth:int "
-               "index:int engine:int? " + _ANSWER + " latency_s:num? sent_at_s:num? ok:bool "
+               "index:int engine:int? " + _ANSWER + " latency_s:finite? sent_at_s:finite? ok:bool "
                "problems:list[str] metrics:dict? speculative_decoding:dict?",
     "wave": "run_id:str wave:str ~path:str depth:int engine:int? release_skew_ms:num? "
             "batch_release_skew_ms:num? duration_s:finite started_at_s:finite "
@@ -53,14 +53,14 @@ DECLARED = {
                "~time_to_warm:@time_to_warm elapsed_s:finite deadline_s:finite problems:list[str] "
                "records:str",
     "probe": "run_id:str item:str round:int index:int engine:int? request_id:str "
-             "request_kind:str ttft_s:num? total_s:num? " + _ANSWER + " ok:bool problems:list[str]",
+             "request_kind:str ttft_s:finite? total_s:finite? " + _ANSWER + " ok:bool problems:list[str]",
     "probe_summary": "run_id:str items:list[@probe_item] ~counters:dict ~status:dict "
                      "meaning:str",
     "gate": "run_id:str request_id:str request_kind:str probe:str kind:str shape:str "
             "index:int engine:int? " + _ANSWER + " exact:bool? edit_distance:int? "
             "reference_chars:int answer_chars:int? cer:finite? word_errors:count? "
-            "reference_words:int? preamble_chars:int? removed:list[str] latency_s:num? "
-            "sent_at_s:num? ok:bool problems:list[str]",
+            "reference_words:int? preamble_chars:int? removed:list[str] latency_s:finite? "
+            "sent_at_s:finite? ok:bool problems:list[str]",
     "gate_summary": "run_id:str verdict:str exit_code:int identifiers_exact:dict[str] "
                     "worst_cer:finite? passages_ok:str? worst_typos:int? max_typos:int "
                     "preambles:list[str] max_cer:num endpoint:str elapsed_s:num? "

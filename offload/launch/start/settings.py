@@ -114,8 +114,8 @@ OPTIONS = (
 )
 SWITCHES = (                               # (flag, variable, the value the flag gives, help)
     ("--require-chunk", "START_REQUIRE_CHUNK", True,
-     "nor for a pass that assumed the server's prefill chunk: pin --max-num-batched-tokens "
-     "in the command"),
+     "no ready file (nor Ready) for a pass that assumed the server's prefill chunk: pin "
+     "--max-num-batched-tokens in the command"),
     ("--no-warmup", "START_WARMUP", False, "start and guard only"),
     ("--gate", "START_GATE", True, "after a passing warm-up, run `qualify.py gate`"),
     ("--supervise", "START_SUPERVISE", True,

@@ -172,6 +172,13 @@ class TestPlanFiles(HelperCase):
         self.assertEqual(refused.code, 2)
         self.assertIn("larger than 2048 bytes", refused.stderr)
 
+    def test_the_dry_run_says_the_whole_digest_to_pin(self):
+        path, digest = write_plan(self.tmp, DEEP)
+        result = self.run_argv(["--dry-run", "--plan", path])
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn(f"\n  sha256 {digest}\n", result.stdout)
+        self.assertEqual(len(digest), 64)
+
     def test_a_key_said_twice_is_refused(self):
         text = json.dumps(DEEP)[:-1] + ', "tokens": 4096}'
         path, _ = write_plan(self.tmp, text)
