@@ -39,6 +39,7 @@ from start.steps import KILL_AFTER_S  # noqa: E402
 KUBERNETES = os.path.join(REPO, "offload", "deploy", "kubernetes")
 PACKAGE = os.path.join(KUBERNETES, "base")
 OVERLAYS = os.path.join(KUBERNETES, "overlays")
+NAMESPACE_FILE = os.path.join(KUBERNETES, "namespace.yaml")
 MANIFEST = os.path.join(PACKAGE, "vllm-offload.yaml")
 QUALIFY_PATH = os.path.join(REPO, "offload", "launch", "qualify.py")
 WARMUP_PATH = os.path.join(REPO, "offload", "launch", "warmup.py")
@@ -219,9 +220,15 @@ class TestOverlays(unittest.TestCase):
                 mount = next(m for m in vllm["volumeMounts"] if m["name"] == volume["name"])
                 self.assertEqual(env["WARMUP_PLAN"]["value"], mount["mountPath"] + "/plan.json")
                 text = plan_map["data"]["plan.json"]
+                own = os.path.join(OVERLAYS, overlay, "plan.json")
+                if os.path.exists(own):            # a plan beside it is the one it carries
+                    with open(own, encoding="utf-8") as handle:
+                        self.assertEqual(text, handle.read(), "configMapGenerator: replace")
                 self.assertEqual(env["START_PLAN_SHA256"]["value"],
                                  hashlib.sha256(text.encode()).hexdigest(),
-                                 "the pod is Ready only on the plan it carries")
+                                 f"the pod is Ready only on the plan it carries: set "
+                                 f"START_PLAN_SHA256 in overlays/{overlay}/ to `sha256sum "
+                                 f"plan.json` of the plan its ConfigMap holds")
                 chunk = command[command.index("--max-num-batched-tokens") + 1]
                 plan_file = os.path.join(self.tmp(), f"{overlay}.json")
                 with open(plan_file, "w", encoding="utf-8") as handle:
@@ -263,14 +270,33 @@ class TestOverlays(unittest.TestCase):
         self.assertTrue(claim["storageClassName"])
 
     def test_the_overlays_are_two_models_apart(self):
-        seen = {}
-        for overlay in overlays():
-            deployment = kinds(built(overlay))["Deployment"]
-            seen[overlay] = (deployment["metadata"]["name"],
-                             json.dumps(deployment["spec"]["selector"], sort_keys=True))
-        names, selectors = zip(*seen.values())
+        builds = {overlay: kinds(built(overlay)) for overlay in overlays()}
+        names = [docs["Deployment"]["metadata"]["name"] for docs in builds.values()]
         self.assertEqual(len(set(names)), len(names), "one Deployment a model")
-        self.assertEqual(len(set(selectors)), len(selectors), "no model selects another's pods")
+        for overlay, docs in builds.items():          # no selector takes another's pods
+            selectors = {"Service": docs["Service"]["spec"]["selector"],
+                         "PodDisruptionBudget": docs["PodDisruptionBudget"]["spec"]
+                         ["selector"]["matchLabels"],
+                         "NetworkPolicy": docs["NetworkPolicy"]["spec"]["podSelector"]
+                         ["matchLabels"]}
+            for other, theirs in builds.items():
+                labels = theirs["Deployment"]["spec"]["template"]["metadata"]["labels"]
+                for kind, selector in selectors.items():
+                    selects = set(selector.items()) <= set(labels.items())
+                    self.assertEqual(selects, other == overlay, f"{overlay}'s {kind} and "
+                                     f"{other}'s pods: includeSelectors in its labels")
+
+    def test_each_overlay_s_b1_fits_its_context_past_its_chunk(self):
+        for overlay in overlays():
+            with self.subTest(overlay=overlay):
+                docs = kinds(built(overlay))
+                command = server_command(container(docs["Deployment"]))
+                context, chunk = (int(command[command.index(flag) + 1]) for flag in
+                                  ("--max-model-len", "--max-num-batched-tokens"))
+                b1 = json.loads(docs["ConfigMap"]["data"]["plan.json"])["b1_tokens"]
+                self.assertLess(b1, context, "B1 is never capped by the context")
+                if chunk < context:
+                    self.assertGreater(b1, chunk, "B1 takes more than one prefill step")
 
     def test_each_build_validates_against_the_kubernetes_schema(self):
         tool = shutil.which("kubernetes-validate")
@@ -304,20 +330,22 @@ class TestPackage(unittest.TestCase):
         listed = manifest(os.path.join(PACKAGE, "kustomization.yaml"))["resources"]
         self.assertEqual(sorted(listed), [f for f in files if f != "kustomization.yaml"])
         docs = package()
+        namespace = manifest(NAMESPACE_FILE)
+        self.assertNotIn("Namespace", docs, "no model's overlay owns the namespace")
         for kind, doc in docs.items():
             with self.subTest(kind=kind):
-                self.assertEqual(doc["metadata"].get("namespace", doc["metadata"]["name"]),
-                                 docs["Namespace"]["metadata"]["name"])
+                self.assertEqual(doc["metadata"]["namespace"], namespace["metadata"]["name"])
                 for key, value in doc["metadata"].get("annotations", {}).items():
                     if key.startswith("checkov.io/skip"):
                         self.assertRegex(value, r"^CKV2?_[A-Z0-9_]+=\S.{20,}$",
                                          "a skipped check says why")
         tool = shutil.which("kubernetes-validate")
         needs(tool is not None, "kubernetes-validate")
-        done = subprocess.run([tool, "--strict", *(os.path.join(PACKAGE, f) for f in listed)],
+        done = subprocess.run([tool, "--strict", NAMESPACE_FILE,
+                               *(os.path.join(PACKAGE, f) for f in listed)],
                               capture_output=True, text=True, timeout=120)
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
-        self.assertEqual((done.stdout + done.stderr).count("passed"), len(listed))
+        self.assertEqual((done.stdout + done.stderr).count("passed"), len(listed) + 1)
 
     def test_the_rollout_keeps_a_warm_pod_past_the_worst_start(self):
         docs = package()
@@ -446,19 +474,56 @@ class TestMultiNode(unittest.TestCase):
 
     def test_the_leader_warms_and_answers_ready_and_the_workers_run_plain_vllm(self):
         docs = self.docs()
-        group = docs["LeaderWorkerSet"]["spec"]["leaderWorkerTemplate"]
+        spec = docs["LeaderWorkerSet"]["spec"]
+        group = spec["leaderWorkerTemplate"]
+        self.assertEqual(spec["startupPolicy"], "LeaderCreated",
+                         "the leader's warm-up needs the workers: LeaderReady never starts them")
         leader, worker = (container({"spec": {"template": group[name]}}) for name in
                           ("leaderTemplate", "workerTemplate"))
-        self.assertEqual(leader["command"][:3], ["/opt/offload/start.sh", "--supervise", "--"])
+        command = leader["command"]
+        self.assertEqual(command[:3], ["/opt/offload/start.sh", "--supervise", "--"])
         self.assertEqual(leader["readinessProbe"]["httpGet"], {"path": "/ready",
                                                                "port": "ready"})
-        self.assertEqual(worker["command"][:2], ["vllm", "serve"])
-        self.assertIn("--headless", worker["command"])
+        env = {e["name"]: e for e in leader["env"]}
+        from core.plan_file import DEFAULT_SHA256
+        self.assertNotIn("WARMUP_PLAN", env)
+        self.assertEqual(env["START_PLAN_SHA256"]["value"], DEFAULT_SHA256, "the default plan")
+        self.assertEqual(command[command.index("--data-parallel-address") + 1], "$(POD_IP)")
+        self.assertEqual(env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP",
+                         "the leader binds its sockets to an IP")
         self.assertFalse({"readinessProbe", "startupProbe", "livenessProbe"} & set(worker),
                          "a headless worker has no API server to probe")
-        dp = [c[c.index("--data-parallel-size") + 1] for c in (leader["command"],
-                                                                 worker["command"])]
-        self.assertEqual(dp, [str(group["size"])] * 2, "one engine a node of the group")
+        # The worker's script, run: the leader's name resolved, its rank, the model's flags.
+        said = self.run_worker(worker["command"])
+        self.assertEqual(said[:2], ["serve", "/models/model"])
+        self.assertEqual(said[2:7], ["--headless", "--data-parallel-start-rank", "1",
+                                     "--data-parallel-address", "10.1.2.3"])
+        server = command[command.index("--") + 1:]
+        shared = dict(zip(said[7::2], said[8::2]))
+        for flag, value in shared.items():
+            self.assertEqual(server[server.index(flag) + 1], value, f"{flag}: one server")
+        self.assertEqual(set(shared), {"--max-model-len", "--max-num-batched-tokens",
+                                       "--data-parallel-size", "--data-parallel-size-local",
+                                       "--data-parallel-rpc-port"})
+        self.assertEqual(shared["--data-parallel-size"], str(group["size"]), "an engine a node")
+        self.assertEqual(shared["--data-parallel-size-local"], "1")
+        # As the Deployment's pods: the same least privilege (checkov reads no
+        # LeaderWorkerSet); only named sources connect, the group's pods to each other.
+        base = kinds(built("small"))["Deployment"]["spec"]["template"]["spec"]
+        for name in ("leaderTemplate", "workerTemplate"):
+            pod = group[name]["spec"]
+            self.assertEqual(pod["securityContext"], base["securityContext"], name)
+            self.assertIs(pod["automountServiceAccountToken"], False)
+            self.assertEqual(pod["containers"][0]["securityContext"],
+                             container({"spec": {"template": {"spec": base}}})
+                             ["securityContext"], name)
+        policy = docs["NetworkPolicy"]["spec"]
+        for rule in policy["ingress"]:
+            self.assertTrue(rule.get("from"), "every ingress rule names its sources")
+        for name in ("leaderTemplate", "workerTemplate"):
+            labels = group[name]["metadata"]["labels"]
+            self.assertTrue(set(policy["podSelector"]["matchLabels"].items()) <=
+                            set(labels.items()), name)
         leader_labels = group["leaderTemplate"]["metadata"]["labels"]
         selector = docs["Service"]["spec"]["selector"]
         self.assertTrue(set(selector.items()) <= set(leader_labels.items()))
@@ -474,10 +539,32 @@ class TestMultiNode(unittest.TestCase):
                                      "metadata": {"name": name.lower()},
                                      "template": group[name]}
                                     for name in ("leaderTemplate", "workerTemplate")]
-                                   + [docs["Service"], docs["PersistentVolumeClaim"]], handle)
+                                   + [docs[kind] for kind in ("Service",
+                                      "PersistentVolumeClaim", "NetworkPolicy")], handle)
             done = subprocess.run([tool, "--strict", path], capture_output=True, text=True,
                                   timeout=120)
         self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
+    def run_worker(self, command: list[str]) -> list[str]:
+        """The worker container's command run by sh, as its container would, with getent
+        answering for the leader's name (after one miss) and vllm printing its arguments."""
+        with tempfile.TemporaryDirectory() as folder:
+            tries = os.path.join(folder, "tries")
+            for name, body in (
+                    ("getent", f'echo x >> "{tries}"\n'
+                               f'[ "$(wc -l < "{tries}")" -gt 1 ] || exit 2\n'
+                               f'[ "$2" = "lws-0.lws.offload" ] && echo "10.1.2.3  $2"'),
+                    ("vllm", 'printf "%s\\n" "$@"'),
+                    ("sleep", "exit 0")):
+                with open(os.path.join(folder, name), "w") as handle:
+                    handle.write("#!/bin/sh\n" + body + "\n")
+                os.chmod(os.path.join(folder, name), 0o755)
+            env = {"PATH": folder + os.pathsep + os.environ["PATH"],
+                   "LWS_LEADER_ADDRESS": "lws-0.lws.offload", "LWS_WORKER_INDEX": "1"}
+            done = subprocess.run(command, capture_output=True, text=True, env=env,
+                                  timeout=30)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        return done.stdout.splitlines()
 
 
 def rules_text() -> str:
@@ -770,6 +857,18 @@ class Pod:
             self.kill_container()
             return -9
 
+    def warmed_at(self) -> float:
+        """When the pod's warm-up passed, by its own records (Unix time): its run's start
+        plus its summary's elapsed time."""
+        import datetime
+        (name,) = [n for n in os.listdir(self.logs()) if n.startswith("warmup-")]
+        found, _ = read_records(os.path.join(self.logs(), name))
+        run = next(r for r in found if r["record"] == "run")
+        summary = next(r for r in found if r["record"] == "summary")
+        self.case.assertEqual(summary["verdict"], "pass")
+        started = datetime.datetime.strptime(run["started_at"], "%Y-%m-%dT%H:%M:%S.%fZ")
+        return started.replace(tzinfo=datetime.timezone.utc).timestamp() + summary["elapsed_s"]
+
     def container_log(self) -> str:
         """What the container printed (`kubectl logs --previous` and all), as text."""
         with open(os.path.join(self.home, "container.log"), "rb") as log:
@@ -956,13 +1055,15 @@ class TestKubeletDrain(KubeletCase):
 
 class Service:
     """The played Service: the endpoints controller's list (a pod's Ready from its
-    readiness probe, dropped at once when its deletion starts) and kube-proxy, a request
-    sent on to the next endpoint in turn; each routing kept as (when, pod)."""
+    readiness probe; a pod whose deletion began still routed to for `lag` seconds, as
+    kube-proxy learns of it late) and kube-proxy, a request sent on to the next endpoint
+    in turn; each routing kept as (Unix time, monotonic time, pod)."""
 
-    def __init__(self, case: HelperCase):
+    def __init__(self, case: HelperCase, lag: float):
+        self.lag = lag
         import http.server
         self.pods: list[Pod] = []
-        self.routed: list[tuple[float, Pod]] = []
+        self.routed: list[tuple[float, float, Pod]] = []
         self.lock, self.turn = threading.Lock(), 0
         service = self
 
@@ -1000,7 +1101,9 @@ class Service:
         case.addCleanup(self.server.shutdown)
 
     def endpoints(self) -> list[Pod]:
-        return [pod for pod in self.pods if pod.ready and pod.deleted_at is None]
+        now = time.monotonic()
+        return [pod for pod in self.pods if pod.ready and
+                (pod.deleted_at is None or now < pod.deleted_at + self.lag)]
 
     def pick(self) -> Pod | None:
         with self.lock:
@@ -1009,7 +1112,7 @@ class Service:
                 return None
             self.turn += 1
             pod = ready[self.turn % len(ready)]
-            self.routed.append((time.monotonic(), pod))
+            self.routed.append((time.time(), time.monotonic(), pod))
             return pod
 
 
@@ -1023,7 +1126,8 @@ class TestKubeletRollout(KubeletCase):
         deployment = kinds(built("small"))["Deployment"]
         self.assertEqual(deployment["spec"]["strategy"]["rollingUpdate"],
                          {"maxSurge": 1, "maxUnavailable": 0})
-        service = Service(self)
+        # Endpoints reach kube-proxy up to 2 s late: the preStop must outlast that.
+        service = Service(self, lag=2.0 * time_scale())
         old = [self.pod(service, f"old-{n}") for n in range(3)]
         for pod in old:
             self.assertTrue(pod.wait_for(lambda: pod.ready, self.readiness_budget(pod)))
@@ -1056,11 +1160,11 @@ class TestKubeletRollout(KubeletCase):
         bad = [a for a in answers if not (isinstance(a, int) and 200 <= a < 300)]
         self.assertEqual(bad, [], f"{len(answers)} requests through the Service")
         self.assertGreater(len(answers), 20)
-        for when, pod in service.routed:                 # from warm, not stopping pods
-            self.assertGreaterEqual(when, pod.ready_since, pod.name)
-            self.assertTrue(pod.deleted_at is None or when < pod.deleted_at, pod.name)
+        warm_at = {pod.name: pod.warmed_at() for pod in service.pods}
+        for unix, when, pod in service.routed:    # after its own warm-up, before its TERM
+            self.assertGreater(unix, warm_at[pod.name], pod.name)
             self.assertTrue(pod.term_at is None or when < pod.term_at, pod.name)
-        served = {pod.name for _, pod in service.routed}
+        served = {pod.name for _, _, pod in service.routed}
         self.assertTrue({"old-0", "new-2"} <= served, served)
 
     def pod(self, service: Service, name: str) -> "Pod":
