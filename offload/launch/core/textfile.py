@@ -1,8 +1,7 @@
 """A run's result published for monitoring: a node_exporter textfile (Prometheus text).
 
-Between transport and the run frame (transport <- textfile <- runframe): the run frame
-calls publish() after the summary when --textfile (WARMUP_TEXTFILE) names a file. The
-file is written whole and atomically (a temporary file in the same folder, then a
+The run frame calls publish() after the summary when --textfile (WARMUP_TEXTFILE) names
+a file. It is written whole and atomically (a temporary file in the same folder, then a
 rename), with HELP and TYPE lines, no timestamps, base units, every name in the
 `offload_` namespace, and labels only from our own fixed vocabulary (engine index,
 result, shape, verdict): nothing from a server and no secret. Samples another program

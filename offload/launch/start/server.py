@@ -7,8 +7,6 @@ guard, whether it is the one answering its port, and --supervise.
   refuse_a_running_server(), wait_ready(), refuse_a_foreign_answer()   before a warm-up:
                           no server already here, /health 200 within the guard, the port
                           held by the launched group and the command's model served
-
-The launcher's (start/).
 """
 
 from __future__ import annotations

@@ -5,8 +5,6 @@
   tokens_value()       a token count as vLLM reads one (16K = 16384)
   command_url()        the base URL its --port and --host say; address_problem(): why a
                        --base-url cannot be that address
-
-Below the launcher, a leaf.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """start.sh's settings: flags over START_* variables, every one checked before anything is
 launched (Settings.check() raises Usage naming the first bad one), and start.sh --help.
-
-The launcher's (launcher.py).
 """
 
 from __future__ import annotations

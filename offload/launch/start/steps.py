@@ -9,8 +9,6 @@ warm-up and gate as children whose records decide OK or WARN.
                           ended published (publish_start_outcome) when no warm-up said it
   rewarm()                start.sh --rewarm: the server LOG_DIR names, warmed again
   prune_records()         --keep
-
-The launcher's (start/).
 """
 
 from __future__ import annotations

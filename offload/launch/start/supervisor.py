@@ -10,8 +10,6 @@
                            PID 1 orphans too
   stop()                   TERM what is left of its process group, KILL it after the grace
   first_error()            the first error in its output, with the lines around it (pure)
-
-Below the launcher, beside processes.py.
 """
 
 from __future__ import annotations
