@@ -148,7 +148,13 @@ def image_paths() -> tuple[dict, dict]:
 
 
 def container(doc: dict, name: str = "vllm") -> dict:
-    return next(c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    """A workload's container by name (a Deployment's: its pod template's)."""
+    return pod_container(doc["spec"]["template"]["spec"], name)
+
+
+def pod_container(pod: dict, name: str = "vllm") -> dict:
+    """A pod spec's container by name."""
+    return next(c for c in pod["containers"] if c["name"] == name)
 
 
 class TestManifest(unittest.TestCase):
@@ -259,9 +265,9 @@ class TestOverlays(unittest.TestCase):
         # 56 item 5: the evidence outlives the pod where an overlay says so (long-context:
         # a volume made with each pod, on a class that retains it), beside the container log.
         pod = kinds(built("long-context"))["Deployment"]["spec"]["template"]["spec"]
-        env = {e["name"]: e.get("value") for e in container({"spec": {"template": {
-            "spec": pod}}})["env"]}
-        mount = next(m for m in container({"spec": {"template": {"spec": pod}}})["volumeMounts"]
+        vllm = pod_container(pod)
+        env = {e["name"]: e.get("value") for e in vllm["env"]}
+        mount = next(m for m in vllm["volumeMounts"]
                      if env["START_LOG_DIR"].startswith(m["mountPath"]))
         logs = next(v for v in pod["volumes"] if v["name"] == mount["name"])
         self.assertNotIn("emptyDir", logs)
@@ -478,7 +484,7 @@ class TestMultiNode(unittest.TestCase):
         group = spec["leaderWorkerTemplate"]
         self.assertEqual(spec["startupPolicy"], "LeaderCreated",
                          "the leader's warm-up needs the workers: LeaderReady never starts them")
-        leader, worker = (container({"spec": {"template": group[name]}}) for name in
+        leader, worker = (pod_container(group[name]["spec"]) for name in
                           ("leaderTemplate", "workerTemplate"))
         command = leader["command"]
         self.assertEqual(command[:3], ["/opt/offload/start.sh", "--supervise", "--"])
@@ -514,9 +520,8 @@ class TestMultiNode(unittest.TestCase):
             pod = group[name]["spec"]
             self.assertEqual(pod["securityContext"], base["securityContext"], name)
             self.assertIs(pod["automountServiceAccountToken"], False)
-            self.assertEqual(pod["containers"][0]["securityContext"],
-                             container({"spec": {"template": {"spec": base}}})
-                             ["securityContext"], name)
+            self.assertEqual(pod_container(pod)["securityContext"],
+                             pod_container(base)["securityContext"], name)
         policy = docs["NetworkPolicy"]["spec"]
         for rule in policy["ingress"]:
             self.assertTrue(rule.get("from"), "every ingress rule names its sources")
@@ -653,7 +658,7 @@ class Pod:
     def __init__(self, case: HelperCase, *server_args: str, secrets: dict | None = None,
                  overlay: str = "small", folder: str = "pod"):
         self.case, docs = case, kinds(built(overlay))
-        self.home = os.path.join(case.tmp, folder)              # its volumes and its log
+        self.name, self.home = folder, os.path.join(case.tmp, folder)   # its volumes, log
         self.doc = docs["Deployment"]
         # The cluster's Secrets by name (the package's `vllm` with a key, unless given):
         # a required one missing keeps the container from starting, as a kubelet's
@@ -679,7 +684,6 @@ class Pod:
         self.proc: subprocess.Popen | None = None
         self.restarts, self.exits, self.ready_at, self.started = 0, [], None, False
         self.ready_since = self.deleted_at = self.term_at = None     # monotonic times
-        self.name = folder
         self.ready = False
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -842,14 +846,12 @@ class Pod:
         self.kill_container()
 
     def delete(self, pre_stop_s: float) -> int:
-        """A pod's deletion as the kubelet runs it: out of the endpoints at once, its
-        preStop, then TERM; the container's exit status (KILL past the grace)."""
+        """A pod's deletion as the kubelet runs it: begun (the endpoints drop it, as late as
+        the Service learns of it), its preStop, then TERM; the container's exit status
+        (KILL past the grace)."""
         self.deleted_at = time.monotonic()
         time.sleep(pre_stop_s)
-        self.stopping.set()                      # no probe, no restart from here on
-        init = self.in_container()
-        self.term_at = time.monotonic()
-        os.kill(int(init[2]) if init else self.proc.pid, signal.SIGTERM)
+        self.term()
         grace = self.doc["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         try:
             return self.proc.wait(grace)
@@ -868,6 +870,13 @@ class Pod:
         self.case.assertEqual(summary["verdict"], "pass")
         started = datetime.datetime.strptime(run["started_at"], "%Y-%m-%dT%H:%M:%S.%fZ")
         return started.replace(tzinfo=datetime.timezone.utc).timestamp() + summary["elapsed_s"]
+
+    def term(self) -> None:
+        """TERM to the container's first process; no probe and no restart from here on."""
+        self.stopping.set()
+        init = self.in_container()
+        self.term_at = time.monotonic()
+        os.kill(int(init[2]) if init else self.proc.pid, signal.SIGTERM)
 
     def container_log(self) -> str:
         """What the container printed (`kubectl logs --previous` and all), as text."""
@@ -1036,9 +1045,7 @@ class TestKubeletDrain(KubeletCase):
         for client in clients:
             client.start()
         time.sleep(1.0)                            # all four in flight
-        pod.stopping.set()                         # the kubelet deletes the pod: TERM
-        init = pod.in_container()
-        os.kill(int(init[2]) if init else pod.proc.pid, signal.SIGTERM)
+        pod.term()                                 # the kubelet deletes the pod: TERM
         self.assertTrue(pod.wait_for(lambda: not pod.probe("readinessProbe"), 1.0),
                         "not Ready from the TERM on")
         for client in clients:
@@ -1169,7 +1176,6 @@ class TestKubeletRollout(KubeletCase):
 
     def pod(self, service: Service, name: str) -> "Pod":
         pod = Pod(self, "--latency-s", "0.05", folder=name)
-        pod.name = name
         service.pods.append(pod)
         return pod.run()
 

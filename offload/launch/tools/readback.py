@@ -260,7 +260,7 @@ def last_verdict(path: str, run_id: str | None = None) -> dict | None:
     groups = split_runs(records)
     if not groups or not any(r["record"] == "run" for r in groups[-1]):
         return None
-    return judge_file(records)[-1][1]
+    return judge_run(groups[-1], repeated_run(groups[-1], groups))
 
 
 def ready_from_records(path: str, records: str, run_id: str | None = None,
