@@ -173,7 +173,7 @@ def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
 # One run judged: what judge_run() gives (a dict, each field an attribute).
 Judged = record_class("judged", parse_fields(
     "run:any summary:any decided:any verdict:str exit_code:int claimed:any "
-    "evidence_problems:list records:list"))
+    "evidence_problems:list records:list ended_on:any"))
 
 
 def judge_run(records: list[dict], repeated: bool = False):
@@ -183,6 +183,7 @@ def judge_run(records: list[dict], repeated: bool = False):
     custom plan the records do not show, two summaries, counts that disagree: 'incomplete'
     (exit 1), as is a run without a summary (killed, or still running). A custom plan exits
     1 here: it is not the contract's warm-up, whatever the run itself exited."""
+    ended_on = records[-1].get("record") if records else None     # as read: its last line
     records, unread = held(records)
     runs = [r for r in records if r.record == "run"]
     summaries = [r for r in records if r.record == "summary"]
@@ -208,13 +209,14 @@ def judge_run(records: list[dict], repeated: bool = False):
         code = EXIT_FAIL if verdict == "custom" else decided.exit_code
     return Judged(run=run, summary=summary, decided=decided, verdict=verdict, exit_code=code,
                   claimed=summary.verdict if summary else None,
-                  evidence_problems=list(dict.fromkeys(found)), records=records)
+                  evidence_problems=list(dict.fromkeys(found)), records=records,
+                  ended_on=ended_on)
 
 
-def judge_file(records: list[dict]) -> list[tuple[list[dict], dict]]:
-    """Each run of a records file as (its records as read, judged: judge_run())."""
+def judge_file(records: list[dict]) -> list:
+    """Each run of a records file judged (judge_run())."""
     groups = split_runs(records)
-    return [(group, judge_run(group, repeated_run(group, groups))) for group in groups]
+    return [judge_run(group, repeated_run(group, groups)) for group in groups]
 
 
 def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[str]:

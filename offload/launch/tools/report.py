@@ -63,7 +63,7 @@ PICKED = {
 }
 
 
-def build_run(records: list[dict], judged: dict, last: bool = True) -> dict:
+def build_run(judged, last: bool = True) -> dict:
     """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
     the verdict judged from its evidence (readback.judge_run: contract.decide())."""
     run, summary, decided = judged.run, judged.summary, judged.decided
@@ -72,7 +72,7 @@ def build_run(records: list[dict], judged: dict, last: bool = True) -> dict:
         by_kind.setdefault(record.record, []).append(record)
     where = "the file ends" if last else "its records end (another run follows)"
     ends = "summary" if summary else (
-        f"no summary: {where} after a '{show(records[-1].get('record'), 40)}' record (the "
+        f"no summary: {where} after a '{show(judged.ended_on, 40)}' record (the "
         f"run was killed{', or is still running' if last else ''})")
     failed = set(decided.failed)
     judged_kind = JUDGED.get(run.mode, "request") if run else "request"
@@ -121,8 +121,7 @@ def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> 
     """A records file as one object: each run, the bad lines, and the last run's verdict.
     A file with no run record holds no run, whatever else it holds: exit 1."""
     judged = judge_file(records)
-    runs = [build_run(group, verdict, last=(i == len(judged) - 1))
-            for i, (group, verdict) in enumerate(judged)]
+    runs = [build_run(run, last=(i == len(judged) - 1)) for i, run in enumerate(judged)]
     if any(issue.startswith(READ_STOPPED) for issue in issues):
         return FileReport(runs=runs, issues=tidy(issues), verdict="incomplete",
                           exit_code=EXIT_FAIL, evidence="incomplete",
