@@ -1,10 +1,6 @@
 """A plan file: JSON an operator reviews and checks in with a deployment (--plan FILE,
-WARMUP_PLAN), bounded and read whole before anything is sent.
-
-Loaded with --plan, and by contract.read_plan() for a run record that holds one:
-  read_plan_file(path)   the file -> PlanFile (its name, SHA-256, text and fields); UsageError
-  plan_fields(text)      its fields for contract.Plan; ValueError naming the field
-  recorded_file(doc)     a run record's PlanFile, believed only when its text hashes to it
+WARMUP_PLAN), bounded and read whole before anything is sent; a run record's copy is
+believed only when its text hashes to its SHA-256 (recorded_file()).
 
 {"name": "k1", "waves": [{"depth": 1, "prompt": "long"}, {"depth": 2, "prompt": "short"}],
  "tokens": 32, "priority": 20, "b1_tokens": 5000, "paths": []}

@@ -1,15 +1,8 @@
 """The ready file: what a passing warm-up vouches for, written, read, marked and removed.
 
-  ready_document(), ready_of()    the document from a passing run's verdict and records (pure)
-  write_ready(), remove_regular()   the creator's one way to write it, and to remove it
-  take_away()                     what every other process may do: remove it, never rewrite
-  unmet()                         what a reader requires (a plan's digest, a chunk not assumed)
-  read_ready_file()               the file as a document, or why it is none
-  rewrite_after_run()             the warm-up's file from its own verdict (--ready-file)
-  sha256_type()                   --plan-sha256: the reviewed plan the file must name
-
 One creator per file (start.sh --supervise's owner, else the start.sh or warm-up holding
-the server's lock); qualify.py ready (tools/ready.py) reads it and may only take it away.
+the server's lock) writes it with write_ready(); every other process may only take it
+away (take_away()); qualify.py ready (tools/ready.py) reads it and checks unmet().
 """
 
 from __future__ import annotations

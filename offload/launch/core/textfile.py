@@ -1,12 +1,9 @@
 """A run's result published for monitoring: a node_exporter textfile (Prometheus text).
 
-The run frame calls publish() after the summary when --textfile (WARMUP_TEXTFILE) names
-a file. It is written whole and atomically (a temporary file in the same folder, then a
-rename), with HELP and TYPE lines, no timestamps, base units, every name in the
-`offload_` namespace, and labels only from our own fixed vocabulary (engine index,
-result, shape, verdict): nothing from a server and no secret. Samples another program
-wrote there (offload_gate_* beside offload_warmup_*) are kept, and so is the last
-success's time when this run did not pass.
+publish() runs after the summary when --textfile (WARMUP_TEXTFILE) names a file: written
+whole and atomically, with HELP and TYPE lines, base units, the `offload_` namespace and
+labels only from our own vocabulary (nothing from a server, no secret). Another program's
+samples there are kept, and so is the last success's time when this run did not pass.
 """
 
 from __future__ import annotations

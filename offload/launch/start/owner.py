@@ -1,17 +1,9 @@
 """The owner of a pod's readiness (start.sh --supervise): the one process that moves it.
 
-  MOVES, move()        which event moves which state where; Ready only in `warm` (pure)
-  stop_outcome()       how a stop went for the requests in flight (pure)
-  Owner                the state in memory, and the one writer of what it publishes (the
-                       ready file, the textfile's outcome), once per move; run(): warm,
-                       retry a refused warm-up with a backoff within the start guard,
-                       watch the server every WATCH_S (the launched process, the port's
-                       holder, the sleep state), warm again after a wake or when asked,
-                       stop, and exit as supervise always did
-  ReadinessAnswer      GET /ready on START_READY_PORT: 200 only while warm, from memory
-  RewarmSocket         LOG_DIR/owner.sock (mode 600, no network): start.sh --rewarm asks
-
-Every other process may only take readiness away (remove the ready file); none writes it.
+MOVES and move() say which event moves which state where (Ready only in `warm`); an Owner
+holds the state in memory and is the one writer of what it publishes, once per move; it
+answers GET /ready (ReadinessAnswer) and start.sh --rewarm (RewarmSocket). Every other
+process may only take readiness away (remove the ready file); none writes it.
 """
 
 from __future__ import annotations

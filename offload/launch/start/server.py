@@ -1,12 +1,9 @@
 """The server start.sh launched: its start log, the launched process and its /health
 guard, whether it is the one answering its port, and --supervise.
 
-  Log                     one UTC-timestamped line per step, to start.log and the terminal
-  LaunchedServer          the launched command as start.sh reports it (AttachedServer: one
-                          an earlier start launched, for --rewarm)
-  refuse_a_running_server(), wait_ready(), refuse_a_foreign_answer()   before a warm-up:
-                          no server already here, /health 200 within the guard, the port
-                          held by the launched group and the command's model served
+Before a warm-up: no server already here (refuse_a_running_server), /health 200 within
+the guard (wait_ready), the port held by the launched group and the command's model
+served (refuse_a_foreign_answer). Log writes one UTC-timestamped line per step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""What a server command says, as start.sh reads it: pure functions of its arguments.
-
-  redacted_command()   the command as it may be logged (secret flags' values hidden)
-  flag_value()         a flag's value (--port N or --port=N, the last one counting)
-  tokens_value()       a token count as vLLM reads one (16K = 16384)
-  command_url()        the base URL its --port and --host say; address_problem(): why a
-                       --base-url cannot be that address
+"""What a server command says, as start.sh reads it: pure functions of its arguments
+(its flags' values, its token counts as vLLM reads them, the address its --port and
+--host give, the command as it may be logged with secret flags' values hidden).
 """
 
 from __future__ import annotations

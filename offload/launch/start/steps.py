@@ -1,14 +1,9 @@
 """start.sh's steps: the start (launch, guard, warm up, report), a re-warm, and the
 warm-up and gate as children whose records decide OK or WARN.
 
-  start()                 'starting' published, then refuse_a_running_server() ->
-                          launch_and_warm(): LaunchedServer.start(), wait_ready(), the chunk ->
-                          warm_up_and_report(): run_warmup() (warmup_serve.sh keeps the hard
-                          bound), run_gate(), verdicts judged() by contract.decide()
-                          (readback.last_verdict), the ready file -> OK or WARN; how a start
-                          ended published (publish_start_outcome) when no warm-up said it
-  rewarm()                start.sh --rewarm: the server LOG_DIR names, warmed again
-  prune_records()         --keep
+start() refuses a running server, launches, waits for /health, runs the warm-up under
+warmup_serve.sh's hard bound (and the gate), judges their records (readback.last_verdict),
+writes the ready file and says OK or WARN; rewarm() warms LOG_DIR's server again.
 """
 
 from __future__ import annotations

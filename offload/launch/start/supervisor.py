@@ -1,15 +1,9 @@
 """The server a launcher started: its process, its output, how it ended, stopping it.
 
-  ServerProcess.launch()   the command in its own session and process group; its output
-                           appended to server.log, or (forward, for --supervise) through a
-                           pipe that OutputPump copies to server.log, rotated at a size with
-                           one old copy kept, and line by line to the launcher's own output
-                           through a LineWriter (bounded: a stalled reader drops lines)
-  alive(), reap()          the launched pid runs: its end is the server's end (a server
-                           that forks and exits has ended); reap() collects every child, as
-                           PID 1 orphans too
-  stop()                   TERM what is left of its process group, KILL it after the grace
-  first_error()            the first error in its output, with the lines around it (pure)
+ServerProcess launches the command in its own session and process group, its output
+appended to server.log (under --supervise, OutputPump copies it there, rotated at a size,
+and to the launcher's output through a bounded LineWriter); the launched pid's end is the
+server's end; stop() TERMs what is left of the group, then KILLs it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""The quality gate: can the served model copy text exactly?
-
-  gate_main()          vllm_client.server_main(): options -> build_gate() -> a Gate, run by
-                       runframe.run_session (or --dry-run)
-    Gate.steps()       learn_server(); each probe alone, then all in one batch, on every
-                       engine, each batch behind the guard (vllm_client.guarded_batch)
-      gate_record()    read_answer() -> score_answer() in memory -> counts and distances
-    Gate.after_summary the gate_summary record (what start.sh and --json read)
+"""The quality gate (qualify.py gate): can the served model copy text exactly?
 
 Six identifiers must come back exactly and an English and a Russian passage within the
-error bound. Scoring is pure (score_answer, levenshtein); the answer text never leaves
-gate_record(). Run as `qualify.py gate`.
+error bound, each probe alone and then batched, on every engine, behind the guard.
+Scoring is pure (score_answer, levenshtein); the answer text never leaves gate_record().
 """
 
 from __future__ import annotations

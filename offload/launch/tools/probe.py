@@ -1,14 +1,9 @@
 """qualify.py probe: did the warm-up work? Time to first token, first round against later.
 
-  probe_main()           vllm_client.server_main(): options -> build_probe() -> a WarmthProbe,
-                         run by runframe.run_session (or --dry-run)
-    WarmthProbe.steps()  learn_server(); rounds of single, burst3, burst4 (and long)
-                         streamed requests, each round behind the guard (guarded_batch)
-      probe_record()     one streamed answer: first-token and end times, counts, no text
-    probe_summary()      pure: per item and engine, round 1 against the median of later
-                         rounds; a ratio, never a verdict
-
-Every prompt is new (a nonce first), so a later round is never a prefix-cache hit.
+Rounds of single, burst3 and burst4 (and long) streamed requests, each behind the guard;
+every prompt is new (a nonce first), so a later round is never a prefix-cache hit.
+probe_summary() (pure) gives per item and engine round 1 against the median of later
+rounds: a ratio, never a verdict.
 """
 
 from __future__ import annotations

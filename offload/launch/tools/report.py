@@ -1,18 +1,9 @@
 """qualify.py report: what a records file shows, each run judged from its own evidence.
 
-  report_main()        FILE -> load_records() (readback.py) -> build_report() ->
-                       format_report(), or --json
-    build_run()        one run: its records, as readback.judge_file() grouped and judged them
-                       (contract.decide(), the warm-up's own verdict, held against what
-                       the summary claims: a claimed pass without the evidence is
-                       'incomplete'; a pass of a plan that is not the contract's, 'custom')
-  drafted_findings()   --expect-k: each wave's drafted length against its k (pure), on
-                       that one verdict's records
-
-It never imports a program or the HTTP client: it reads records.
-
-A file cut short by a kill, holding several runs, or with damaged lines is read past its
-bad lines.
+report_main() loads the file (readback.load_records: read past a kill's cut, several runs,
+damaged lines), build_report() judges each run (readback.judge_file: contract.decide(),
+held against what its summary claims) and format_report() or --json shows it; it never
+imports a program or the HTTP client. drafted_findings() is --expect-k's check.
 """
 
 from __future__ import annotations
