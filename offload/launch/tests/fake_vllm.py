@@ -23,11 +23,8 @@ import math
 import os
 import random
 import re
-import secrets
 import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import zlib
@@ -166,7 +163,7 @@ def chat_doc(doc: dict, body: dict) -> dict:
                                  "top_logprobs": [{"token": t, "logprob": -0.5,
                                                    "bytes": list(t.encode())}]}
                                 for t in [TEXT_MARKER] + ["lorem"] * (n_out - 1)]}
-    return dict(doc, id=f"chatcmpl-{secrets.token_hex(16)}", object="chat.completion",
+    return dict(doc, id=f"chatcmpl-{os.urandom(16).hex()}", object="chat.completion",
                 choices=[{"index": 0, "message": {"role": "assistant", "content": choice["text"],
                                                   "reasoning": None, "tool_calls": []},
                           "logprobs": logprobs, "finish_reason": choice["finish_reason"],
@@ -791,13 +788,13 @@ class Handler(BaseHTTPRequestHandler):
                                                 if cfg.speculative else None)}
         text = f"{TEXT_MARKER} " + " ".join(["lorem"] * (n_out - 1))
         return {
-            "id": f"cmpl-{secrets.token_hex(16)}", "object": "text_completion",
+            "id": f"cmpl-{os.urandom(16).hex()}", "object": "text_completion",
             "created": int(time.time()), "model": body.get("model", cfg.model),
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
                          "stop_reason": stop_reason, "token_ids": None,
                          "prompt_logprobs": None, "prompt_token_ids": None,
                          "routed_experts": None}],
-            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{secrets.token_hex(4)}",
+            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{os.urandom(4).hex()}",
             "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
                       "completion_tokens": n_out, "prompt_tokens_details": details,
                       "completion_tokens_details": None},
@@ -954,14 +951,14 @@ class Handler(BaseHTTPRequestHandler):
         details = ({"cached_tokens": 0, "created_cache_tokens": None, "multimodal_tokens": None}
                    if cfg.prompt_tokens_details else None)
         self.send_json(200, {
-            "id": f"chatcmpl-{secrets.token_hex(16)}", "object": "chat.completion",
+            "id": f"chatcmpl-{os.urandom(16).hex()}", "object": "chat.completion",
             "created": int(time.time()), "model": body.get("model", cfg.model),
             "choices": [{"index": 0, "message": {
                 "role": "assistant", "content": answer, "refusal": None, "annotations": None,
                 "audio": None, "function_call": None, "tool_calls": [], "reasoning": reasoning},
                 "logprobs": None, "finish_reason": finish, "stop_reason": stop_reason,
                 "token_ids": None}],
-            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{secrets.token_hex(4)}",
+            "service_tier": None, "system_fingerprint": f"vllm-{VERSION}-{os.urandom(4).hex()}",
             "usage": {"prompt_tokens": n_prompt, "total_tokens": n_prompt + n_out,
                       "completion_tokens": n_out, "prompt_tokens_details": details,
                       "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}
@@ -1124,6 +1121,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_demo(server: FakeServer) -> int:
     """The README's demo: the real wrapper and helper against this fake, then stop."""
+    import subprocess, tempfile       # the demo's alone: each test's fake starts without them
     here = os.path.dirname(os.path.abspath(__file__))
     wrapper = os.path.join(os.path.dirname(here), "warmup_serve.sh")
     records = os.environ.get("WARMUP_RECORDS_DIR") or tempfile.mkdtemp(prefix="warmup-demo-")
@@ -1232,6 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
 def engine_core(server: FakeServer) -> None:
     """vLLM's EngineCore: a child in the server's process group. When it ends, the server
     can no longer answer: every request in flight fails (HTTP 500)."""
+    import subprocess
     core = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"])
 
     def watch():

@@ -24,7 +24,7 @@ WARMUP = os.path.join(LAUNCH, "warmup.py")
 QUALIFY = os.path.join(LAUNCH, "qualify.py")
 WRAPPER = os.path.join(LAUNCH, "warmup_serve.sh")
 START = os.path.join(REPO, "start.sh")
-FAKE = os.path.join(TESTS, "fake_vllm.py")
+FAKE = os.path.join(TESTS, "serve_fake.py")        # fake_vllm.py as a process
 # How a test runs a Python program: as the wrapper runs the helper, without site (the
 # product and the fake are standard library only), which also spares each of several
 # hundred processes the site-packages' start-up (.pth files that import packages).
