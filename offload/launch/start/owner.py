@@ -2,13 +2,12 @@
 
 MOVES and move() say which event moves which state where (Ready only in `warm`); an Owner
 holds the state in memory and is the one writer of what it publishes, once per move; it
-answers GET /ready (ReadinessAnswer) and start.sh --rewarm (RewarmSocket). Every other
+answers GET /ready (start/readiness.py) and start.sh --rewarm (RewarmSocket). Every other
 process may only take readiness away (remove the ready file); none writes it.
 """
 
 from __future__ import annotations
 
-import http.server
 import os
 import queue
 import signal
@@ -68,67 +67,6 @@ def stop_outcome(in_flight: int | None, shutdown_s: float | None, took_s: float,
     if not shutdown_s:
         return "cut", f"{counted}, {timeout}: they were cut"
     return "unknown", f"{counted}, ended past its {timeout}: some may have been cut"
-
-
-class ReadinessAnswer(http.server.BaseHTTPRequestHandler):
-    """GET /ready: 200 only while the owner is warm for the process it warmed, else 503
-    naming the state; from memory, no request to the server. Each read within `timeout`."""
-
-    owner: "Owner"
-    timeout = 2.0
-
-    def do_GET(self):
-        if self.path.split("?")[0] != "/ready":
-            self.answer(404, "not found: GET /ready\n")
-            return
-        state = self.owner.state          # one read: the status and the body agree
-        self.answer(200 if self.owner.ready(state) else 503, state + "\n")
-
-    def answer(self, status: int, text: str) -> None:
-        body = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "text/plain; charset=utf-8")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format, *args):     # the kubelet asks every period: no line
-        pass
-
-
-class ReadinessServer(http.server.ThreadingHTTPServer):
-    """A thread a client, at most MAX_CLIENTS at once (a slow or idle client never holds
-    the kubelet's answer; more are closed at once); a client's error is no traceback."""
-
-    daemon_threads = True
-    MAX_CLIENTS = 16
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
-
-    def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        super().process_request(request, client_address)
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request, client_address):
-        pass                              # a reset or a timeout: that client's alone
-
-
-def serve_readiness(owner: "Owner", port: int) -> http.server.ThreadingHTTPServer:
-    """The readiness answer on every address's `port`, served by a daemon thread."""
-    handler = type("Answer", (ReadinessAnswer,), {"owner": owner})
-    server = ReadinessServer(("", port), handler)
-    threading.Thread(target=server.serve_forever, name="readiness", daemon=True).start()
-    return server
 
 
 def remove_socket(path: str) -> None:
@@ -455,6 +393,7 @@ def open_channels(owner: "Owner") -> int:
     answered on, or 0."""
     port = owner.settings.ready_port
     if port:
+        from start.readiness import serve_readiness     # loaded with the port (settings)
         try:
             serve_readiness(owner, port)
         except OSError as exc:

@@ -9,7 +9,7 @@ import errno
 import os
 import re
 
-from core.cli import Setting, given_value, number_type, seconds, whole
+from core.cli import Setting, given_value, number_type, plug_in, seconds, whole
 from core.files import regular
 from core.transport import DEFAULT_BASE_URL, UsageError, parse_base_url
 from start.server_command import (address_problem, command_url, flag_value, seconds_of,
@@ -280,11 +280,16 @@ class Settings:
 
 def check_readiness(settings: Settings) -> None:
     """Usage unless START_READY_PORT is given only with --supervise (or --rewarm, which
-    shares the pod's variables)."""
+    shares the pod's variables); with it, the module that answers it is loaded now."""
     if settings.ready_port and not (settings.supervise or settings.rewarm):
         raise Usage(f"{settings.source['ready_port']} must be a port from 1 to 65535, and "
                     f"only with --supervise (its owner answers it), got "
                     f"'{settings.ready_port}'")
+    if settings.ready_port and settings.supervise:
+        try:
+            plug_in("start.readiness")
+        except UsageError as exc:
+            raise Usage(str(exc)) from None
 
 
 def check_log_dir(settings: Settings) -> None:

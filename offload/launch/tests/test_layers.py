@@ -24,7 +24,7 @@ LAYERS = {
     "core.sanitize": 0, "core.values": 0, "start.server_command": 0,
     "core.prometheus": 0.01, "core.transport": 0.02, "core.files": 0.05,
     "core.cli": 0.1, "tools.procfs": 0.15,
-    "start.processes": 0.16,
+    "start.processes": 0.16, "start.readiness": 0.17,
     "core.records": 0.2,
     "core.textfile": 0.5,
     "core.runframe": 1, "start.supervisor": 1.1, "core.ending": 1.2, "core.locks": 1.5,
@@ -255,6 +255,29 @@ class TestLayers(unittest.TestCase):
             self.assertEqual(cut_short.returncode, 2, cut_short.stderr)
             self.assertIn("cannot load core.counted", cut_short.stderr)
             self.assertNotIn("Traceback", cut_short.stderr)
+
+    def test_the_readiness_answer_is_a_plug_in_of_its_port(self):
+        """start/readiness.py (http.server) loads only when --supervise answers a port:
+        missing, such a start is refused before anything is launched; other starts go on."""
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = copy_product(os.path.join(tmp, "launch"), leave_out=("start/readiness.py",))
+            launcher = [sys.executable, "-I", "-S", os.path.join(folder, "launcher.py")]
+            marker = os.path.join(tmp, "launched")
+            env = dict(os.environ, START_READY_PORT="8081")
+            proc = subprocess.run([*launcher, "--supervise", "--log-dir", os.path.join(tmp, "logs"),
+                                   "--", "touch", marker], capture_output=True, text=True,
+                                  timeout=30, env=env)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("cannot load start.readiness: offload/launch/ is copied", proc.stderr)
+            self.assertNotIn("Traceback", proc.stderr)
+            self.assertFalse(os.path.exists(marker), "refused before anything is launched")
+            env.pop("START_READY_PORT")
+            plain = subprocess.run([*launcher, "--supervise", "--log-dir", "/proc/offload-logs",
+                                    "--", "touch", marker], capture_output=True, text=True,
+                                   timeout=30, env=env)
+            self.assertEqual(plain.returncode, 2, plain.stderr)     # on to the next check
+            self.assertIn("cannot create", plain.stderr)
+            self.assertNotIn("start.readiness", plain.stderr)
 
     def test_runs_from_any_directory(self):
         with tempfile.TemporaryDirectory() as tmp:
