@@ -29,14 +29,17 @@ def outcome(verdict, exit_code) -> str:
     return "usage" if exit_code == 2 and verdict in ("fail", "usage") else str(verdict)
 
 
-def plug_in(name: str):
-    """A module loaded with its flag (core.textfile ...); UsageError when the folder lost it."""
+def plug_in(name: str, needs: str = "__name__"):
+    """A module loaded with its flag (core.textfile ...); UsageError when the folder lost it
+    (or a bad copy cut it short: it does not hold `needs`, what the caller uses)."""
     try:
-        return __import__(name, fromlist=["_"])
-    except (ImportError, SyntaxError) as exc:       # gone, or cut short by a bad copy
-        raise UsageError(f"cannot load {getattr(exc, 'name', None) or name}: offload/launch/ "
-                         f"is copied and rolled back as one folder; restore the whole "
-                         f"folder") from None
+        module = __import__(name, fromlist=["_"])
+        getattr(module, needs)
+        return module
+    except (ImportError, SyntaxError, AttributeError) as exc:   # gone, or cut short
+        lost = exc.name if isinstance(exc, ImportError) and exc.name else name
+        raise UsageError(f"cannot load {lost}: offload/launch/ is copied and rolled back as "
+                         f"one folder; restore the whole folder") from None
 
 
 def sanitize_lines(text: str) -> str:

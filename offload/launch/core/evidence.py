@@ -1,8 +1,6 @@
-"""Evidence of what moved during a warm-up: counter deltas and status files.
-
-The main /metrics, --metrics-url endpoints, an operator's --metrics-counter (counted.py)
-and --status-file (status_files.py; those two load with their flags). Deltas are
-evidence, never a count of worker rounds; contract.decide() judges what they show.
+"""Evidence of what moved during a warm-up: counter deltas of the main /metrics, the
+--metrics-url endpoints and an operator's --metrics-counter, and --status-file changes (those
+two load with their flags); evidence, never a count of worker rounds: decide() judges it.
 """
 
 from __future__ import annotations

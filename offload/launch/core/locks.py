@@ -1,8 +1,6 @@
-"""One helper per server on this host: a lock per server address, held for a run.
-
-Every helper (warm-up, probe, gate) takes it before it sends anything; a second one at the
-same address is refused at once (exit 3). The file lives in one folder for every helper
-on the host (WARMUP_LOCK_DIR, else the temporary folder) and goes when its run ends.
+"""One helper per server on this host: a lock per server address, held for a run. Every
+helper takes it before it sends anything; a second one at the same address is refused at
+once (exit 3). It lives in WARMUP_LOCK_DIR (else the temporary folder), gone with its run.
 """
 
 from __future__ import annotations

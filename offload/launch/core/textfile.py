@@ -1,8 +1,9 @@
 """A run's result published for monitoring: a node_exporter textfile (Prometheus text).
 
-publish() runs after the summary when --textfile (WARMUP_TEXTFILE) names a file: written
-whole and atomically, with HELP and TYPE lines, base units, the `offload_` namespace and
-labels only from our own vocabulary (nothing from a server, no secret). Another program's
+The run frame calls publish() after the summary when --textfile (WARMUP_TEXTFILE) names a
+file, the launcher and its owner publish_outcome() for a start's outcomes: written whole
+and atomically, with HELP and TYPE lines, base units, the `offload_` namespace and labels
+only from our own vocabulary (nothing from a server, no secret). Another program's
 samples there are kept, and so is the last success's time when this run did not pass.
 """
 

@@ -287,7 +287,7 @@ def check_readiness(settings: Settings) -> None:
                     f"'{settings.ready_port}'")
     if settings.ready_port and settings.supervise:
         try:
-            plug_in("start.readiness")
+            plug_in("start.readiness", needs="serve_readiness")
         except UsageError as exc:
             raise Usage(str(exc)) from None
 

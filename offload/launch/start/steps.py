@@ -3,7 +3,8 @@ warm-up and gate as children whose records decide OK or WARN.
 
 start() refuses a running server, launches, waits for /health, runs the warm-up under
 warmup_serve.sh's hard bound (and the gate), judges their records (readback.last_verdict),
-writes the ready file and says OK or WARN; rewarm() warms LOG_DIR's server again.
+writes the ready file and says OK or WARN (under --supervise, from /health on, the owner
+does: start/owner.py); rewarm() warms LOG_DIR's server again.
 """
 
 from __future__ import annotations

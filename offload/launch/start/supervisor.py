@@ -3,7 +3,7 @@
 ServerProcess launches the command in its own session and process group, its output
 appended to server.log (under --supervise, OutputPump copies it there, rotated at a size,
 and to the launcher's output through a bounded LineWriter); the launched pid's end is the
-server's end; stop() TERMs what is left of the group, then KILLs it.
+server's end; stop() TERMs the group and KILLs what is left after the grace.
 """
 
 from __future__ import annotations

@@ -271,6 +271,14 @@ class TestLayers(unittest.TestCase):
             self.assertIn("cannot load start.readiness: offload/launch/ is copied", proc.stderr)
             self.assertNotIn("Traceback", proc.stderr)
             self.assertFalse(os.path.exists(marker), "refused before anything is launched")
+            with open(os.path.join(folder, "start", "readiness.py"), "w") as cut:
+                cut.write('"""GET /ready on START_READY_PORT"""\n')    # a copy cut short
+            proc = subprocess.run([*launcher, "--supervise", "--log-dir", os.path.join(tmp, "logs"),
+                                   "--", "touch", marker], capture_output=True, text=True,
+                                  timeout=30, env=env)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("cannot load start.readiness: offload/launch/ is copied", proc.stderr)
+            self.assertFalse(os.path.exists(marker), "refused before anything is launched")
             env.pop("START_READY_PORT")
             plain = subprocess.run([*launcher, "--supervise", "--log-dir", "/proc/offload-logs",
                                     "--", "touch", marker], capture_output=True, text=True,

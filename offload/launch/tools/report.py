@@ -3,7 +3,7 @@
 report_main() loads the file (readback.load_records: read past a kill's cut, several runs,
 damaged lines), build_report() judges each run (readback.judge_file: contract.decide(),
 held against what its summary claims) and format_report() or --json shows it; it never
-imports a program or the HTTP client. drafted_findings() is --expect-k's check.
+imports a program or core.vllm_client. drafted_findings() is --expect-k's check.
 """
 
 from __future__ import annotations
