@@ -6,8 +6,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-readonly HERE
-readonly KILL_AFTER_S=5 PUBLISH_S=2
+readonly HERE KILL_AFTER_S=5 PUBLISH_S=2
 child=""     # pid of timeout, once started
 pending=""   # the signal (TERM, INT, HUP) that came before timeout started
 forwarded="" # the signal forwarded to timeout, if any
