@@ -261,28 +261,27 @@ class TestLayers(unittest.TestCase):
         missing, such a start is refused before anything is launched; other starts go on."""
         with tempfile.TemporaryDirectory() as tmp:
             folder = copy_product(os.path.join(tmp, "launch"), leave_out=("start/readiness.py",))
-            launcher = [sys.executable, "-I", "-S", os.path.join(folder, "launcher.py")]
             marker = os.path.join(tmp, "launched")
-            env = dict(os.environ, START_READY_PORT="8081")
-            proc = subprocess.run([*launcher, "--supervise", "--log-dir", os.path.join(tmp, "logs"),
-                                   "--", "touch", marker], capture_output=True, text=True,
-                                  timeout=30, env=env)
-            self.assertEqual(proc.returncode, 2, proc.stderr)
-            self.assertIn("cannot load start.readiness: offload/launch/ is copied", proc.stderr)
-            self.assertNotIn("Traceback", proc.stderr)
-            self.assertFalse(os.path.exists(marker), "refused before anything is launched")
-            with open(os.path.join(folder, "start", "readiness.py"), "w") as cut:
-                cut.write('"""GET /ready on START_READY_PORT"""\n')    # a copy cut short
-            proc = subprocess.run([*launcher, "--supervise", "--log-dir", os.path.join(tmp, "logs"),
-                                   "--", "touch", marker], capture_output=True, text=True,
-                                  timeout=30, env=env)
-            self.assertEqual(proc.returncode, 2, proc.stderr)
-            self.assertIn("cannot load start.readiness: offload/launch/ is copied", proc.stderr)
-            self.assertFalse(os.path.exists(marker), "refused before anything is launched")
-            env.pop("START_READY_PORT")
-            plain = subprocess.run([*launcher, "--supervise", "--log-dir", "/proc/offload-logs",
-                                    "--", "touch", marker], capture_output=True, text=True,
-                                   timeout=30, env=env)
+            base = {k: v for k, v in os.environ.items() if k != "START_READY_PORT"}
+
+            def supervised(log_dir: str, **env: str) -> subprocess.CompletedProcess:
+                return subprocess.run(
+                    [sys.executable, "-I", "-S", os.path.join(folder, "launcher.py"),
+                     "--supervise", "--log-dir", log_dir, "--", "touch", marker],
+                    capture_output=True, text=True, timeout=30, env=dict(base, **env))
+
+            for state in ("missing", "cut short"):
+                if state == "cut short":
+                    with open(os.path.join(folder, "start", "readiness.py"), "w") as cut:
+                        cut.write('"""GET /ready on START_READY_PORT"""\n')
+                with self.subTest(state):
+                    proc = supervised(os.path.join(tmp, "logs"), START_READY_PORT="8081")
+                    self.assertEqual(proc.returncode, 2, proc.stderr)
+                    self.assertIn("cannot load start.readiness: offload/launch/ is copied",
+                                  proc.stderr)
+                    self.assertNotIn("Traceback", proc.stderr)
+                    self.assertFalse(os.path.exists(marker), "refused before anything is launched")
+            plain = supervised("/proc/offload-logs")
             self.assertEqual(plain.returncode, 2, plain.stderr)     # on to the next check
             self.assertIn("cannot create", plain.stderr)
             self.assertNotIn("start.readiness", plain.stderr)

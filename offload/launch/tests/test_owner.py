@@ -127,6 +127,13 @@ class OwnerCase(StartCase):
         with open(self.textfile, encoding="utf-8") as handle:
             return handle.read()
 
+    def textfile_says(self, verdict: str) -> str:
+        """The textfile once it publishes `verdict` (10 s at most): the owner publishes a
+        move just after it logs it."""
+        line = f'offload_warmup_last_run_verdict{{verdict="{verdict}"}} 1.0'
+        self.wait_for(lambda: line in self.read_textfile(), 10, f"the textfile says {verdict}")
+        return self.read_textfile()
+
     def log_text(self) -> str:
         try:
             with open(os.path.join(self.logs, "start.log"), encoding="utf-8") as handle:
@@ -209,19 +216,14 @@ class TestOwnerAnswers(OwnerCase):
         self.assertGreaterEqual(len(records), 2, "each attempt keeps its records")
         first, _ = read_records(os.path.join(self.logs, records[0]))
         self.assertEqual(first[-1]["verdict"], "refused")
-        passed = 'offload_warmup_last_run_verdict{verdict="pass"} 1.0'    # carried over just
-        self.wait_for(lambda: passed in self.read_textfile(), 10,       # after the move to warm
-                      "the textfile says pass")
+        self.textfile_says("pass")
 
     def test_refusals_past_the_start_guard_end_failed_and_critical(self):
         self.supervised("--busy", "1", env={"START_GUARD_S": "3"})
         self.wait_for(lambda: "readiness: refused -> failed" in self.log_text(), 60,
                       "given up")
         self.assertEqual(self.answer(), (503, "failed\n"))
-        failed = 'offload_warmup_last_run_verdict{verdict="fail"} 1.0'
-        self.wait_for(lambda: failed in self.read_textfile(), 10,     # published after the
-                      "the textfile says fail")                        # move's log line
-        text = self.read_textfile()
+        text = self.textfile_says("fail")
         self.assertNotIn("offload_warmup_start_to_warm_seconds", text, "never warmed")
         self.assertFalse(os.path.exists(self.ready))
 
@@ -232,9 +234,7 @@ class TestOwnerAnswers(OwnerCase):
                       "assumed the server's prefill chunk", self.log_text())
         self.assertEqual(self.answer(), (503, "failed\n"))
         self.assertFalse(os.path.exists(self.ready))
-        failed = 'offload_warmup_last_run_verdict{verdict="fail"} 1.0'   # a pass not vouched
-        self.wait_for(lambda: failed in self.read_textfile(), 10, "the textfile says fail")
-        text = self.read_textfile()
+        text = self.textfile_says("fail")                # a pass not vouched for is none
         self.assertNotIn("offload_warmup_last_success_timestamp_seconds", text)
 
     def test_hostile_clients_neither_block_nor_disable_the_owner(self):
