@@ -132,7 +132,7 @@ class TestReportBelievesOnlyEvidence(HelperCase):
 
     def test_a_file_not_read_to_its_end_has_no_last_run(self):
         records = [{"record": "run", "run_id": "r"}]
-        built = report.build_report(records, ["stopped reading after 16 MiB: the rest of "
+        built = readback.judge_file(records, ["stopped reading after 16 MiB: the rest of "
                                               "the file is not shown"], "big.jsonl")
         self.assertEqual((built["verdict"], built["exit_code"]), ("incomplete", 1))
         self.assertIn("not read to its end", built["ends"])
@@ -254,7 +254,7 @@ class TestReportPieces(unittest.TestCase):
         records, issues = readback.load_records(path)
         self.assertEqual(len(records), 2)
         self.assertIn("line 3 is not valid JSON: the file ends there", issues[0])
-        built = report.build_report(records, issues)
+        built = readback.judge_file(records, issues)
         self.assertEqual(built["verdict"], "incomplete")
         self.assertEqual(built["exit_code"], 1)
         self.assertIn("ends after a 'request' record", built["runs"][0]["ends"])
@@ -278,7 +278,7 @@ class TestReportPieces(unittest.TestCase):
                         engine=None, request_id="probe-r-burst3-2-1", request_kind="stream",
                         ttft_s=None, total_s=0.5, http_status=500, ok=False,
                         problems=["HTTP 500"])]
-        built = report.build_report(records, [])
+        built = readback.judge_file(records, [])
         self.assertEqual(built["runs"][0]["problems"], ["burst3 round 2#1: HTTP 500"])
 
     def test_probe_summary_compares_first_round_with_later_ones(self):

@@ -196,8 +196,8 @@ class TestFuzz(TruthCase):
                 mutated = self.mutate(rng, records)
                 kept = [r for r in mutated if isinstance(r, dict)
                         and isinstance(r.get("record"), str)]
-                try:            # build_run judges with readback.judge_run, as start.sh does
-                    built = report.build_report(kept, [], "f")
+                try:            # judged as start.sh does, shown as report does
+                    built = readback.tidy(readback.judge_file(kept, [], "f"))
                     report.format_report(built)
                     json.dumps(built)
                 except Exception as exc:         # the one thing this test exists to find

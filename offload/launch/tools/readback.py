@@ -3,17 +3,18 @@
 Used by report.py, the launcher and gate.py. A records file may be cut short by a kill,
 hold several runs, damaged lines or hostile values: load_records() reads past bad lines
 and names them, never holding more than a bounded amount; judge_file() splits them into
-runs and gives each (judge_run()) contract.decide()'s verdict, held against what its
-summary claims; tidy() makes any value safe for report --json.
+runs, gives each (judge_run()) contract.decide()'s verdict, held against what its summary
+claims, and the file its last attempt's (decisive()), as one object: what report shows;
+tidy() makes any value safe for report --json.
 """
 
 from __future__ import annotations
 
 import math
 
-from core.contract import Ending, Verdict, decide
+from core.contract import Ending, Verdict, decide, identity
 from core.readyfile import ready_of, unmet, write_ready
-from core.records import held, parse_fields, record_class, show
+from core.records import JUDGED, held, label, parse_fields, record_class, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
@@ -174,6 +175,16 @@ def repeated_run(group: list[dict], groups: list[list[dict]]) -> bool:
 Judged = record_class("judged", parse_fields(
     "run:any summary:any decided:any verdict:str exit_code:int claimed:any "
     "evidence_problems:list records:list ended_on:any"))
+# What report --json prints, declared as the records are (a class each, each field an
+# attribute): a run, the file.
+RunReport = record_class("run_report", parse_fields(
+    "run:any requests:list waves:list metrics:list status:list probe:list probe_summary:any "
+    "gate:list gate_summary:any summary:any problems:list verdict:str exit_code:int "
+    "claimed:any evidence:str evidence_problems:list differences:list parts:list notes:list "
+    "ends:str shape:any sleep_state:any"))
+FileReport = record_class("file_report", parse_fields(
+    "runs:list issues:list verdict:str exit_code:int evidence:str ends:str ~expect_k:list "
+    "~plan_sha256:any"))
 
 
 def judge_run(records: list[dict], repeated: bool = False):
@@ -213,10 +224,107 @@ def judge_run(records: list[dict], repeated: bool = False):
                   ended_on=ended_on)
 
 
-def judge_file(records: list[dict]) -> list:
-    """Each run of a records file judged (judge_run())."""
+PICKED = {
+    "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
+                "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
+                "stop_reason", "latency_s", "ok", "path", "depth", "logprobs_count"),
+    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "released_at",
+             "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
+             "spec_decode", "tokens_per_step", "counters_went_down"),
+    "metrics": ("source", "state", "why", "highlights", "warnings", "counted"),
+    "status": ("path", "state", "why", "delta", "fresh_by"),
+    "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
+              "cached_tokens", "ok"),
+    "gate": ("shape", "probe", "kind", "engine", "index", "http_status", "finish_reason",
+             "completion_tokens", "reasoning_tokens", "exact", "edit_distance",
+             "reference_chars", "answer_chars", "cer", "word_errors", "reference_words",
+             "preamble_chars", "removed", "ok"),
+}
+
+
+def build_run(judged, last: bool = True) -> dict:
+    """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
+    the verdict judged from its evidence (judge_run(): contract.decide())."""
+    run, summary, decided = judged.run, judged.summary, judged.decided
+    by_kind: dict[str, list[dict]] = {}
+    for record in judged.records:     # the records held to their declarations
+        by_kind.setdefault(record.record, []).append(record)
+    where = "the file ends" if last else "its records end (another run follows)"
+    ends = "summary" if summary else (
+        f"no summary: {where} after a '{show(judged.ended_on, 40)}' record (the "
+        f"run was killed{', or is still running' if last else ''})")
+    failed = set(decided.failed)
+    judged_kind = JUDGED.get(run.mode, "request") if run else "request"
+    if summary:
+        problems = summary.problems
+    else:                             # cut short: name what failed before the cut
+        problems = [f"{label(r)}: {p}" for r in by_kind.get(judged_kind, [])
+                    if not r.ok or identity(r) in failed
+                    for p in r.problems or ["fails its kind's rules"]]
+
+    def pick(kind: str) -> list[dict]:
+        """The shown fields; a judged record's `ok` is the report's own judgement (the
+        record's claim beside it as `claimed_ok`)."""
+        return [type(r)({k: r.get(k) for k in PICKED[kind]},       # still its kind's class
+                        **({"ok": identity(r) not in failed, "claimed_ok": r.ok}
+                           if kind == judged_kind and "ok" in PICKED[kind] else {}))
+                for r in by_kind.get(kind, [])]
+
+    return RunReport({
+        "run": run,
+        "requests": pick("request"), "waves": pick("wave"), "metrics": pick("metrics"),
+        "status": pick("status"), "probe": pick("probe"),
+        "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
+        "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
+        "summary": summary, "problems": problems,
+        "verdict": judged.verdict, "exit_code": judged.exit_code, "claimed": judged.claimed,
+        "evidence": "incomplete" if judged.evidence_problems else "complete",
+        "evidence_problems": judged.evidence_problems,
+        "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
+        "notes": list(decided.notes), "ends": ends,
+        "shape": decided.shape.as_record() if decided.shape else None,
+        # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
+        "sleep_state": (by_kind.get("gauges") or [{}])[-1].get("sleep_state"),
+    })
+
+
+def judge_file(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
+    """A records file as one object: each run, the bad lines, and the last run's verdict.
+    A file with no run record holds no run, whatever else it holds: exit 1."""
     groups = split_runs(records)
-    return [judge_run(group, repeated_run(group, groups)) for group in groups]
+    runs = [build_run(judge_run(group, repeated_run(group, groups)), last=group is groups[-1])
+            for group in groups]
+    if any(issue.startswith(READ_STOPPED) for issue in issues):
+        return FileReport(runs=runs, issues=issues, verdict="incomplete",
+                          exit_code=EXIT_FAIL, evidence="incomplete",
+                          ends=f"{clean_text(path, 200)} was not read to its end (too large "
+                               f"to read whole): its last run is not known")
+    if not any(r.get("record") == "run" for r in records):      # records as read: dicts
+        return FileReport(runs=runs, issues=issues, verdict="none",
+                          exit_code=EXIT_FAIL, evidence="incomplete",
+                          ends=f"no warm-up run in {clean_text(path, 200)} (no run record)")
+    last = decisive(runs)
+    return FileReport(runs=runs, issues=issues, verdict=last.verdict,
+                      exit_code=last.exit_code, evidence=last.evidence, ends=last.ends)
+
+
+def decisive(runs: list[dict]) -> dict:
+    """The file's exit status, from its last attempt: its last run, with what came after
+    it. Records of a run whose run record is missing (a run KILLed before writing it, or
+    its line lost) make it incomplete; a last run that is not a warm-up (a probe, a gate)
+    exits 1: the file holds no warm-up pass to go by."""
+    last = runs[-1]
+    if last.run is None:            # none, or none it could read
+        return RunReport(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
+                    ends="the file's last records belong to no run record it could read (a "
+                         "run KILLed before writing it, its line lost or damaged): its last "
+                         "attempt is not known to have passed")
+    mode = last.run.mode
+    if mode != "warmup" and last.exit_code == EXIT_PASS:
+        return RunReport(last, exit_code=EXIT_FAIL, verdict="no warm-up",
+                    ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
+                         f"no warm-up pass to release HOLD by")
+    return last
 
 
 def claims_problems(run: dict | None, summary: dict, decided: Verdict) -> list[str]:

@@ -1,9 +1,8 @@
 """qualify.py report: what a records file shows, each run judged from its own evidence.
 
-report_main() loads the file (readback.load_records: read past a kill's cut, several runs,
-damaged lines), build_report() judges each run (readback.judge_file: contract.decide(),
-held against what its summary claims) and format_report() or --json shows it; it never
-imports a program or core.vllm_client. drafted_findings() is --expect-k's check.
+report_main() has the file read and judged as one object (readback: load_records() and
+judge_file()) and shows it, format_report() or --json; it never imports a program or
+core.vllm_client. drafted_findings() is --expect-k's check.
 """
 
 from __future__ import annotations
@@ -12,92 +11,20 @@ import argparse
 import json
 import sys
 
-from core.contract import batch_name, chunk_said, identity, read_plan
-from core.readyfile import last_gauges, sha256_type
-from tools.readback import READ_STOPPED, judge_file, load_records, tidy
-from core.records import (CLASSES, JUDGED, SHAPED, label, parse_fields, parts_text,
-                          record_class, shape_text, show, shown_number)
+from core.contract import batch_name, chunk_said, read_plan
+from core.readyfile import sha256_type
+from tools.readback import FileReport, RunReport, decisive, judge_file, load_records, tidy
+from core.records import (CLASSES, SHAPED, parse_fields, parts_text, record_class,
+                          shape_text, show, shown_number)
 from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, number_in, whole
 from core.sanitize import clean_text
 from tools.lines import gate_line, gate_summary_line, known, probe_line
 
 PROG = "qualify.py report"
-# What report --json prints, declared as the records are (a class each, each field an
-# attribute): a run, the file, a --expect-k finding.
-RunReport = record_class("run_report", parse_fields(
-    "run:any requests:list waves:list metrics:list status:list probe:list probe_summary:any "
-    "gate:list gate_summary:any summary:any problems:list verdict:str exit_code:int "
-    "claimed:any evidence:str evidence_problems:list differences:list parts:list notes:list "
-    "ends:str shape:any sleep_state:any"))
-FileReport = record_class("file_report", parse_fields(
-    "runs:list issues:list verdict:str exit_code:int evidence:str ends:str ~expect_k:list "
-    "~plan_sha256:any"))
+# A --expect-k finding, declared as the records are (each field an attribute).
 Finding = record_class("finding", parse_fields("wave:str holds:bool said:str "
                                                "~drafted_length:num"))
 SPEC_NONE, SUMMARY_NONE = SHAPED["spec"](), CLASSES["summary"]()     # absent: every field None
-
-PICKED = {
-    "request": ("wave", "engine", "index", "request_id", "http_status", "prompt_tokens",
-                "cached_tokens", "completion_tokens", "reasoning_tokens", "finish_reason",
-                "stop_reason", "latency_s", "ok", "path", "depth", "logprobs_count"),
-    "wave": ("wave", "engine", "depth", "release_skew_ms", "duration_s", "released_at",
-             "last_answer_at", "ok", "running_max", "waiting_max", "gauge_samples",
-             "spec_decode", "tokens_per_step", "counters_went_down"),
-    "metrics": ("source", "state", "why", "highlights", "warnings", "counted"),
-    "status": ("path", "state", "why", "delta", "fresh_by"),
-    "probe": ("item", "round", "engine", "index", "ttft_s", "total_s", "prompt_tokens",
-              "cached_tokens", "ok"),
-    "gate": ("shape", "probe", "kind", "engine", "index", "http_status", "finish_reason",
-             "completion_tokens", "reasoning_tokens", "exact", "edit_distance",
-             "reference_chars", "answer_chars", "cer", "word_errors", "reference_words",
-             "preamble_chars", "removed", "ok"),
-}
-
-
-def build_run(judged, last: bool = True) -> dict:
-    """One run as one object: plan, requests, waves, counters, probe, gate, summary, and
-    the verdict judged from its evidence (readback.judge_run: contract.decide())."""
-    run, summary, decided = judged.run, judged.summary, judged.decided
-    by_kind: dict[str, list[dict]] = {}
-    for record in judged.records:     # the records held to their declarations
-        by_kind.setdefault(record.record, []).append(record)
-    where = "the file ends" if last else "its records end (another run follows)"
-    ends = "summary" if summary else (
-        f"no summary: {where} after a '{show(judged.ended_on, 40)}' record (the "
-        f"run was killed{', or is still running' if last else ''})")
-    failed = set(decided.failed)
-    judged_kind = JUDGED.get(run.mode, "request") if run else "request"
-    if summary:
-        problems = summary.problems
-    else:                             # cut short: name what failed before the cut
-        problems = [f"{label(r)}: {p}" for r in by_kind.get(judged_kind, [])
-                    if not r.ok or identity(r) in failed
-                    for p in r.problems or ["fails its kind's rules"]]
-
-    def pick(kind: str) -> list[dict]:
-        """The shown fields; a judged record's `ok` is the report's own judgement (the
-        record's claim beside it as `claimed_ok`)."""
-        return [type(r)({k: r.get(k) for k in PICKED[kind]},       # still its kind's class
-                        **({"ok": identity(r) not in failed, "claimed_ok": r.ok}
-                           if kind == judged_kind and "ok" in PICKED[kind] else {}))
-                for r in by_kind.get(kind, [])]
-
-    return tidy(RunReport({
-        "run": run,
-        "requests": pick("request"), "waves": pick("wave"), "metrics": pick("metrics"),
-        "status": pick("status"), "probe": pick("probe"),
-        "probe_summary": (by_kind.get("probe_summary") or [None])[-1],
-        "gate": pick("gate"), "gate_summary": (by_kind.get("gate_summary") or [None])[-1],
-        "summary": summary, "problems": problems,
-        "verdict": judged.verdict, "exit_code": judged.exit_code, "claimed": judged.claimed,
-        "evidence": "incomplete" if judged.evidence_problems else "complete",
-        "evidence_problems": judged.evidence_problems,
-        "differences": list(decided.differences), "parts": [list(p) for p in decided.parts],
-        "notes": list(decided.notes), "ends": ends,
-        "shape": decided.shape.as_record() if decided.shape else None,
-        # what the last guard read saw of vllm:engine_sleep_state (null: no such gauge)
-        "sleep_state": last_gauges(judged.records).get("sleep_state"),
-    }))
 
 
 def time_to_warm_line(phases) -> str:
@@ -106,44 +33,6 @@ def time_to_warm_line(phases) -> str:
         return "unknown" if value is None else f"{value:.1f} s"
     return (f"time to warm: process start -> healthy {secs(phases.start_to_healthy_s)} -> "
             f"warm {secs(phases.healthy_to_warm_s)} ({secs(phases.start_to_warm_s)} in all)")
-
-
-def build_report(records: list[dict], issues: list[str], path: str = "FILE") -> dict:
-    """A records file as one object: each run, the bad lines, and the last run's verdict.
-    A file with no run record holds no run, whatever else it holds: exit 1."""
-    judged = judge_file(records)
-    runs = [build_run(run, last=(i == len(judged) - 1)) for i, run in enumerate(judged)]
-    if any(issue.startswith(READ_STOPPED) for issue in issues):
-        return FileReport(runs=runs, issues=tidy(issues), verdict="incomplete",
-                          exit_code=EXIT_FAIL, evidence="incomplete",
-                          ends=f"{clean_text(path, 200)} was not read to its end (too large "
-                               f"to read whole): its last run is not known")
-    if not any(r.get("record") == "run" for r in records):      # records as read: dicts
-        return FileReport(runs=runs, issues=tidy(issues), verdict="none",
-                          exit_code=EXIT_FAIL, evidence="incomplete",
-                          ends=f"no warm-up run in {clean_text(path, 200)} (no run record)")
-    last = decisive(runs)
-    return FileReport(runs=runs, issues=tidy(issues), verdict=last.verdict,
-                      exit_code=last.exit_code, evidence=last.evidence, ends=last.ends)
-
-
-def decisive(runs: list[dict]) -> dict:
-    """The file's exit status, from its last attempt: its last run, with what came after
-    it. Records of a run whose run record is missing (a run KILLed before writing it, or
-    its line lost) make it incomplete; a last run that is not a warm-up (a probe, a gate)
-    exits 1: the file holds no warm-up pass to go by."""
-    last = runs[-1]
-    if last.run is None:            # none, or none it could read
-        return RunReport(last, verdict="incomplete", exit_code=EXIT_FAIL, evidence="incomplete",
-                    ends="the file's last records belong to no run record it could read (a "
-                         "run KILLed before writing it, its line lost or damaged): its last "
-                         "attempt is not known to have passed")
-    mode = last.run.mode
-    if mode != "warmup" and last.exit_code == EXIT_PASS:
-        return RunReport(last, exit_code=EXIT_FAIL, verdict="no warm-up",
-                    ends=f"its last run is a {show(mode, 20)}, not a warm-up: the file holds "
-                         f"no warm-up pass to release HOLD by")
-    return last
 
 
 def run_header(run: dict) -> str:
@@ -369,7 +258,7 @@ def report_main(argv: list[str]) -> int:
                     f"{exc.strerror or type(exc).__name__}; give the path of a records file",
                     sys.stderr)
         return EXIT_USAGE
-    report = build_report(records, issues, args.records)
+    report = tidy(judge_file(records, issues, args.records))     # safe to show, once
     last, unheld = _last_run(report), []
     if args.expect_k:
         findings = drafted_findings(last.waves or [], args.expect_k, args.proposer,
