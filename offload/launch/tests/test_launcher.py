@@ -791,7 +791,9 @@ class TestSupervise(StartCase):
         self.addCleanup(lambda: proc.poll() is None and os.killpg(proc.pid, signal.SIGKILL))
         deadline = time.monotonic() + 60
         while SUPERVISING not in self.start_log() and time.monotonic() < deadline:
-            self.assertIsNone(proc.poll(), "start.sh ended before it supervised")
+            if proc.poll() is not None:
+                self.fail(f"start.sh ended ({proc.returncode}) before it supervised; its "
+                          f"log ends:\n{self.start_log()[-3000:]}")
             time.sleep(0.05)
         self.assertIn(SUPERVISING, self.start_log())
         return proc

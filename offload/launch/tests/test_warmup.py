@@ -671,6 +671,8 @@ class TestProcesses(HelperCase):
 
     def test_wrapper_passes_ctrl_c_and_hangup_on_as_themselves(self):
         for signum, code in ((signal.SIGINT, 130), (signal.SIGHUP, 129)):
+            if signal.getsignal(signum) == signal.SIG_IGN:   # nohup: bash could not trap it
+                self.addCleanup(signal.signal, signum, signal.signal(signum, signal.SIG_DFL))
             with self.subTest(signal=signum.name):
                 server = self.start_fake(fault="hang", fault_match="-B2-")
                 records = os.path.join(self.tmp, f"{signum.name}.jsonl")
