@@ -144,6 +144,23 @@ class OwnerCase(StartCase):
     def ready_answer(self, status: int, seconds: float = 60) -> None:
         self.wait_for(lambda: self.answer()[0] == status, seconds, f"GET /ready {status}")
 
+    def b4_guards(self) -> int:
+        """The guard reads before B4 in the log folder's records (each warm-up's), whole
+        lines only: a line being written is not read."""
+        found = 0
+        for name in os.listdir(self.logs):
+            if name.endswith(".jsonl"):
+                with open(os.path.join(self.logs, name), encoding="utf-8") as handle:
+                    found += sum(line.startswith('{"record": "gauges"') and line.endswith("\n")
+                                 and '"wave": "B4"' in line for line in handle)
+        return found
+
+    def running(self) -> float:
+        """The server's vllm:num_requests_running, as its /metrics says it now."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as got:
+            return sum(float(line.split()[-1]) for line in got.read().decode().splitlines()
+                       if line.startswith("vllm:num_requests_running"))
+
     def post(self, path: str) -> None:
         request = urllib.request.Request(self.url + path, method="POST")
         with urllib.request.urlopen(request, timeout=5):
@@ -282,7 +299,8 @@ class TestOwnerAnswers(OwnerCase):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
         self.wait_for(lambda: "warm -> rewarming" in self.log_text(), 30, "re-warming")
-        time.sleep(3.0)                             # B4's slow request runs
+        self.wait_for(lambda: self.b4_guards() == 2 and self.running() == 1, 30,
+                      "the re-warm's B4 released, its slow request running")
         self.post("/sleep?level=1")
         said, _ = rewarm.communicate(timeout=60)
         self.assertEqual(rewarm.returncode, 1, said)
