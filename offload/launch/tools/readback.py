@@ -5,7 +5,7 @@ hold several runs, damaged lines or hostile values: load_records() reads past ba
 and names them, never holding more than a bounded amount; judge_file() splits them into
 runs, gives each (judge_run()) contract.decide()'s verdict, held against what its summary
 claims, and the file its last attempt's (decisive()), as one object: what report shows;
-tidy() makes any value safe for report --json.
+tidy() makes any value safe to show, as text or --json.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def split_runs(records: list[dict]) -> list[list[dict]]:
 
 
 def tidy(value, depth: int = 0):
-    """A records value made safe for report --json: strings cleaned and cut."""
+    """A records value made safe to show (report, as text or --json): strings cleaned and cut."""
     if isinstance(value, str):
         return clean_text(value, JSON_TEXT_LIMIT)
     if isinstance(value, list):
