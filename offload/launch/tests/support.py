@@ -266,6 +266,23 @@ def send_completion(url: str, request_id: str, answers: list, prompt: str = "p",
         answers.append(type(exc).__name__)
 
 
+def requests_running(url: str) -> float:
+    """vllm:num_requests_running as the server at `url` says it now (every engine's)."""
+    import urllib.request
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as got:
+        return sum(float(line.split()[-1]) for line in got.read().decode().splitlines()
+                   if line.startswith("vllm:num_requests_running"))
+
+
+def wait_running(url: str, count: int, seconds: float = 30) -> None:
+    """Until `count` requests run on the server at `url` (its /metrics), `seconds` at most."""
+    deadline = time.monotonic() + seconds
+    while requests_running(url) != count:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{count} requests running within {seconds} s")
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
     with socket.socket() as sock:

@@ -32,7 +32,8 @@ import unittest
 import urllib.error
 import urllib.request
 
-from support import API_KEY, FAKE, REPO, HelperCase, free_port, read_records, send_completion
+from support import (API_KEY, FAKE, REPO, HelperCase, free_port, read_records, send_completion,
+                     wait_running)
 from start.settings import OPTIONS  # noqa: E402  (support puts offload/launch on sys.path)
 from start.steps import KILL_AFTER_S  # noqa: E402
 
@@ -1044,7 +1045,7 @@ class TestKubeletDrain(KubeletCase):
                    for n in range(4)]
         for client in clients:
             client.start()
-        time.sleep(1.0)                            # all four in flight
+        wait_running(f"http://127.0.0.1:{pod.port}", 4)        # all four in flight
         pod.term()                                 # the kubelet deletes the pod: TERM
         self.assertTrue(pod.wait_for(lambda: not pod.probe("readinessProbe"), 1.0),
                         "not Ready from the TERM on")

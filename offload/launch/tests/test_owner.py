@@ -16,7 +16,8 @@ import unittest
 import urllib.error
 import urllib.request
 
-from support import START, StartCase, free_port, read_records, send_completion
+from support import (START, StartCase, free_port, read_records, requests_running,
+                     send_completion, wait_running)
 import start.owner as owner  # noqa: E402
 import warmup  # noqa: E402
 
@@ -154,12 +155,6 @@ class OwnerCase(StartCase):
                     found += sum(line.startswith('{"record": "gauges"') and line.endswith("\n")
                                  and '"wave": "B4"' in line for line in handle)
         return found
-
-    def running(self) -> float:
-        """The server's vllm:num_requests_running, as its /metrics says it now."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as got:
-            return sum(float(line.split()[-1]) for line in got.read().decode().splitlines()
-                       if line.startswith("vllm:num_requests_running"))
 
     def post(self, path: str) -> None:
         request = urllib.request.Request(self.url + path, method="POST")
@@ -299,7 +294,7 @@ class TestOwnerAnswers(OwnerCase):
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
         self.wait_for(lambda: "warm -> rewarming" in self.log_text(), 30, "re-warming")
-        self.wait_for(lambda: self.b4_guards() == 2 and self.running() == 1, 30,
+        self.wait_for(lambda: self.b4_guards() == 2 and requests_running(self.url) == 1, 30,
                       "the re-warm's B4 released, its slow request running")
         self.post("/sleep?level=1")
         said, _ = rewarm.communicate(timeout=60)
@@ -324,7 +319,7 @@ class TestOwnerAnswers(OwnerCase):
                    for n in range(2)]
         for client in clients:
             client.start()
-        time.sleep(1.0)
+        wait_running(self.url, 2)                   # both in flight
         os.kill(proc.pid, signal.SIGTERM)
         said, _ = rewarm.communicate(timeout=60)
         for client in clients:

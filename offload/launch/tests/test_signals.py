@@ -13,7 +13,7 @@ import time
 import unittest
 
 from support import (FAKE, PYTHON, QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
-                     read_records)
+                     read_records, wait_running)
 from test_outcomes import stale_success, verdict_of
 import core.readyfile as readyfile  # noqa: E402
 # (support puts offload/launch on sys.path)
@@ -264,7 +264,7 @@ class TestStartClearsFirst(StartCase):
                                      "Content-Type: application/json", "-d", body,
                                      self.url + "/v1/completions"])
         self.addCleanup(producer.wait)
-        time.sleep(1.0)                              # in flight: the gauges say 1 running
+        wait_running(self.url, 1)                    # in flight: the gauges say 1 running
         busy = self.run_process(["bash", START_SH, "--rewarm", "--log-dir", self.logs,
                                  "--ready-file", self.ready], timeout=120)
         self.assertEqual(busy.code, 1, busy.stdout + busy.stderr)
