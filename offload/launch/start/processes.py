@@ -60,14 +60,14 @@ def stop_session(sid: int, grace_s: float = 5.0, proc: str = "/proc") -> list[in
     import signal
     import time
 
-    found = left = live_members(2, sid, proc)   # a look reads all of /proc: none once empty
+    found = live_members(2, sid, proc)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in left:
+        for pid in live_members(2, sid, proc):
             try:
                 os.kill(pid, sig)
             except OSError:
                 pass
         deadline = time.monotonic() + grace_s
-        while (left := left and live_members(2, sid, proc)) and time.monotonic() < deadline:
+        while live_members(2, sid, proc) and time.monotonic() < deadline:
             time.sleep(0.05)
     return found
