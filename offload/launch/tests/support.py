@@ -274,12 +274,17 @@ def requests_running(url: str) -> float:
                    if line.startswith("vllm:num_requests_running"))
 
 
-def wait_running(url: str, count: int, seconds: float = 30) -> None:
-    """Until `count` requests run on the server at `url` (its /metrics), `seconds` at most."""
-    deadline = time.monotonic() + seconds
-    while requests_running(url) != count:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{count} requests running within {seconds} s")
+def wait_running(url: str, count: int, steady_s: float = 0.0, seconds: float = 30) -> None:
+    """Until `count` requests run on the server at `url` (its /metrics) and have for
+    `steady_s` (a slow fault's request lasts 5 s, a warm-up's 10 ms), `seconds` at most."""
+    deadline, since = time.monotonic() + seconds, None
+    while True:
+        now = time.monotonic()
+        since = (since or now) if requests_running(url) == count else None
+        if since is not None and now - since >= steady_s:
+            return
+        if now > deadline:
+            raise AssertionError(f"{count} requests running for {steady_s} s within {seconds} s")
         time.sleep(0.05)
 
 
