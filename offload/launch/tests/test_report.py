@@ -476,6 +476,16 @@ class TestReportReading(unittest.TestCase):
         doc = json.loads(self.report("--json").stdout)
         self.assertEqual(doc["exit_code"], 1)
 
+    def test_json_holds_long_strings_of_any_script(self):
+        # 700 characters a \uXXXX each would take the line past the terminal sink's 4,000
+        for text in ("é" * 700, "模型" * 400, '"\\' * 400):
+            with self.subTest(text=text[:2]):
+                self.write(dict(run_record("r"), model=text), *contract_requests("r"),
+                           *wave_records("r"), summary_record("r", "pass", 0))
+                shown = self.report("--json", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+                self.assertEqual(shown.returncode, 0, shown.stderr)
+                self.assertEqual(json.loads(shown.stdout)["runs"][0]["run"]["model"], text)
+
     def test_empty_file_and_unreadable_path(self):
         self.write()
         shown = self.report()

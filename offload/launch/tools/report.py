@@ -271,7 +271,9 @@ def report_main(argv: list[str]) -> int:
         unheld += [] if pinned.holds else [pinned.said]
     code = report.exit_code or (EXIT_FAIL if unheld else EXIT_PASS)
     if args.json:
-        emit(json.dumps(report, indent=2))
+        # as written, not \uXXXX: six characters each could take a line past the sink's
+        # cut (core.sanitize.SINK_TEXT_LIMIT), which would leave JSON that does not parse
+        emit(json.dumps(report, indent=2, ensure_ascii=False))
     else:
         emit(format_report(report) + "".join(
             f"\nexpect-k {f.wave}: {f.said}" for f in report.expect_k or [])
