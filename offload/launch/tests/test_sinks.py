@@ -1,6 +1,6 @@
 """Sanitizing is one rule at the two sinks: the records writer and the terminal printer.
 
-A marker, control characters, a bidi override and the API key are planted in every
+A marker, control characters, bidi marks, an invisible tag and the API key are planted in every
 server field the code reads (model id, version, error message and param, finish and stop
 reasons, usage values, /metrics labels and lines, /tokenize's context); our prompt text
 is echoed back. Neither sink may show any of it raw. Also: a key split or cut by the
@@ -27,8 +27,8 @@ import core.transport as transport  # noqa: E402
 import core.sanitize as sanitizing  # noqa: E402
 
 MARK = "PLANTED-MARK"
-DIRTY = f"\x1b[31m{MARK}\u202e\r\nkey={API_KEY}\x07"
-CONTROL = ("\x1b", "\u202e", "\x07", "\r")
+DIRTY = f"\x1b[31m{MARK}\u202e\u061c\U000e0041\r\nkey={API_KEY}\x07"
+CONTROL = ("\x1b", "\u202e", "\u061c", "\U000e0041", "\x07", "\r")
 
 
 def echo_prompt(request) -> bytes:
