@@ -56,10 +56,10 @@ class Redactions:
 
 REDACTIONS = Redactions()
 _WORD = re.compile(r"\w+(?:[-.:/+]\w+)*")
-# Control characters, line and paragraph separators, bidi marks, invisible marks (soft
-# hyphen, tags): nothing from a server may move the cursor, start a line or hide text.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\xad\u061c\u180e\u2028\u2029\u200b-\u200f"
-                      r"\u202a-\u202e\u2060-\u2069\ufeff\ud800-\udfff\U000e0000-\U000e007f]+")
+# Control characters, line and paragraph separators, bidi marks, zero-width marks and tags
+# (hidden text): nothing from a server may move the cursor, start a line or hide text.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u2028\u2029\u200b-\u200f\u202a-\u202e"
+                      r"\u2066-\u2069\ufeff\ud800-\udfff\U000e0000-\U000e007f]+")
 _HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")
 
 
