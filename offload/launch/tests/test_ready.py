@@ -76,6 +76,17 @@ class TestReadyStaysTrue(StartCase):
             time.sleep(0.1)
         self.fail("the second fake server did not come up")
 
+    def test_a_model_named_with_invisible_marks_is_the_one_warmed(self):
+        # Its run record keeps the name cleaned (a joiner, a bidi mark, a tag taken out):
+        # ready holds the served names to it cleaned alike (another name: check_identity's).
+        for model in ("org/Model\u200dv2", "org/\u061cModel\U000e0041v2"):
+            with self.subTest(model=model):
+                server = self.start_fake(model=model)
+                self.assertEqual(self.run_helper(server).code, 0)
+                self.assertIsNone(readback.ready_from_records(self.ready, self.records_path))
+                said = ready(self.ready, "--base-url", server.url)
+                self.assertEqual(said.returncode, 0, said.stderr)
+
     def test_ready_follows_sleep_and_wake(self):
         server = self.start_fake(dev_mode=True)
         self.assertEqual(self.run_helper(server).code, 0)
