@@ -485,6 +485,11 @@ class TestReportReading(unittest.TestCase):
                 shown = self.report("--json", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
                 self.assertEqual(shown.returncode, 0, shown.stderr)
                 self.assertEqual(json.loads(shown.stdout)["runs"][0]["run"]["model"], text)
+        # a number of 3,990 digits where a record takes any value: none to show, not a line cut
+        self.write(dict(run_record("r"), versions={"server": int("9" * 3990)}),
+                   *contract_requests("r"), *wave_records("r"), summary_record("r", "pass", 0))
+        shown = self.report("--json")
+        self.assertIsNone(json.loads(shown.stdout)["runs"][0]["run"]["versions"]["server"])
 
     def test_empty_file_and_unreadable_path(self):
         self.write()

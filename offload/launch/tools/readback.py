@@ -151,7 +151,8 @@ def split_runs(records: list[dict]) -> list[list[dict]]:
 
 
 def tidy(value, depth: int = 0):
-    """A records value made safe to show (report, as text or --json): strings cleaned and cut."""
+    """A records value made safe to show (report, as text or --json): strings cleaned and
+    cut, numbers JSON and a line can hold (a 4,000-digit one would pass the sink's cut)."""
     if isinstance(value, str):
         return clean_text(value, JSON_TEXT_LIMIT)
     if isinstance(value, list):
@@ -159,7 +160,8 @@ def tidy(value, depth: int = 0):
     if isinstance(value, dict):
         return type(value)({clean_text(str(k), 100): tidy(v, depth + 1)    # a Record stays one
                             for k, v in value.items()}) if depth < 32 else None
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value) or \
+            isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:
         return None
     return value
 
