@@ -160,8 +160,9 @@ def tidy(value, depth: int = 0):
     if isinstance(value, dict):
         return type(value)({clean_text(str(k), 100): tidy(v, depth + 1)    # a Record stays one
                             for k, v in value.items()}) if depth < 32 else None
-    if isinstance(value, float) and not math.isfinite(value) or \
-            isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:
         return None
     return value
 
