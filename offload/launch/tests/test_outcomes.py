@@ -14,7 +14,7 @@ import sys
 import time
 import unittest
 
-from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartCase
+from support import LAUNCH, REPO, START as START_SH, WRAPPER, HelperCase, StartCase, wait_running
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import core.textfile as textfile  # noqa: E402
 import core.cli as cli  # noqa: E402
@@ -280,7 +280,7 @@ class TestStartStepsLeaveNothing(StartCase):
             wrapper = subprocess.run(["pgrep", "-f", "bash .*warmup_serve.sh --records " +
                                       self.logs], capture_output=True, text=True).stdout.split()
             time.sleep(0.1)
-        time.sleep(1.5)                            # the helper is sending B1
+        wait_running(self.url, 1)                  # the helper is sending B1 (1 s)
         os.kill(int(wrapper[0]), signal.SIGKILL)
         out, _ = proc.communicate(timeout=60)
         self.assertIn("warm-up ended: exit 137, verdict killed", out)
