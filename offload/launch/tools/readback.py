@@ -14,7 +14,7 @@ import math
 
 from core.contract import Ending, Verdict, decide, identity
 from core.readyfile import ready_of, unmet, write_ready
-from core.records import JUDGED, held, label, parse_fields, record_class, show
+from core.records import BIGGEST, JUDGED, held, label, parse_fields, record_class, show
 from core.cli import (EXIT_FAIL, EXIT_HARD_BOUND, EXIT_HARD_KILLED, EXIT_INTERRUPTED,
                       EXIT_PASS, EXIT_REFUSED, EXIT_TERMINATED, MAX_SECONDS)
 from core.files import open_regular
@@ -162,7 +162,7 @@ def tidy(value, depth: int = 0):
                             for k, v in value.items()}) if depth < 32 else None
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, int) and not -2 ** 63 <= value < 2 ** 63:
+    if isinstance(value, int) and not -BIGGEST <= value < BIGGEST:      # as a record's int
         return None
     return value
 
