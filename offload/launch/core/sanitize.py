@@ -9,6 +9,7 @@ import re
 import threading
 
 SINK_TEXT_LIMIT = 4000               # no string reaches a record or the terminal longer
+MODEL_CHARS = 200                    # a model's name as a run record keeps it (ready compares)
 
 
 class Redactions:
@@ -56,8 +57,7 @@ class Redactions:
 
 REDACTIONS = Redactions()
 _WORD = re.compile(r"\w+(?:[-.:/+]\w+)*")
-# Control characters, line and paragraph separators, bidi marks, zero-width marks and tags
-# (hidden text): nothing from a server may move the cursor, start a line or hide text.
+# What may move the cursor, start a line or hide text: controls, separators, bidi, tags.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u2028\u2029\u200b-\u200f\u202a-\u202e"
                       r"\u2066-\u2069\ufeff\ud800-\udfff\U000e0000-\U000e007f]+")
 _HEX_TAG = re.compile(r"(?:warmup-)?[0-9a-f]{12,}")

@@ -24,8 +24,8 @@ from core.cli import (EXIT_FAIL, EXIT_PASS, EXIT_REFUSED, EXIT_USAGE, argument_t
                       comma_list, given_value, seconds)
 from core.runframe import (Ending, Fatal, Program, Run, late_problem, parse_or_explain, publish_usage,
                            run_session, run_settings, textfile_of, usage_error)
-from core.sanitize import (REDACTIONS, clean_text, count_value, describe, exact_str, finite_number,
-                           json_number, scrub)
+from core.sanitize import (MODEL_CHARS, REDACTIONS, clean_text, count_value, describe, exact_str,
+                           finite_number, json_number, scrub)
 from core.transport import (DEFAULT_BASE_URL, Exchange, Response, Target, TransportError,
                             UsageError, __version__, base_url_from, decode_json, encode_request,
                             exchange_batch, fetch, is_header_value)
@@ -411,7 +411,7 @@ class ServerProgram(Program):
         engines = routed(self.server.engines)
         return {
             "base_url": self.connection.target.display,
-            "model": clean_text(self.server.model, 200) if self.server.model else None,
+            "model": clean_text(self.server.model, MODEL_CHARS) if self.server.model else None,
             "max_model_len": self.server.max_model_len,
             "engines": list(engines) if engines else None,
             "plan": plan,

@@ -21,7 +21,7 @@ from core.cli import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, emit, seconds
 from core.readyfile import (iso_time, read_ready_file, served_counts, sha256_type, take_away,
                             unmet)
 from core.files import open_regular
-from core.sanitize import clean_text, finite_number
+from core.sanitize import MODEL_CHARS, clean_text, finite_number
 from core.transport import (DEFAULT_BASE_URL, Clock, TransportError, UsageError, base_url_from,
                             fetch, parse_base_url)
 from core.vllm_metrics import (SLEEP_GAUGE, asleep_problem, process_start, read_exposition,
@@ -153,7 +153,7 @@ def check_identity(doc: dict, samples: list) -> str | None:
                     f"served {current.get(fewer[0], 0.0):g} requests, {served[fewer[0]]:g} "
                     f"at the warm-up): a new start runs a new warm-up")
     models = served_models(samples)
-    if doc["model"] not in {clean_text(m, 200) for m in models}:   # as its run record has it
+    if doc["model"] not in {clean_text(m, MODEL_CHARS) for m in models}:   # as recorded
         shown = ", ".join(sorted(clean_text(m, 80) for m in models)[:5]) or "none on /metrics"
         return f"the server serves {shown}, not the warmed model {clean_text(doc['model'], 80)}"
     return None
