@@ -190,7 +190,7 @@ def exit_code(value) -> int:
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     sys.path.insert(0, sys.argv[2])
-    for name in sys.argv[3:]:
+    for name in ["pkgutil", *sys.argv[3:]]:      # pkgutil: what runpy.run_path loads
         importlib.import_module(name)
     serve(sock)
 

@@ -60,7 +60,10 @@ KILL_MARGIN_S = 10.0               # a case still running this long after its bo
 LOAD_FACTOR = 3.0
 LOAD_MARGIN_S = 5.0
 FORKS: list = []                   # the table's fork server, while the table runs
-PRELOAD = ["warmup", "qualify", "tools.report", "tools.probe"]
+# The programs, and what each of their runs loads on the way (argparse's shutil and locale,
+# a host name's idna codec): loaded once, not in each of ~100 children (~10 ms of CPU each).
+PRELOAD = ["warmup", "qualify", "tools.report", "tools.probe", "shutil", "locale",
+           "encodings.idna"]
 # What an interpreter reads as it starts (streams' encoding, locale, time zone): a case
 # that sets one runs in a fresh interpreter, never a forked one.
 STARTUP_VARIABLES = ("PYTHON", "LC_", "LANG", "TZ")
