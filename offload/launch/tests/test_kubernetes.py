@@ -97,8 +97,12 @@ def yaml_documents(stream) -> list:
 
 
 def manifest(path: str = MANIFEST) -> dict:
+    """A one-document YAML file's document (as yaml.safe_load: more than one is an error)."""
     with open(path, encoding="utf-8") as handle:
-        return yaml_documents(handle)[0]
+        docs = yaml_documents(handle)
+    if len(docs) != 1:
+        raise AssertionError(f"{path}: {len(docs)} YAML documents, expected one")
+    return docs[0]
 
 
 def overlays() -> list[str]:
