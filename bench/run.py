@@ -67,9 +67,11 @@ ENGINES_TARGET = 1.2
 FLOOR = "json, socket, threading"
 READY_TARGET = 1.5
 RESULTS = os.path.join(REPO, "bench", "RESULTS.md")
-# The wrapper's python arguments; the copy replaces them with the baseline's.
+# The wrapper's python arguments; the copy replaces them with the baseline's, which first
+# removes the file the wrapper hands it, as the helper does (the wrapper's proof that its
+# interpreter ran: a baseline that left it would be refused as no Python at all).
 WRAPPER_PY_ARGS = '-I -S -c "${RUN_HELPER}"'
-COPY_PY_ARGS = '${BENCH_FLAGS} -c "${BENCH_CODE}"'
+COPY_PY_ARGS = '${BENCH_FLAGS} -c "import os, sys; os.unlink(sys.argv[1])\n${BENCH_CODE}"'
 # When the wrapper's python line is not found: the same shell work, written out.
 FALLBACK_WRAPPER = """#!/usr/bin/env bash
 set -euo pipefail

@@ -159,6 +159,14 @@ class TestBenchSaysWhatItDoes(unittest.TestCase):
         self.assertEqual(bench.fmt_part("imports", 0.0211), "imports 21.1 ms")
         self.assertEqual(bench.fmt_part("run", -10, unit="KiB"), "run +0 MiB (within noise)")
 
+    def test_its_baselines_run_where_the_wrapper_runs_the_helper(self):
+        bench = self.bench()
+        path, how = bench.write_wrapper_copy(self.enterContext(tempfile.TemporaryDirectory()))
+        self.assertEqual(how, "a copy of warmup_serve.sh")
+        command, env = bench.Shapes(path).wrapped("print('the baseline ran')")
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual((done.returncode, done.stdout, done.stderr), (0, "the baseline ran\n", ""))
+
     def test_the_figures_are_written_by_the_bench(self):
         bench = self.bench()
         path = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "RESULTS.md")
