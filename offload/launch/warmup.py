@@ -584,7 +584,7 @@ def build_parser(prog: str = "warmup.py") -> argparse.ArgumentParser:
                         help="per-wave evidence: read the request gauges this often while a "
                              "wave runs (the depth observed), and the counters after each "
                              "wave (their deltas, speculative acceptance, tokens per step); "
-                             "0: none of it (default: %(default)s)")
+                             "from 0 to 25; 0: none of it (default: %(default)s)")
     parser.add_argument("--metrics-url", action="append", default=[], metavar="URL",
                         help="another Prometheus endpoint (a proxy's, a worker's) whose counter "
                              "deltas over the warm-up are recorded only, never compared with "

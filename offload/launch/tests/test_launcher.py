@@ -206,6 +206,8 @@ class TestStart(StartCase):
         self.assertEqual(result.code, 0, result.stderr)
         self.assertIn("warm-up skipped", result.stdout)
         self.assertFalse([f for f in os.listdir(self.logs) if f.startswith("warmup-")])
+        self.assertIn("warm-up skipped (--no-warmup)", self.start_log())   # CONTRACT §14
+        self.assertNotIn("OK:", self.start_log())          # no warm-up, so no OK line
 
     def test_secrets_in_the_server_command_are_not_logged(self):
         result = self.start("--no-warmup", server=self.fake("--api-key", "sk-CMDKEY-1"))
