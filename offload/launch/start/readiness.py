@@ -6,6 +6,7 @@ start without one never loads http.server.
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 
 
@@ -36,27 +37,35 @@ class ReadinessAnswer(http.server.BaseHTTPRequestHandler):
 
 
 class ReadinessServer(http.server.ThreadingHTTPServer):
-    """A thread a client, at most MAX_CLIENTS at once (a slow or idle client never holds
-    the kubelet's answer; more are closed at once); a client's error is no traceback."""
+    """A thread a client, at most MAX_CLIENTS at once: a new client closes the oldest, so
+    slow or idle clients, however many, never hold the kubelet's answer (a probe asks at
+    once and is answered within a millisecond); a client's error is no traceback."""
 
     daemon_threads = True
     MAX_CLIENTS = 16
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.slots = threading.BoundedSemaphore(self.MAX_CLIENTS)
+        self.clients: list = []           # the connections being answered, oldest first
+        self.lock = threading.Lock()
 
     def process_request(self, request, client_address):
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
+        with self.lock:
+            if len(self.clients) >= self.MAX_CLIENTS:
+                try:                      # its thread's read ends, and the thread with it
+                    self.clients.pop(0).shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass                  # it was closing already
+            self.clients.append(request)
         super().process_request(request, client_address)
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self.slots.release()
+            with self.lock:
+                if request in self.clients:
+                    self.clients.remove(request)
 
     def handle_error(self, request, client_address):
         pass                              # a reset or a timeout: that client's alone

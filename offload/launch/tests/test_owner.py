@@ -251,8 +251,10 @@ class TestOwnerAnswers(OwnerCase):
     def test_hostile_clients_neither_block_nor_disable_the_owner(self):
         # From a hostile review: a client silent on owner.sock ended its accept loop for
         # good; a reset on the readiness port printed a traceback; idle clients held the
-        # one-at-a-time answer past the kubelet's timeout.
+        # one-at-a-time answer past the kubelet's timeout; then, more slow clients than it
+        # serves at once held every slot (a second review).
         import socket
+        from start.readiness import ReadinessServer
         log = os.path.join(self.tmp, "out.txt")
         with open(log, "w") as out:
             command = ["bash", START, "--base-url", self.url, "--log-dir", self.logs,
@@ -265,10 +267,28 @@ class TestOwnerAnswers(OwnerCase):
         self.ready_answer(200)
         silent = socket.socket(socket.AF_UNIX)
         silent.connect(os.path.join(self.logs, "owner.sock"))
-        idle = [socket.create_connection(("127.0.0.1", self.ready_port)) for _ in range(3)]
+        idle, done = [], threading.Event()
+        for _ in range(ReadinessServer.MAX_CLIENTS + 4):
+            idle.append(socket.create_connection(("127.0.0.1", self.ready_port), timeout=10))
+            idle[-1].sendall(b"GET /ready HTTP/1.1\r\n")       # and never the end of it
+            time.sleep(0.05)                        # each accepted (a backlog of 5)
+
+        def trickle():                              # a header line each, every 0.3 s
+            while not done.wait(0.3):
+                for sock in idle:
+                    try:
+                        sock.sendall(b"X-a: b\r\n")
+                    except OSError:
+                        pass                        # closed by the owner: the oldest go
+        feeder = threading.Thread(target=trickle, daemon=True)
+        feeder.start()
+        self.addCleanup(feeder.join)
+        self.addCleanup(done.set)
+        time.sleep(0.6)
         started = time.monotonic()
         self.assertEqual(self.answer(), (200, "warm\n"))
-        self.assertLess(time.monotonic() - started, 1.0, "idle clients hold no answer")
+        self.assertLess(time.monotonic() - started, 1.0, "slow clients hold no answer")
+        done.set()
         for _ in range(5):                          # resets: no traceback
             reset = socket.create_connection(("127.0.0.1", self.ready_port))
             reset.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
