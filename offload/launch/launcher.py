@@ -34,9 +34,11 @@ def main(argv: list[str] | None = None, env: dict | None = None) -> int:
     from start.settings import Settings, Usage, build_parser
     from start.owner import Owner, ask_owner
     from start.steps import publish_start_outcome, rewarm, start, start_usage_error
+    from core.sanitize import REDACTIONS
     settings = None
     try:
         settings = Settings(argv, dict(os.environ if env is None else env))
+        REDACTIONS.secret(settings.env.get("VLLM_API_KEY"))   # no line of start.sh shows it
         if settings.help:
             print(build_parser().format_help(), end="")
             return 0

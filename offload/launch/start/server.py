@@ -15,7 +15,7 @@ import sys
 import time
 
 from core.files import open_own, open_regular
-from core.sanitize import clean_text
+from core.sanitize import clean_text, redact_secrets
 from start.processes import group_alive, process_alive
 from start.server_command import commanded_model, redacted_command
 from start.settings import Settings, os_reason
@@ -41,7 +41,8 @@ class Interrupted(Exit):
 
 
 class Log:
-    """One UTC-timestamped line per step, to start.log and the terminal."""
+    """One UTC-timestamped line per step, to start.log and the terminal, every secret
+    registered (VLLM_API_KEY: launcher.py) replaced."""
 
     def __init__(self, folder: str):
         self.path = os.path.join(folder, "start.log")
@@ -50,7 +51,7 @@ class Log:
         self.tee = None                   # also to this callable (a re-warm's asker)
 
     def __call__(self, text: str, stream=None) -> None:
-        line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + text
+        line = time.strftime("%Y-%m-%dT%H:%M:%SZ ", time.gmtime()) + redact_secrets(text)
         # A full disk or a terminal that went away (| head -1) must not end the launcher:
         # the server it launched must still be followed or stopped.
         try:

@@ -7,25 +7,33 @@ from __future__ import annotations
 
 import re
 
-SECRET_FLAG = re.compile(r"--?([a-z0-9_-]*[-_])?(key|token|secret|password)", re.I)
-SECRET_VARIABLE = re.compile(r"([A-Za-z0-9_]*_)?(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?"
-                             r"=", re.I)          # env HF_TOKEN=..., VLLM_API_KEY=...
+SECRET_FLAG = re.compile(r"--?[a-z0-9_-]*(key|token|secret|password)", re.I)
+SECRET_VARIABLE = re.compile(r"[A-Za-z0-9_]*(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?=",
+                             re.I)                # env HF_TOKEN=..., PGPASSWORD=...
+# The same, inside one argument that is a shell's script (bash -c "vllm serve ... --api-key K").
+IN_SCRIPT = re.compile(r"((?<![\w-])--?[a-z0-9_-]*(?:key|token|secret|password)(?:=|\s+)|"
+                       r"(?<![\w-])[a-z0-9_]*(?:key|token|secret|password)(?:_[a-z0-9_]*)?=)"
+                       r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)", re.I)
 
 
 def redacted_command(command: list[str]) -> str:
     """The command as it may be logged: every value of a secret flag (--api-key, --hf-token,
-    any flag ending in -key, -token, -secret or -password, also with _; not
+    --apikey, any flag ending in key, token, secret or password; not
     --max-num-batched-tokens or --ssl-keyfile) hidden, as `--api-key VALUE`, `--api-key
     OLD NEW` (vLLM takes several: every word up to the next flag) and `--api-key=VALUE`,
-    and a secret given as a variable (`env HF_TOKEN=VALUE`); everything else as given."""
+    a secret given as a variable (`env HF_TOKEN=VALUE`), and both inside a shell's script
+    (`bash -c "... --api-key VALUE"`); everything else as given."""
     shown, hide = [], False
     for arg in command:
         name, equals, _ = arg.partition("=")
         flag = arg.startswith("-")
         secret = flag and SECRET_FLAG.fullmatch(name) is not None
         hide = hide and not flag
-        variable = not flag and SECRET_VARIABLE.match(arg) is not None and \
+        script = not (flag or hide) and any(c.isspace() for c in arg)
+        variable = not (flag or script) and SECRET_VARIABLE.match(arg) is not None and \
             name.isidentifier()
+        if script:
+            arg = IN_SCRIPT.sub(lambda m: m[1] + "[redacted]", arg)
         shown.append("[redacted]" if hide else name + "=[redacted]" if (
             secret and equals or variable) else arg)
         hide = hide or secret and not equals

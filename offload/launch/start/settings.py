@@ -114,20 +114,20 @@ SWITCHES = (                               # (flag, variable, the value the flag
     ("--require-chunk", "START_REQUIRE_CHUNK", True,
      "no ready file (nor Ready) for a pass that assumed the server's prefill chunk: pin "
      "--max-num-batched-tokens in the command"),
-    ("--no-warmup", "START_WARMUP", False, "start and guard only"),
+    ("--no-warmup", "START_WARMUP", False, "start and guard only (not with --supervise)"),
     ("--gate", "START_GATE", True, "after a passing warm-up, run `qualify.py gate`"),
     ("--supervise", "START_SUPERVISE", True,
      "a container's entry point: stay the server's parent, its output also on start.sh's "
      "own ('server| ' before each line; each step's records too, 'records| ': the container "
      "log keeps them when the pod is gone) and server.log rotated at START_LOG_MAX_BYTES "
-     "(100 MiB; one old copy, server.log.1); pass TERM and INT on to the server process (it "
+     "(100 MiB; one old copy, server.log.1); pass TERM and INT on to the server process (HUP as TERM; it "
      "drains, then stops its engines). It owns readiness: it alone writes the ready file "
      "and the textfile's outcome, retries a warm-up the guard refused (backoff 2 s doubling "
      "to 30 s, within the start guard), takes readiness away on a sleep or another process "
      "on the port and warms again after the wake, runs --rewarm when asked "
      "(LOG_DIR/owner.sock), and says at a stop whether requests in flight were cut (WARN at "
      "launch without --shutdown-timeout). When the server ends, stop what is left of its "
-     "group (KILL after START_STOP_GRACE_S) and exit: with its status when TERM or INT "
+     "group (KILL after START_STOP_GRACE_S) and exit: with its status when TERM, INT or HUP "
      "asked it to stop, else non-zero (a crash, or an exit 0 nobody asked for). Without "
      "it, server.log grows with the server's output: rotate it with copytruncate "
      "(logrotate), as start.sh keeps appending"),
@@ -280,7 +280,11 @@ class Settings:
 
 def check_readiness(settings: Settings) -> None:
     """Usage unless START_READY_PORT is given only with --supervise (or --rewarm, which
-    shares the pod's variables); with it, the module that answers it is loaded now."""
+    shares the pod's variables), and --supervise warms up; with the port, the module that
+    answers it is loaded now."""
+    if settings.supervise and not settings.warmup and not settings.rewarm:
+        raise Usage("--no-warmup (START_WARMUP) with --supervise (START_SUPERVISE): its owner "
+                    "makes the pod Ready only after a warm-up's pass; drop one of them")
     if settings.ready_port and not (settings.supervise or settings.rewarm):
         raise Usage(f"{settings.source['ready_port']} must be a port from 1 to 65535, and "
                     f"only with --supervise (its owner answers it), got "

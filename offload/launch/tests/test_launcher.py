@@ -209,6 +209,30 @@ class TestStart(StartCase):
         self.assertIn("warm-up skipped (--no-warmup)", self.start_log())   # CONTRACT §14
         self.assertNotIn("OK:", self.start_log())          # no warm-up, so no OK line
 
+    def test_a_supervised_start_without_a_warm_up_is_a_usage_error(self):
+        # From a hostile review: it exited 0 at once, its server left running unsupervised
+        # and no GET /ready answered.
+        result = self.refused("--base-url", self.url, "--log-dir", self.logs, "--supervise",
+                              "--no-warmup", "--", *self.fake())
+        self.assertEqual(result.code, 2, result.stderr)
+        self.assertIn("--no-warmup (START_WARMUP) with --supervise (START_SUPERVISE)",
+                      result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+
+    def test_secrets_in_a_shell_script_or_the_key_variable_are_not_logged(self):
+        # From a hostile review: `bash -c "... --api-key K"` showed K in the launch line.
+        script = " ".join([*self.fake(), "--api-key", "sk-SCRIPTKEY-1"])
+        result = self.start("--no-warmup", server=["bash", "-c", f"exec {script}"])
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertIn("--api-key [redacted]", self.start_log())
+        self.assertNotIn("SCRIPTKEY", self.start_log() + result.stdout + result.stderr)
+        self.stop_server()
+        key = "sk-VARKEY-12345"            # as a word no flag names: the sink knows the key
+        result = self.start("--no-warmup", env={"VLLM_API_KEY": key}, server=[
+            "bash", "-c", f'exec {" ".join(self.fake())} --api-key "$0"', key])
+        self.assertEqual(result.code, 0, result.stderr)
+        self.assertNotIn("VARKEY", self.start_log() + result.stdout + result.stderr)
+
     def test_secrets_in_the_server_command_are_not_logged(self):
         result = self.start("--no-warmup", server=self.fake("--api-key", "sk-CMDKEY-1"))
         self.assertEqual(result.code, 0, result.stderr)
@@ -421,6 +445,13 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
              "env VLLM_API_KEY=[redacted] HF_TOKEN=[redacted] aws_secret_access_key=[redacted] "
              "MAX_NUM_BATCHED_TOKENS=4096 vllm serve m"),
             (["serve", "m", "--tokenizer=a=b", "x=y"], "serve m --tokenizer=a=b x=y"),
+            (["--apikey", "S1"], "--apikey [redacted]"),
+            (["env", "PGPASSWORD=S2", "psql"], "env PGPASSWORD=[redacted] psql"),
+            (["bash", "-c", "HF_TOKEN=S3 vllm serve m --api-key=S1 --hf-token 'S 2'; echo"],
+             "bash -c HF_TOKEN=[redacted] vllm serve m --api-key=[redacted] --hf-token "
+             "[redacted]; echo"),
+            (["bash", "-c", "vllm serve m --max-num-batched-tokens 8192 --ssl-keyfile /k"],
+             "bash -c vllm serve m --max-num-batched-tokens 8192 --ssl-keyfile /k"),
         )
         for argv, expected in table:
             with self.subTest(argv=argv):
