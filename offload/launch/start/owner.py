@@ -156,7 +156,7 @@ class Owner:
         self.settings, self.server, self.log, self.env, self.chunk_from = \
             settings, server, log, env, chunk_from
         self.state, self.warmed_pid = "starting", 0
-        self.budget_until = time.monotonic() + settings.start_guard_s   # retries of a refusal
+        self.budget_until = server.launched_at + settings.start_guard_s  # from the launch
         self.retry_at, self.backoff, self.refusals = None, RETRY_FIRST_S, 0
         self.next_watch = time.monotonic() + WATCH_S
         self.asked: list = []                  # (signal name, when, number), the handler's
@@ -179,6 +179,8 @@ class Owner:
         old = self.state
         if old == "warm" and self.settings.ready_file:
             remove_regular(self.settings.ready_file)
+        if old == "refused":
+            self.retry_at = None          # a re-warm asked, or a sleep: no stale retry after
         self.state = new
         if self.asked:                    # a TERM between the two lines above wins
             self.state = "stopping"
@@ -253,18 +255,21 @@ class Owner:
             self.go("failed", f"exit {run['status']}, {run['verdict']}: its WARN says why")
 
     def retry(self) -> None:
-        """A refused warm-up tried again, or, past the start guard, given up: failed."""
+        """A refused warm-up tried again, or, past the start guard, given up: failed; only
+        while refused (a re-warm or a sleep since then cancelled it)."""
         self.retry_at = None
-        if time.monotonic() < self.budget_until:
-            self.go("retry", f"attempt {self.refusals + 1}")
-            self.warm()
+        if self.state != "refused":
             return
-        self.go("failed", f"refused {self.refusals} times within the {self.settings.start_guard_s} "
-                          f"s start guard; warm it again: start.sh --rewarm")
-        self.publish("fail", 3)
+        if time.monotonic() < self.budget_until:
+            if self.go("retry", f"attempt {self.refusals + 1}"):
+                self.warm()
+        elif self.go("failed", f"refused {self.refusals} times within the "
+                               f"{self.settings.start_guard_s} s start guard; warm it again: "
+                               f"start.sh --rewarm"):
+            self.publish("fail", 3)
 
     def on_signal(self, signum, frame) -> None:
-        """TERM or INT: not ready at once (in memory, the ready file removed), the running
+        """TERM, INT or HUP: not ready at once (in memory, the ready file removed), the running
         step stopped; the signal reaches the server from the loop, after the requests in
         flight are counted. No lock, no line here."""
         self.asked.append((signal.Signals(signum).name[3:], time.monotonic(), signum))

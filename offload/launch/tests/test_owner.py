@@ -12,12 +12,14 @@ import signal
 import subprocess
 import threading
 import time
+import types
 import unittest
 import urllib.error
 import urllib.request
 
 from support import START, StartCase, free_port, read_records, send_completion, wait_running
 import start.owner as owner  # noqa: E402
+from start.processes import group_alive  # noqa: E402
 import warmup  # noqa: E402
 
 CONTRACT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -79,6 +81,53 @@ class TestTheTable(unittest.TestCase):
                                                                         verdict=verdict), 1.0)
                 self.assertEqual(sum(s[0].endswith("warm_seconds") or "to_healthy" in s[0]
                                      for s in samples), count)
+
+
+class TestRetries(unittest.TestCase):
+    """A refused warm-up's retry belongs to the refused state alone (from a hostile review:
+    a retry still due after a re-warm had made the pod warm ran a warm-up against the
+    serving pod, and the end of its budget published fail while /ready said warm)."""
+
+    def owner(self, launched_s_ago: float = 0.0):
+        settings = types.SimpleNamespace(start_guard_s=600, ready_file="", textfile="",
+                                         command_shutdown_s=lambda: None)
+        server = types.SimpleNamespace(launched_at=time.monotonic() - launched_s_ago, pid=0,
+                                       status=None)
+        said: list = []
+        held = owner.Owner(settings, server, said.append, {}, "")
+        held.warm = lambda: said.append("a warm-up")
+        held.publish = lambda verdict, status: said.append(f"published {verdict}")
+        return held, said
+
+    def test_leaving_refused_cancels_its_retry(self):
+        for event, state in (("asked", "rewarming"), ("slept", "asleep"),
+                             ("failed", "failed")):
+            with self.subTest(event=event):
+                held, said = self.owner()
+                held.state, held.retry_at = "refused", time.monotonic()
+                self.assertTrue(held.go(event))
+                self.assertEqual((held.state, held.retry_at), (state, None))
+
+    def test_a_retry_due_outside_refused_runs_and_publishes_nothing(self):
+        for state in ("warm", "asleep", "rewarming"):
+            for budget_s in (100, -1):          # within the start guard, and past it
+                with self.subTest(state=state, budget_s=budget_s):
+                    held, said = self.owner()
+                    held.state, held.budget_until = state, time.monotonic() + budget_s
+                    held.retry()
+                    self.assertEqual((held.state, said), (state, []))
+
+    def test_the_retries_budget_is_the_start_guard_from_the_launch(self):
+        held, said = self.owner(launched_s_ago=590)            # a slow /health: 590 s of 600
+        self.assertLess(held.budget_until - time.monotonic(), 11)
+        held.state = "refused"
+        held.retry()
+        self.assertEqual(held.state, "warming")                  # still within: retried
+        self.assertEqual(said[-1], "a warm-up")
+        held, said = self.owner(launched_s_ago=601)
+        held.state = "refused"
+        held.retry()
+        self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
 
 
 class OwnerCase(StartCase):
