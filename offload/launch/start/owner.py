@@ -18,7 +18,7 @@ import time
 from core.cli import number_in, whole
 from core.files import remove_regular
 from core.runframe import records_name
-from start.server import Exit
+from start.server import STOP_SIGNALS, Exit
 from start.steps import (Steps, prune_records, publish_start_outcome, run_stamp,
                          warm_up_and_report)
 
@@ -135,6 +135,8 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
             except OSError:
                 break
             if not got:
+                say("start.sh --rewarm: the owner gave no outcome (it is stopping, or ended): "
+                    "see start.log")
                 break
             *lines, rest = (rest + got).split(b"\n")
             for line in lines:
@@ -282,8 +284,8 @@ class Owner:
 
     def run(self) -> int:
         """Warm, then watch until the server ends; start.sh's exit status (supervise's)."""
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self.on_signal)
         self.answering = open_channels(self)
         try:
             return supervise(self)
@@ -302,7 +304,7 @@ def supervise(owner: "Owner") -> int:
     owner.log(f"supervising server process group {owner.server.pid} (--supervise): "
               f"readiness is this process's (GET /ready" + (
                   f" on port {owner.answering}" if owner.answering else
-                  ": not answered") + "); TERM and INT go to the server")
+                  ": not answered") + "); TERM, INT and HUP stop the server")
     killed = False
     while True:
         owner.server.reap()
@@ -385,7 +387,7 @@ def pass_on(owner: "Owner") -> None:
         from core.vllm_metrics import GAUGES
         owner.in_flight = int(sum(v for n, _, v in exposition.samples if n in GAUGES
                                  and v == v and v >= 0))
-    owner.server.signal_server(signum)
+    owner.server.signal_server(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
     owner.log(f"{name} received: passed on to the server (pid {owner.server.pid}) with " +
               ("an unknown number of" if owner.in_flight is None else str(owner.in_flight)) +
               f" requests in flight; readiness: {owner.stopped_from} -> stopping (stop: not "
@@ -453,8 +455,8 @@ def ended(owner: "Owner", killed: bool) -> int:
     if log.writer is not None and log.writer.dropped:
         log(f"{log.writer.dropped} lines of output were dropped: nobody read them in time "
             f"(server.log keeps the server's)")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
     return code
 
 

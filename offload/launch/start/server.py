@@ -25,6 +25,7 @@ from tools.procfs import foreign_holders, not_held_by, port_owners
 
 TAIL_LINES = 20
 SIGNALS = {s.value for s in signal.Signals}
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)   # each stops a start, as TERM
 PROBE_TIMEOUT_S = 2.0
 
 
@@ -273,14 +274,13 @@ def served_model_ids(target, key: str | None) -> tuple[list[str], str | None]:
 
 
 def interrupt_while_starting() -> None:
-    """TERM/INT while starting raise Interrupted (exit 143 / 130)."""
+    """TERM/INT/HUP while starting raise Interrupted (exit 143 / 130 / 129)."""
     def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        name, code = ("TERM" if signum == signal.SIGTERM else "INT"), 128 + signum
-        raise Interrupted(code, name)
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+        for stop in STOP_SIGNALS:
+            signal.signal(stop, signal.SIG_IGN)
+        raise Interrupted(128 + signum, signal.Signals(signum).name[3:])
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, handler)
 
 
 class AttachedServer(LaunchedServer):

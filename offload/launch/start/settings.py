@@ -35,7 +35,7 @@ Read the records before releasing HOLD, after OK as after WARN.
 exit status:
   0    server up: warm-up (and gate) passed, failed with a WARN, or skipped; with
        --rewarm: it passed
-  N    with --supervise, once the server ended: its status when TERM or INT asked it
+  N    with --supervise, once the server ended: its status when TERM, INT or HUP asked it
        to stop; unasked, its status, 1 for an exit 0 nobody asked for
   1    server not started or not trustworthy: something already answered at the base
        URL, a live server.pid, the server exited (also during the warm-up), or it
@@ -44,8 +44,10 @@ exit status:
        LOG_DIR, or the re-warm did not pass (the server keeps running)
   2    usage error (bad option, --log-dir not writable, --ready-file folder missing,
        --rewarm without server.pid in LOG_DIR); nothing was launched
+  129  interrupted by HUP, as by TERM
   130  interrupted by INT (the server was stopped; with --rewarm, only the warm-up)
-  143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up)"""
+  143  interrupted by TERM (the server was stopped; with --rewarm, only the warm-up:
+       under --supervise, the owner's re-warm goes on)"""
 
 
 def switch_name(flag: str) -> str:

@@ -22,8 +22,8 @@ from core.files import open_own, open_regular, regular, remove_regular
 from core.runframe import records_name
 from tools.vllm_log import COMPILE_LINES, logged_chunk
 from start.processes import process_alive, stop_session
-from start.server import (AttachedServer, Exit, Interrupted, LaunchedServer, Log,
-                          interrupt_while_starting, read_small, refuse_a_foreign_answer,
+from start.server import (STOP_SIGNALS, AttachedServer, Exit, Interrupted, LaunchedServer,
+                          Log, interrupt_while_starting, read_small, refuse_a_foreign_answer,
                           refuse_a_running_server, wait_ready)
 from start.settings import Settings, Usage, check_file_place, os_problem
 from start.supervisor import shell_status, size_of
@@ -367,8 +367,8 @@ def start(settings: Settings, log: Log, owner=None) -> int:
             remove_regular(settings.ready_file)
     if settings.textfile and settings.warmup and os.path.isfile(settings.textfile):
         log(f"results published for monitoring in {settings.textfile}")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
     log(f"exit 0: server process group {server.pid} keeps running")
     return 0
 
@@ -381,9 +381,15 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     names that process): the ready file taken away first, written anew only from a pass;
     0 only for a pass."""
     from core.transport import UsageError, parse_base_url
-    asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(
-        settings.env.get("WARMUP_HARD_S", ""), settings.gate and settings.gate_hard_s),
-                                    lambda line: print(line, flush=True))
+    interrupt_while_starting()
+    try:
+        asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(
+            settings.env.get("WARMUP_HARD_S", ""), settings.gate and settings.gate_hard_s),
+                                        lambda line: print(line, flush=True))
+    except Interrupted as signalled:
+        log.error(f"start.sh --rewarm interrupted by {signalled.name}: the owner's re-warm "
+                  f"goes on (start.log says how it ends)")
+        return signalled.code
     if asked is not None:
         return asked
     read = {name: read_small(os.path.join(settings.log_dir, name))

@@ -240,6 +240,14 @@ class TestStart(StartCase):
         self.assertNotIn("sk-CMDKEY-1", self.start_log() + result.stdout)
 
     def test_term_while_waiting_stops_the_server(self):
+        self.interrupted_while_waiting(signal.SIGTERM)
+
+    def test_hup_while_waiting_stops_the_server_as_term_does(self):
+        # From a hostile review: a hang-up (a terminal that went away) ended the launcher
+        # without a word, its server left running with no parent.
+        self.interrupted_while_waiting(signal.SIGHUP)
+
+    def interrupted_while_waiting(self, signum: int):
         proc = subprocess.Popen(["bash", START, "--base-url", self.url, "--log-dir", self.logs,
                                  "--", *self.fake("--health-delay-s", "1000")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -251,7 +259,7 @@ class TestStart(StartCase):
             time.sleep(0.05)
         time.sleep(0.5)
         pid = self.server_pid()
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         try:
             _, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
@@ -261,9 +269,9 @@ class TestStart(StartCase):
                 status = [l for l in handle if l.startswith(("SigIgn", "SigCgt", "State"))]
             proc.kill()
             out, err = proc.communicate()
-            self.fail(f"start.sh did not end after TERM\n{status}\n{out}\n{err}\n{tree}")
-        self.assertEqual(proc.returncode, 143)
-        self.assertIn("interrupted by TERM", err)
+            self.fail(f"start.sh did not end after {signum}\n{status}\n{out}\n{err}\n{tree}")
+        self.assertEqual(proc.returncode, 128 + signum)
+        self.assertIn(f"interrupted by {signal.Signals(signum).name[3:]} while starting", err)
         self.assertFalse(group_alive(pid))
 
     def write_script(self, name: str, text: str) -> str:
@@ -461,7 +469,8 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
         result = self.run_process(["bash", START, "--help"], timeout=10)
         self.assertEqual(result.code, 0)
         for line in (r"\n  0 +server up", r"\n  1 +server not started", r"\n  2 +usage error",
-                     r"\n  130 +interrupted by INT", r"\n  143 +interrupted by TERM"):
+                     r"\n  129 +interrupted by HUP", r"\n  130 +interrupted by INT",
+                     r"\n  143 +interrupted by TERM"):
             self.assertRegex(result.stdout, line)
         self.assertIn("Read the records before releasing HOLD", result.stdout)
         self.assertIn("--rewarm without server.pid in LOG_DIR); nothing was launched",

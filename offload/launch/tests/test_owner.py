@@ -405,6 +405,46 @@ class TestOwnerAnswers(OwnerCase):
         self.assertIn("offload_stop_last_drained 0.0", text)
 
 
+class TestOwnerStops(OwnerCase):
+    """A HUP stops as a TERM does; a re-warm asked during a stop, or interrupted, says so
+    (from a hostile review: a HUP ended the owner without a word, its server left running
+    and its ready file standing; --rewarm during a stop said nothing; a Ctrl-C on --rewarm
+    printed a traceback)."""
+
+    runs_long = 12
+
+    def test_a_hup_stops_the_server_and_a_re_warm_asked_meanwhile_is_told(self):
+        proc = self.supervised("--ignore-term")
+        self.ready_answer(200)
+        pid = self.server_pid()
+        os.kill(proc.pid, signal.SIGHUP)
+        self.ready_answer(503, 5)                  # stopping: not Ready at once
+        self.assertFalse(os.path.exists(self.ready))
+        asked = self.rewarm()                      # answered only by the owner's end
+        self.assertEqual(asked.returncode, 1, asked.stdout + asked.stderr)
+        self.assertIn("the owner gave no outcome (it is stopping, or ended)", asked.stdout)
+        proc.wait(30)
+        self.assertFalse(group_alive(pid))
+        self.assertIn("HUP received: passed on to the server", self.log_text())
+        self.assertIn("still alive 5 s after the signal: KILL", self.log_text())
+
+    def test_an_interrupted_re_warm_says_the_owner_s_goes_on(self):
+        proc = self.supervised("--fault", "slow", "--fault-match", "B4-0")   # each B4: 5 s
+        self.ready_answer(200)
+        rewarm = subprocess.Popen(["bash", START, "--rewarm", "--log-dir", self.logs],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.addCleanup(lambda: rewarm.poll() is None and rewarm.kill())
+        self.wait_for(lambda: "warm -> rewarming (asked" in self.log_text(), 30, "re-warming")
+        rewarm.send_signal(signal.SIGINT)
+        said, _ = rewarm.communicate(timeout=30)
+        self.assertEqual(rewarm.returncode, 130, said)
+        self.assertIn("start.sh --rewarm interrupted by INT: the owner's re-warm goes on", said)
+        self.assertNotIn("Traceback", said)
+        self.wait_for(lambda: "rewarming -> warm" in self.log_text(), 60, "the re-warm passed")
+        os.kill(proc.pid, signal.SIGTERM)
+        self.assertEqual(proc.wait(30), 0)
+
+
 class TestOnlyTheCreatorVouches(StartCase):
     runs_long = 14
 
