@@ -38,10 +38,11 @@ exit status:
   N    with --supervise, once the server ended: its status when TERM, INT or HUP asked it
        to stop; unasked, its status, 1 for an exit 0 nobody asked for
   1    server not started or not trustworthy: something already answered at the base
-       URL, a live server.pid, the server exited (also during the warm-up), or it
-       missed the start guard (its process group is stopped), /proc cannot tell who
-       holds its port, or it serves another model; with --rewarm: no live server in
-       LOG_DIR, or the re-warm did not pass (the server keeps running)
+       URL, a live server.pid or another start in LOG_DIR, the server exited (also
+       during the warm-up), or it missed the start guard (its process group is
+       stopped), /proc cannot tell who holds its port, or it serves another model;
+       with --rewarm: no live server in LOG_DIR, or the re-warm did not pass (the
+       server keeps running)
   2    usage error (bad option, --log-dir not writable, --ready-file folder missing,
        --rewarm without server.pid in LOG_DIR); nothing was launched
   129  interrupted by HUP, as by TERM

@@ -329,6 +329,7 @@ def start(settings: Settings, log: Log, owner=None) -> int:
     env = settings.server_env()
     ended = None
     try:
+        server.lock = claim_log_dir(settings.log_dir, log)    # the one creator, to the end
         refuse_a_running_server(settings, log)
         server_chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"),
                           env.get("WARMUP_CHUNK_TOKENS"),
@@ -448,12 +449,12 @@ def rewarm_bound_s(hard: str, gate_hard_s: float | None) -> float:
 
 
 def server_lock(folder: str) -> int | None:
-    """An exclusive flock on the log folder's server.pid, held until the process ends: the
-    one creator of the ready file without --supervise (a start from launch to its end, a
+    """An exclusive flock on the log folder, held until the process ends: the one creator
+    of the ready file without --supervise (a start from before its launch to its end, a
     re-warm); None when another holds it."""
     import fcntl
     try:
-        fd = os.open(os.path.join(folder, "server.pid"), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return None
     try:
@@ -461,6 +462,17 @@ def server_lock(folder: str) -> int | None:
     except OSError:
         os.close(fd)
         return None
+    return fd
+
+
+def claim_log_dir(folder: str, log: Log) -> int:
+    """The log folder locked before anything is launched: one start or re-warm in it at a
+    time (two begun at once both launched); Exit(1) when another holds it."""
+    fd = server_lock(folder)
+    if fd is None:
+        log.error(f"another start.sh or re-warm runs in {folder} (it holds the folder's lock): "
+                  f"one at a time; nothing was launched")
+        raise Exit(1)
     return fd
 
 
@@ -477,8 +489,6 @@ def launch_and_warm(settings: Settings, server: LaunchedServer, log: Log, env: d
     with --supervise, what the readiness owner needs to: (where the chunk came from,),
     else None."""
     server.start()
-    if server.pid:                               # the one creator: held to the end
-        server.lock = server_lock(settings.log_dir)
     if settings.supervise:
         shutdown_warned(settings.command, settings.stop_grace_s, log)
     env["WARMUP_HEALTHY_AT"] = f"{wait_ready(settings, server, log):.3f}"

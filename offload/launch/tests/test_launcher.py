@@ -209,6 +209,20 @@ class TestStart(StartCase):
         self.assertIn("warm-up skipped (--no-warmup)", self.start_log())   # CONTRACT §14
         self.assertNotIn("OK:", self.start_log())          # no warm-up, so no OK line
 
+    def test_a_start_while_another_holds_the_log_folder_launches_nothing(self):
+        # From a hostile review: two starts begun at once in one folder both launched (each
+        # passed the check of server.pid before the other wrote it).
+        import fcntl
+        os.makedirs(self.logs)
+        held = os.open(self.logs, os.O_RDONLY | os.O_DIRECTORY)
+        self.addCleanup(os.close, held)
+        fcntl.flock(held, fcntl.LOCK_EX)            # as a start or a re-warm there holds it
+        marker = os.path.join(self.tmp, "launched")
+        result = self.start(server=["bash", "-c", f"touch {marker}; sleep 30"])
+        self.assertEqual(result.code, 1, result.stdout + result.stderr)
+        self.assertIn(f"another start.sh or re-warm runs in {self.logs}", result.stderr)
+        self.assertFalse(os.path.exists(marker), "nothing may be launched")
+
     def test_a_supervised_start_without_a_warm_up_is_a_usage_error(self):
         # From a hostile review: it exited 0 at once, its server left running unsupervised
         # and no GET /ready answered.
