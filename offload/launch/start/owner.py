@@ -126,7 +126,7 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
     except OSError:
         conn.close()
         return None
-    ended, rest, code = time.monotonic() + bound_s, b"", 1
+    ended, rest, code = time.monotonic() + bound_s, b"", None
     with conn:
         while time.monotonic() < ended:
             conn.settimeout(max(ended - time.monotonic(), 0.1))
@@ -135,8 +135,9 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
             except OSError:
                 break
             if not got:
-                say("start.sh --rewarm: the owner gave no outcome (it is stopping, or ended): "
-                    "see start.log")
+                if code is None:
+                    say("start.sh --rewarm: the owner gave no outcome (it is stopping, or "
+                        "ended): see start.log")
                 break
             *lines, rest = (rest + got).split(b"\n")
             for line in lines:
@@ -148,7 +149,7 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
                     code = said
         else:
             say(f"start.sh --rewarm: no outcome from the owner within {bound_s:g} s")
-    return code
+    return 1 if code is None else code
 
 
 class Owner:
@@ -388,7 +389,8 @@ def pass_on(owner: "Owner") -> None:
         owner.in_flight = int(sum(v for n, _, v in exposition.samples if n in GAUGES
                                  and v == v and v >= 0))
     owner.server.signal_server(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-    owner.log(f"{name} received: passed on to the server (pid {owner.server.pid}) with " +
+    owner.log(f"{name} received: passed on to the server (pid {owner.server.pid}" +
+              (", as TERM" if signum == signal.SIGHUP else "") + ") with " +
               ("an unknown number of" if owner.in_flight is None else str(owner.in_flight)) +
               f" requests in flight; readiness: {owner.stopped_from} -> stopping (stop: not "
               f"ready, the ready file removed); what is left of its group is stopped when it "

@@ -243,6 +243,7 @@ class TestOwnerAnswers(OwnerCase):
         self.assertEqual(asked.returncode, 0, asked.stdout + asked.stderr)
         self.assertIn("readiness: warm -> rewarming (asked: start.sh --rewarm)", asked.stdout)
         self.assertIn("OK: warm-up passed", asked.stdout)
+        self.assertNotIn("no outcome", asked.stdout + asked.stderr)   # its exit line said it
         self.assertEqual(self.answer()[0], 200)
         os.kill(proc.pid, signal.SIGTERM)
         self.ready_answer(503, 2)
@@ -425,7 +426,8 @@ class TestOwnerStops(OwnerCase):
         self.assertIn("the owner gave no outcome (it is stopping, or ended)", asked.stdout)
         proc.wait(30)
         self.assertFalse(group_alive(pid))
-        self.assertIn("HUP received: passed on to the server", self.log_text())
+        self.assertIn("HUP received: passed on to the server (pid", self.log_text())
+        self.assertIn(", as TERM)", self.log_text())
         self.assertIn("still alive 5 s after the signal: KILL", self.log_text())
 
     def test_an_interrupted_re_warm_says_the_owner_s_goes_on(self):
