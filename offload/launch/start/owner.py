@@ -126,19 +126,15 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
     except OSError:
         conn.close()
         return None
-    ended, rest, code = time.monotonic() + bound_s, b"", None
+    deadline, rest, code, closed = time.monotonic() + bound_s, b"", None, False
     with conn:
-        while time.monotonic() < ended:
-            conn.settimeout(max(ended - time.monotonic(), 0.1))
+        while not closed and time.monotonic() < deadline:
+            conn.settimeout(max(deadline - time.monotonic(), 0.1))
             try:
                 got = conn.recv(65536)
             except OSError:
-                break
-            if not got:
-                if code is None:
-                    say("start.sh --rewarm: the owner gave no outcome (it is stopping, or "
-                        "ended): see start.log")
-                break
+                break                     # the wait ran out, or the socket broke
+            closed = not got
             *lines, rest = (rest + got).split(b"\n")
             for line in lines:
                 text = line.decode("utf-8", "replace")
@@ -147,8 +143,10 @@ def ask_owner(log_dir: str, bound_s: float, say) -> int | None:
                     say(text)
                 else:
                     code = said
-        else:
-            say(f"start.sh --rewarm: no outcome from the owner within {bound_s:g} s")
+    if code is None:
+        say("start.sh --rewarm: the owner gave no outcome (" + (
+            "it is stopping, or ended" if closed else f"none within {bound_s:g} s") +
+            "): see start.log")
     return 1 if code is None else code
 
 
@@ -475,7 +473,7 @@ def stop_samples(took_s: float, grace_s: float, killed: bool, at: float,
          "1 when nothing in flight can have been cut (none was, or the server ended within "
          "its --shutdown-timeout); 0 when they were cut or it cannot tell."),
         ("offload_stop_last_timestamp_seconds", {}, at,
-         "When start.sh --supervise last saw its server end after a TERM or INT."),
+         "When start.sh --supervise last saw its server end after a TERM, INT or HUP."),
         ("offload_stop_last_duration_seconds", {}, round(took_s, 3),
          "From the signal to the server's end (its drain and teardown)."),
         ("offload_stop_last_grace_seconds", {}, float(grace_s),

@@ -43,6 +43,7 @@ class ReadinessServer(http.server.ThreadingHTTPServer):
 
     daemon_threads = True
     MAX_CLIENTS = 16
+    request_queue_size = 128              # a burst of connections queued, not dropped
 
     def __init__(self, *args):
         super().__init__(*args)

@@ -38,7 +38,7 @@ class Exit(Exception):
 
 
 class Interrupted(Exit):
-    """TERM or INT while starting (its name): the server it launched is stopped."""
+    """TERM, INT or HUP while starting (its name): the server it launched is stopped."""
 
 
 class Log:
@@ -69,7 +69,9 @@ class Log:
 
     def show(self, text: str, stream) -> None:
         """Text to the terminal only: under --supervise through the writer (nobody reading
-        never holds us), else printed (a stream that went away is silenced)."""
+        never holds us), else printed (a stream that went away is silenced); secrets
+        replaced here too (the server's first error is shown on the terminal only)."""
+        text = redact_secrets(text)
         if self.writer is not None:
             self.writer.put(text, stream)
             return
@@ -94,7 +96,7 @@ class LaunchedServer(ServerProcess):
         self.settings, self.log = settings, log
         self.server_log = self.log_path
         self.log_offset = 0
-        self.lock: int | None = None      # the server's lock (server.pid), held to the end
+        self.lock: int | None = None      # the log folder's lock (start.lock), held to the end
 
     def start(self) -> None:
         """Launch the command; under --supervise its output also reaches our own, and

@@ -10,10 +10,13 @@ import re
 SECRET_FLAG = re.compile(r"--?[a-z0-9_-]*(key|token|secret|password)", re.I)
 SECRET_VARIABLE = re.compile(r"[A-Za-z0-9_]*(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?=",
                              re.I)                # env HF_TOKEN=..., PGPASSWORD=...
-# The same, inside one argument that is a shell's script (bash -c "vllm serve ... --api-key K").
-IN_SCRIPT = re.compile(r"((?<![\w-])--?[a-z0-9_-]*(?:key|token|secret|password)(?:=|\s+)|"
-                       r"(?<![\w-])[a-z0-9_]*(?:key|token|secret|password)(?:_[a-z0-9_]*)?=)"
-                       r"(\"[^\"]*\"|'[^']*'|[^\s;&|]+)", re.I)
+# The same, inside one argument that is a shell's script (bash -c "vllm serve ... --api-key K"):
+# a flag's words up to the next flag or the command's end, a variable's one word.
+_WORD = r"(?:\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
+_SECRET = r"(?<![\w-])--?[a-z0-9_-]*(?:key|token|secret|password)"
+IN_SCRIPT = re.compile(rf"({_SECRET}=){_WORD}|({_SECRET}\s+)(?![-;&|]){_WORD}"
+                       rf"(?:[ \t]+(?![-;&|]){_WORD})*|((?<![\w-])[a-z0-9_]*(?:key|token|secret|"
+                       rf"password)(?:_[a-z0-9_]*)?=){_WORD}", re.I)
 
 
 def redacted_command(command: list[str]) -> str:
@@ -33,7 +36,7 @@ def redacted_command(command: list[str]) -> str:
         variable = not (flag or script) and SECRET_VARIABLE.match(arg) is not None and \
             name.isidentifier()
         if script:
-            arg = IN_SCRIPT.sub(lambda m: m[1] + "[redacted]", arg)
+            arg = IN_SCRIPT.sub(lambda m: (m[1] or m[2] or m[3]) + "[redacted]", arg)
         shown.append("[redacted]" if hide else name + "=[redacted]" if (
             secret and equals or variable) else arg)
         hide = hide or secret and not equals

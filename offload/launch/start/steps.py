@@ -234,7 +234,7 @@ def gate_said(found: dict | None) -> str:
 
 
 def ready_file_writer(settings: Settings, log: Log, server_pid: int, chunk_from: str):
-    """How a start or re-warm without --supervise vouches (it holds the server's lock: the
+    """How a start or re-warm without --supervise vouches (it holds the log folder's lock: the
     one creator): the ready file from the verdicts of the warm-up's (and the gate's)
     records, naming the server process that must hold the port and where the chunk came
     from; why not, or None."""
@@ -324,12 +324,13 @@ def start(settings: Settings, log: Log, owner=None) -> int:
     server it launched and stopped leaves no ready file. With --supervise the warm-up and
     everything after are the readiness owner's: `owner(settings, server, log, env,
     chunk_from)` (start.owner.Owner) and its run()."""
-    publish_starting(settings, log)
     server = LaunchedServer(settings, log)
     env = settings.server_env()
     ended = None
+    interrupt_while_starting()
     try:
         server.lock = claim_log_dir(settings.log_dir, log)    # the one creator, to the end
+        publish_starting(settings, log)
         refuse_a_running_server(settings, log)
         server_chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"),
                           env.get("WARMUP_CHUNK_TOKENS"),
@@ -340,7 +341,6 @@ def start(settings: Settings, log: Log, owner=None) -> int:
             ended = 2, "usage"
             return start_usage_error(f"--ready-file '{settings.ready_file}' cannot be "
                                      f"removed ({why})")
-        interrupt_while_starting()
         supervised = launch_and_warm(settings, server, log, env)
         if supervised is not None:
             return owner(settings, server, log, env, *supervised).run()
@@ -358,6 +358,8 @@ def start(settings: Settings, log: Log, owner=None) -> int:
         Steps.stop()
         server.stop_group()
         return 1
+    except FolderHeld:
+        raise
     except Exit as exc:
         ended = exc.code, "not_started"
         raise
@@ -386,7 +388,7 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     try:
         asked = ask_owner and ask_owner(settings.log_dir, rewarm_bound_s(
             settings.env.get("WARMUP_HARD_S", ""), settings.gate and settings.gate_hard_s),
-                                        lambda line: print(line, flush=True))
+                                        lambda line: log.show(line, sys.stdout))
     except Interrupted as signalled:
         log.error(f"start.sh --rewarm interrupted by {signalled.name}: the owner's re-warm "
                   f"goes on (start.log says how it ends)")
@@ -405,9 +407,11 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
                   f"must name the live server an earlier start.sh launched there")
         return 1
     settings.base_url = settings.target.display
-    if server_lock(settings.log_dir) is None:
-        log.error(f"a start or another re-warm of the server in {settings.log_dir} runs: "
-                  f"one at a time; nothing was sent and nothing changed")
+    try:
+        claim_log_dir(settings.log_dir, log, f"a start or another re-warm of the server in "
+                      f"{settings.log_dir} runs: one at a time; nothing was sent and nothing "
+                      f"changed")
+    except FolderHeld:
         return 1
     log(f"re-warm of server process group {pid} at {settings.target.display} (--rewarm)")
     publish_starting(settings, log)
@@ -448,31 +452,45 @@ def rewarm_bound_s(hard: str, gate_hard_s: float | None) -> float:
     return 2 * (hard_s + KILL_AFTER_S) + (gate_hard_s + KILL_AFTER_S if gate_hard_s else 0) + 30
 
 
+class FolderHeld(Exit):
+    """Another start or re-warm holds the log folder: nothing launched, nothing published
+    (the textfile is the holder's)."""
+
+
 def server_lock(folder: str) -> int | None:
-    """An exclusive flock on the log folder, held until the process ends: the one creator
-    of the ready file without --supervise (a start from before its launch to its end, a
-    re-warm); None when another holds it."""
+    """An exclusive flock on the log folder's start.lock (opened to write: NFS's flock needs
+    it), held until the process ends: the one creator of the ready file without
+    --supervise (a start from before its launch to its end, a re-warm); None when another
+    holds it; OSError when it cannot be taken at all."""
     import fcntl
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return None
+    fd = os.open(os.path.join(folder, "start.lock"),
+                 os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         os.close(fd)
         return None
+    except OSError:
+        os.close(fd)
+        raise
     return fd
 
 
-def claim_log_dir(folder: str, log: Log) -> int:
+def claim_log_dir(folder: str, log: Log, held: str = "") -> int | None:
     """The log folder locked before anything is launched: one start or re-warm in it at a
-    time (two begun at once both launched); Exit(1) when another holds it."""
-    fd = server_lock(folder)
+    time (two begun at once both launched); FolderHeld when another holds it; a lock the
+    filesystem cannot take is said, and the start goes on without one. `held`: what a
+    refusal says (a start's, by default)."""
+    try:
+        fd = server_lock(folder)
+    except OSError as exc:
+        log(f"WARN: cannot lock {folder}/start.lock ({os_problem(exc)}): two starts in this "
+            f"folder at once are not kept apart", sys.stderr)
+        return None
     if fd is None:
-        log.error(f"another start.sh or re-warm runs in {folder} (it holds the folder's lock): "
-                  f"one at a time; nothing was launched")
-        raise Exit(1)
+        log.error(held or f"another start.sh or re-warm runs in {folder} (it holds "
+                          f"start.lock): one at a time; nothing was launched")
+        raise FolderHeld(1)
     return fd
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import unittest
+from unittest import mock
 
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER
 from support import (PYTHON, FAKE, LAUNCH, PACKAGES, QUALIFY, START, WRAPPER, HelperCase,
@@ -209,19 +210,42 @@ class TestStart(StartCase):
         self.assertIn("warm-up skipped (--no-warmup)", self.start_log())   # CONTRACT §14
         self.assertNotIn("OK:", self.start_log())          # no warm-up, so no OK line
 
-    def test_a_start_while_another_holds_the_log_folder_launches_nothing(self):
-        # From a hostile review: two starts begun at once in one folder both launched (each
-        # passed the check of server.pid before the other wrote it).
+    def test_a_start_while_another_holds_the_log_folder_launches_and_publishes_nothing(self):
+        # From hostile reviews: two starts begun at once in one folder both launched (each
+        # passed the check of server.pid before the other wrote it); the refused one then
+        # rewrote the running owner's textfile.
         import fcntl
+        from test_outcomes import stale_success, verdict_of
         os.makedirs(self.logs)
-        held = os.open(self.logs, os.O_RDONLY | os.O_DIRECTORY)
+        held = os.open(os.path.join(self.logs, "start.lock"), os.O_WRONLY | os.O_CREAT)
         self.addCleanup(os.close, held)
         fcntl.flock(held, fcntl.LOCK_EX)            # as a start or a re-warm there holds it
+        textfile = os.path.join(self.tmp, "offload.prom")
+        stale_success(textfile)                     # the holder's pass
         marker = os.path.join(self.tmp, "launched")
-        result = self.start(server=["bash", "-c", f"touch {marker}; sleep 30"])
+        result = self.start("--textfile", textfile,
+                            server=["bash", "-c", f"touch {marker}; sleep 30"])
         self.assertEqual(result.code, 1, result.stdout + result.stderr)
         self.assertIn(f"another start.sh or re-warm runs in {self.logs}", result.stderr)
         self.assertFalse(os.path.exists(marker), "nothing may be launched")
+        self.assertEqual(verdict_of(textfile), "pass", "the textfile is the holder's")
+
+    def test_a_folder_whose_lock_cannot_be_taken_still_starts_and_says_so(self):
+        # From a hostile review: on NFS an exclusive flock needs a descriptor open to write;
+        # any error of the lock was told as another start, a crash loop's false reason.
+        import errno
+        import fcntl
+        from start import steps
+        from start.server import Log
+        os.makedirs(self.logs)
+        said = []
+        log = Log(self.logs)
+        log.show = lambda text, stream: said.append(text)
+        with mock.patch.object(fcntl, "flock",
+                               side_effect=OSError(errno.ENOLCK, "No locks available")):
+            self.assertIsNone(steps.claim_log_dir(self.logs, log))
+        self.assertIn("WARN: cannot lock", said[-1])
+        self.assertIn("No locks available", said[-1])
 
     def test_a_supervised_start_without_a_warm_up_is_a_usage_error(self):
         # From a hostile review: it exited 0 at once, its server left running unsupervised
@@ -246,6 +270,39 @@ class TestStart(StartCase):
             "bash", "-c", f'exec {" ".join(self.fake())} --api-key "$0"', key])
         self.assertEqual(result.code, 0, result.stderr)
         self.assertNotIn("VARKEY", self.start_log() + result.stdout + result.stderr)
+        self.stop_server()                 # the server's own first error, shown on stderr
+        result = self.start(env={"VLLM_API_KEY": key}, server=[
+            "bash", "-c", 'echo "INFO non-default args: {api_key: $VLLM_API_KEY}"; '
+                          'echo "ERROR engine failed"; exit 1'])
+        self.assertEqual(result.code, 1, result.stderr)
+        self.assertIn("the server's first error", result.stderr)
+        self.assertNotIn("VARKEY", self.start_log() + result.stdout + result.stderr)
+
+    def test_a_signal_before_the_launch_ends_the_start_in_one_line(self):
+        # From a hostile review: a TERM, INT or HUP while start.sh probed the address before
+        # launching ended it with a traceback (INT) or silently, the textfile left starting.
+        from test_outcomes import verdict_of
+        silent = SilentServer()                     # the probe waits on it (2 s at most)
+        self.addCleanup(silent.stop)
+        textfile = os.path.join(self.tmp, "offload.prom")
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with self.subTest(signal=signum):
+                proc = subprocess.Popen(
+                    ["bash", START, "--base-url", silent.url, "--log-dir", self.logs,
+                     "--textfile", textfile, "--", "sleep", "30"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                self.addCleanup(lambda p=proc: p.poll() is None and p.kill())
+                deadline = time.monotonic() + 20
+                while not (os.path.exists(textfile) and verdict_of(textfile) == "starting") \
+                        and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                proc.send_signal(signum)
+                out, err = proc.communicate(timeout=30)
+                self.assertEqual(proc.returncode, 128 + signum, out + err)
+                self.assertIn(f"interrupted by {signal.Signals(signum).name[3:]} while "
+                              f"starting", err)
+                self.assertNotIn("Traceback", out + err)
+                self.assertEqual(verdict_of(textfile), "killed")
 
     def test_secrets_in_the_server_command_are_not_logged(self):
         result = self.start("--no-warmup", server=self.fake("--api-key", "sk-CMDKEY-1"))
@@ -474,6 +531,8 @@ http.server.HTTPServer(("127.0.0.1", {self.port}), Handler).serve_forever()
              "[redacted]; echo"),
             (["bash", "-c", "vllm serve m --max-num-batched-tokens 8192 --ssl-keyfile /k"],
              "bash -c vllm serve m --max-num-batched-tokens 8192 --ssl-keyfile /k"),
+            (["bash", "-c", "vllm serve m --api-key OLD NEW --port 8000 --hf-token --x"],
+             "bash -c vllm serve m --api-key [redacted] --port 8000 --hf-token --x"),
         )
         for argv, expected in table:
             with self.subTest(argv=argv):

@@ -130,6 +130,24 @@ class TestRetries(unittest.TestCase):
         self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
 
 
+class TestAskOwner(unittest.TestCase):
+    def test_an_owner_that_never_answers_is_said_when_the_wait_runs_out(self):
+        # From a hostile review: the wait running out ended --rewarm with exit 1 and nothing.
+        import socket
+        import tempfile
+        folder = self.enterContext(tempfile.TemporaryDirectory())
+        listener = socket.socket(socket.AF_UNIX)
+        self.addCleanup(listener.close)
+        listener.bind(os.path.join(folder, owner.SOCKET_NAME))
+        listener.listen(1)                          # accepted by the kernel, never answered
+        said: list = []
+        started = time.monotonic()
+        self.assertEqual(owner.ask_owner(folder, 0.5, said.append), 1)
+        self.assertLess(time.monotonic() - started, 10)
+        self.assertEqual(said, ["start.sh --rewarm: the owner gave no outcome (none within "
+                                "0.5 s): see start.log"])
+
+
 class OwnerCase(StartCase):
     """start.sh --supervise against the fake as a process, its GET /ready on a free port."""
 
@@ -418,6 +436,13 @@ class TestOwnerStops(OwnerCase):
         proc = self.supervised("--ignore-term")
         self.ready_answer(200)
         pid = self.server_pid()
+        head = subprocess.Popen(["bash", START, "--rewarm", "--log-dir", self.logs],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        head.stdout.readline()                      # | head -1: the reader goes away
+        head.stdout.close()
+        _, err = head.communicate(timeout=60)
+        self.assertNotIn(b"Traceback", err)
+        self.ready_answer(200, 30)                  # the owner's re-warm went on
         os.kill(proc.pid, signal.SIGHUP)
         self.ready_answer(503, 5)                  # stopping: not Ready at once
         self.assertFalse(os.path.exists(self.ready))
