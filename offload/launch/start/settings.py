@@ -86,7 +86,8 @@ OPTIONS = (
     Setting("--start-guard-s", "START_GUARD_S", whole(1, 9999999), 600,
             "seconds from launch for /health to answer 200"),
     Setting("--log-dir", "START_LOG_DIR", str, "./logs",
-            "server.log, start.log, server.pid, start.lock (one start at a time), records", metavar="DIR"),
+            "server.log, start.log, server.pid, start.lock (one start at a time), records",
+            metavar="DIR"),
     Setting("--ready-file", "START_READY_FILE", str, "",
             "written only when the warm-up (and with --gate, the gate) passed the "
             "contract's plan, or the plan file WARMUP_PLAN names (pin its digest: qualify.py "
