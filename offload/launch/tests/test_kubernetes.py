@@ -789,8 +789,8 @@ class Pod:
         watcher saw exit, which a probe's restart may have replaced meanwhile (its KILL
         is not an exit of its own)."""
         with self.lock:
-            if ended is not None and ended is not self.proc:
-                return
+            if self.stopping.is_set() or ended is not None and ended is not self.proc:
+                return                    # stopped meanwhile: nothing starts after a stop
             self.kill_container()
             self.restarts += 1
             self.exits.append(why)
@@ -848,8 +848,11 @@ class Pod:
         return condition()
 
     def stop(self) -> None:
+        """The pod gone (the test's end): no restart begins after this, none is left running
+        (a watcher that saw the KILL could start a container in the folder being removed)."""
         self.stopping.set()
-        self.kill_container()
+        with self.lock:
+            self.kill_container()
 
     def delete(self, pre_stop_s: float) -> int:
         """A pod's deletion as the kubelet runs it: begun (the endpoints drop it, as late as
@@ -880,9 +883,10 @@ class Pod:
     def term(self) -> None:
         """TERM to the container's first process; no probe and no restart from here on."""
         self.stopping.set()
-        init = self.in_container()
-        self.term_at = time.monotonic()
-        os.kill(int(init[2]) if init else self.proc.pid, signal.SIGTERM)
+        with self.lock:                   # to the container a restart may have begun
+            init = self.in_container()
+            self.term_at = time.monotonic()
+            os.kill(int(init[2]) if init else self.proc.pid, signal.SIGTERM)
 
     def container_log(self) -> str:
         """What the container printed (`kubectl logs --previous` and all), as text."""
