@@ -181,10 +181,9 @@ def run_all(classes: list[tuple[str, list[str]]], jobs: int, running: dict):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
-    parser.add_argument("-j", "--jobs", type=int, default=12,
+    parser.add_argument("-j", "--jobs", type=int, default=8,
                         help="classes run at once (default: %(default)s: on two cores the "
-                             "suite then waits on the CPU, not on its sleeps; measured on "
-                             "two cores, about a tenth faster than 8; 16 was slower)")
+                             "suite then waits on the CPU, not on its sleeps)")
     parser.add_argument("pattern", nargs="?", default="test*.py",
                         help="which test modules (default: %(default)s)")
     args = parser.parse_args(argv)
