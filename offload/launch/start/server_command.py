@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import re
 
-SECRET_FLAG = re.compile(r"--?[a-z0-9_-]*(key|token|secret|password)", re.I)
-SECRET_VARIABLE = re.compile(r"[A-Za-z0-9_]*(KEY|TOKEN|SECRET|PASSWORD)(_[A-Za-z0-9_]*)?=",
-                             re.I)                # env HF_TOKEN=..., PGPASSWORD=...
+_FLAG = r"--?[a-z0-9_-]*(?:key|token|secret|password)"
+_VARIABLE = r"[a-z0-9_]*(?:key|token|secret|password)(?:_[a-z0-9_]*)?="
+SECRET_FLAG = re.compile(_FLAG, re.I)
+SECRET_VARIABLE = re.compile(_VARIABLE, re.I)     # env HF_TOKEN=..., PGPASSWORD=...
 # The same, inside one argument that is a shell's script (bash -c "vllm serve ... --api-key K"):
 # a flag's words up to the next flag or the command's end, a variable's one word.
 _WORD = r"(?:\"[^\"]*\"|'[^']*'|[^\s;&|]+)"
-_SECRET = r"(?<![\w-])--?[a-z0-9_-]*(?:key|token|secret|password)"
-IN_SCRIPT = re.compile(rf"({_SECRET}=){_WORD}|({_SECRET}\s+)(?![-;&|]){_WORD}"
-                       rf"(?:[ \t]+(?![-;&|]){_WORD})*|((?<![\w-])[a-z0-9_]*(?:key|token|secret|"
-                       rf"password)(?:_[a-z0-9_]*)?=){_WORD}", re.I)
+IN_SCRIPT = re.compile(rf"((?<![\w-]){_FLAG}=){_WORD}|((?<![\w-]){_FLAG}\s+)(?![-;&|]){_WORD}"
+                       rf"(?:[ \t]+(?![-;&|]){_WORD})*|((?<![\w-]){_VARIABLE}){_WORD}", re.I)
 
 
 def redacted_command(command: list[str]) -> str:

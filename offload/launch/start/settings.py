@@ -125,16 +125,16 @@ SWITCHES = (                               # (flag, variable, the value the flag
      "own ('server| ' before each line; each step's records too, 'records| ': the container "
      "log keeps them when the pod is gone) and server.log rotated at START_LOG_MAX_BYTES "
      "(100 MiB; one old copy, server.log.1); pass TERM and INT on to the server process "
-     "(HUP as TERM; it drains, then stops its engines). It owns readiness: it alone writes the ready file "
-     "and the textfile's outcome, retries a warm-up the guard refused (backoff 2 s doubling "
-     "to 30 s, within the start guard), takes readiness away on a sleep or another process "
-     "on the port and warms again after the wake, runs --rewarm when asked "
-     "(LOG_DIR/owner.sock), and says at a stop whether requests in flight were cut (WARN at "
-     "launch without --shutdown-timeout). When the server ends, stop what is left of its "
-     "group (KILL after START_STOP_GRACE_S) and exit: with its status when TERM, INT or HUP "
-     "asked it to stop, else non-zero (a crash, or an exit 0 nobody asked for). Without "
-     "it, server.log grows with the server's output: rotate it with copytruncate "
-     "(logrotate), as start.sh keeps appending"),
+     "(HUP as TERM; it drains, then stops its engines). It owns readiness: it alone writes "
+     "the ready file and the textfile's outcome, retries a warm-up the guard refused "
+     "(backoff 2 s doubling to 30 s, within the start guard), takes readiness away on a "
+     "sleep or another process on the port and warms again after the wake, runs --rewarm "
+     "when asked (LOG_DIR/owner.sock), and says at a stop whether requests in flight were "
+     "cut (WARN at launch without --shutdown-timeout). When the server ends, stop what is "
+     "left of its group (KILL after START_STOP_GRACE_S) and exit: with its status when "
+     "TERM, INT or HUP asked it to stop, else non-zero (a crash, or an exit 0 nobody asked "
+     "for). Without it, server.log grows with the server's output: rotate it with "
+     "copytruncate (logrotate), as start.sh keeps appending"),
 )
 REWARM_HELP = (
     "no start: warm again the server an earlier start.sh launched in LOG_DIR: under "

@@ -423,7 +423,6 @@ def rewarm(settings: Settings, log: Log, ask_owner=None) -> int:
     kept = number_in(chunk, whole(1, 1 << 30)) is not None and owner == str(pid)
     if kept:
         env["WARMUP_CHUNK_TOKENS"] = chunk
-    interrupt_while_starting()
     when = run_stamp(settings.log_dir)
     try:
         refuse_a_foreign_answer(settings, server, log)
@@ -457,41 +456,29 @@ class FolderHeld(Exit):
     (the textfile is the holder's)."""
 
 
-def server_lock(folder: str) -> int | None:
-    """An exclusive flock on the log folder's start.lock (opened to write: NFS's flock needs
-    it), held until the process ends: the one creator of the ready file without
-    --supervise (a start from before its launch to its end, a re-warm); None when another
-    holds it; OSError when it cannot be taken at all."""
-    import fcntl
-    fd = os.open(os.path.join(folder, "start.lock"),
-                 os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
-
-
 def claim_log_dir(folder: str, log: Log, held: str = "") -> int | None:
-    """The log folder locked before anything is launched: one start or re-warm in it at a
-    time (two begun at once both launched); FolderHeld when another holds it; a lock the
-    filesystem cannot take is said, and the start goes on without one. `held`: what a
-    refusal says (a start's, by default)."""
+    """An exclusive flock on the log folder's start.lock (opened to write: NFS's flock needs
+    it), taken before anything is launched and kept until the process ends: one start or
+    re-warm in a folder at a time, the one creator of the ready file without --supervise.
+    FolderHeld when another holds it (`held`: what the refusal says, a start's by default);
+    a lock the filesystem cannot take is said, and the start goes on without one."""
+    import fcntl
+    fd = -1
     try:
-        fd = server_lock(folder)
+        fd = os.open(os.path.join(folder, "start.lock"), os.O_WRONLY | os.O_CREAT |
+                     os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
     except OSError as exc:
+        if fd >= 0:
+            os.close(fd)
+        if isinstance(exc, BlockingIOError):
+            log.error(held or f"another start.sh or re-warm runs in {folder} (it holds "
+                              f"start.lock): one at a time; nothing was launched")
+            raise FolderHeld(1) from None
         log(f"WARN: cannot lock {folder}/start.lock ({os_problem(exc)}): two starts in this "
             f"folder at once are not kept apart", sys.stderr)
         return None
-    if fd is None:
-        log.error(held or f"another start.sh or re-warm runs in {folder} (it holds "
-                          f"start.lock): one at a time; nothing was launched")
-        raise FolderHeld(1)
-    return fd
 
 
 def publish_starting(settings: Settings, log: Log) -> None:
