@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import re
 import select
@@ -68,9 +69,10 @@ def test_classes(pattern: str) -> list[tuple[str, list[str]]]:
             sorted(units, key=lambda unit: (-unit[0], -unit[1], unit[2]))]
 
 
-def run_class(names: list[str]) -> int:
+def run_class(names: list[str], slot: int) -> int:
     """In a forked child: run one class (or half of one), its output on stdout; the exit
-    status to leave with."""
+    status to leave with. `slot`: which block of ports its tests hand out (support.py)."""
+    os.environ["OFFLOAD_TEST_SLOT"] = str(slot)
     sys.stdout = sys.stderr = open(1, "w", encoding="utf-8", errors="replace",
                                    closefd=False, buffering=1)
     os.chdir(TESTS)                     # where `python3 -m unittest NAME` would run it
@@ -85,7 +87,7 @@ class Child:
     """One class's process: forked from this one, so the test modules it imported are
     not imported again (a fresh `python3 -m unittest` paid ~0.1 s of CPU a class)."""
 
-    def __init__(self, name: str, names: list[str]):
+    def __init__(self, name: str, names: list[str], slot: int):
         self.name, self.output, self.started = name, bytearray(), time.monotonic()
         read_end, write_end = os.pipe()
         sys.stdout.flush()
@@ -98,7 +100,7 @@ class Child:
                 os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
                 os.dup2(write_end, 1)
                 os.dup2(write_end, 2)
-                code = run_class(names)
+                code = run_class(names, slot)
             except BaseException:            # the class could not even run: say why
                 traceback.print_exc()
                 sys.stderr.flush()
@@ -153,11 +155,12 @@ def run_all(classes: list[tuple[str, list[str]]], jobs: int, running: dict):
     """Each class's result as it ends, `jobs` children at a time (`running`: fd -> Child,
     for stop_children()); one thread, no pool (a child forked beside other threads could
     inherit a lock one of them held). A child has ended when it is reaped, not when its
-    pipe closes: a process it left behind may hold the pipe open."""
-    waiting = list(classes)
+    pipe closes: a process it left behind may hold the pipe open. Each child's slot (its
+    block of ports) is its own."""
+    waiting, slots = list(classes), itertools.count()
     while waiting or running:
         while waiting and len(running) < jobs:
-            child = Child(*waiting.pop(0))
+            child = Child(*waiting.pop(0), next(slots))
             running[child.fd] = child
         ready, _, _ = select.select(list(running), [], [], 0.2)
         for fd in ready:

@@ -288,11 +288,29 @@ def wait_running(url: str, count: int, steady_s: float = 0.0, seconds: float = 3
         time.sleep(0.05)
 
 
+# Ports the tests hand out: below Linux's ephemeral range (32768 and up), so no connection's
+# local end is given one (nor connects to itself on one a server has not bound yet), and a
+# block per class process (run.py's OFFLOAD_TEST_SLOT; else one by pid), so no other class
+# is handed the port a test is about to bind.
+FIRST_PORT, PORTS_PER_CLASS, BLOCKS = 20000, 60, 212
+_handed = [0]
+
+
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on, from this class process's own block."""
+    slot = os.environ.get("OFFLOAD_TEST_SLOT", "")
+    block = int(slot) if slot.isdigit() else os.getpid()
+    first = FIRST_PORT + block % BLOCKS * PORTS_PER_CLASS
+    for _ in range(PORTS_PER_CLASS):
+        port = first + _handed[0] % PORTS_PER_CLASS
+        _handed[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue                  # another program's, or a server still on it
+            return port
+    raise AssertionError(f"no free port in {first}-{first + PORTS_PER_CLASS - 1}")
 
 
 # ---------------------------------------------------------------------------

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 import unittest
+from unittest import mock
 
+import support
 from support import LAUNCH, PACKAGES, copy_product, product_files
 
 # Each module's layer: a module imports only from lower layers; no program imports another
@@ -343,6 +347,50 @@ class TestRunner(unittest.TestCase):
         self.assertEqual(proc.returncode, 130, out)
         self.assertIn("interrupted: the running classes were stopped", out)
         self.assertFalse(os.path.exists(f"/proc/{sleeper}"), "the test's child was left")
+
+    def test_each_class_process_has_a_slot_of_its_own(self):
+        # The slot picks the block of ports its tests hand out: two classes, two blocks.
+        with tempfile.TemporaryDirectory() as tmp:
+            run = self.runner_in(tmp, {"test_slots.py": (
+                "import os, unittest\n"
+                "class TestA(unittest.TestCase):\n"
+                "    def test_slot(self):\n"
+                f"        with open(os.path.join({tmp!r}, type(self).__name__), 'w') as f:\n"
+                "            f.write(os.environ['OFFLOAD_TEST_SLOT'])\n"
+                "class TestB(TestA):\n"
+                "    pass\n")})
+            proc = subprocess.run([sys.executable, run], capture_output=True, text=True,
+                                  timeout=60)
+            slots = []
+            for name in ("TestA", "TestB"):
+                with open(os.path.join(tmp, name), encoding="utf-8") as handle:
+                    slots.append(handle.read())
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertEqual(sorted(slots), ["0", "1"])
+
+    def test_a_free_port_is_of_the_class_s_block_below_the_ephemeral_range(self):
+        # Slot 211: beyond the ~140 class processes run.py starts, so no class's block.
+        slot = support.BLOCKS - 1
+        first = support.FIRST_PORT + slot * support.PORTS_PER_CLASS
+        block = range(first, first + support.PORTS_PER_CLASS)
+        with mock.patch.dict(os.environ, {"OFFLOAD_TEST_SLOT": str(slot)}):
+            handed = support.free_port()
+            self.assertIn(handed, block)
+            for port in block:                    # all but one held by another program
+                if port != handed:
+                    with contextlib.suppress(OSError):
+                        held = socket.socket()
+                        self.addCleanup(held.close)
+                        held.bind(("127.0.0.1", port))
+            self.assertEqual(support.free_port(), handed)
+            with socket.socket() as held:
+                held.bind(("127.0.0.1", handed))
+                with self.assertRaisesRegex(AssertionError, f"no free port in {first}-"):
+                    support.free_port()
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
+            ephemeral = int(handle.read().split()[0])
+        self.assertLess(support.FIRST_PORT + support.BLOCKS * support.PORTS_PER_CLASS,
+                        ephemeral + 1, "a block reaches into the ephemeral range")
 
 
 if __name__ == "__main__":
