@@ -12,7 +12,8 @@ import time
 import unittest
 from unittest import mock
 
-from support import PYTHON, QUALIFY, WARMUP, HelperCase, SilentServer, qualify, read_records
+from support import (PYTHON, WARMUP, HelperCase, SilentServer, qualify, read_records,
+                     run_qualify)
 import core.evidence as evidence  # noqa: E402
 import core.runframe as runframe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.report as report  # noqa: E402
@@ -150,8 +151,7 @@ class TestWaveEvidence(HelperCase):
         self.assertIn("per-wave evidence", self.report_text())
 
     def report_text(self) -> str:
-        return subprocess.run([*PYTHON, QUALIFY, "report", self.records_path],
-                              capture_output=True, text=True, timeout=30).stdout
+        return run_qualify("report", self.records_path).stdout
 
 
 class TestSampler(unittest.TestCase):

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 from fake_vllm import TEXT_MARKER
-from support import PYTHON, QUALIFY, HelperCase
+from support import PYTHON, QUALIFY, HelperCase, run_qualify
 import core.kinds as kinds  # noqa: E402  (support puts offload/launch on sys.path)
 
 
@@ -70,8 +69,7 @@ class TestPaths(HelperCase):
         self.assertEqual(result.summary["requests_total"], 2 * (10 + 4 * 5))
         plan = result.kind("run")[0]["plan"]
         self.assertEqual((plan["requests_per_engine"], plan["requests_total"]), (30, 60))
-        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path,
-                                "--json"], capture_output=True, text=True, timeout=30)
+        shown = run_qualify("report", self.records_path, "--json")
         doc = json.loads(shown.stdout)
         self.assertEqual((shown.returncode, doc["verdict"], doc["evidence"]),
                          (1, "custom", "complete"))
@@ -105,8 +103,7 @@ class TestPaths(HelperCase):
         self.assertRegex(problems, r"\d+ requests \(json-1#0")
         self.assertIn("shape test, never part of a pass: fail, logprobs 10/10, json 0/10",
                       result.stdout)
-        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path],
-                               capture_output=True, text=True, timeout=30)
+        shown = run_qualify("report", self.records_path)
         self.assertEqual(shown.returncode, 1, shown.stdout)
         self.assertIn("shape test, never part of a pass: fail, logprobs 10/10, json 0/10",
                       shown.stdout)
@@ -121,8 +118,7 @@ class TestPaths(HelperCase):
         summary["shape"]["verdict"], summary["exit_code"] = "pass", 0
         with open(self.records_path, "w") as out:
             out.write("\n".join(lines[:-1] + [json.dumps(summary)]) + "\n")
-        shown = subprocess.run([*PYTHON, QUALIFY, "report", self.records_path, "--json"],
-                               capture_output=True, text=True, timeout=30)
+        shown = run_qualify("report", self.records_path, "--json")
         doc = json.loads(shown.stdout)
         run = doc["runs"][-1]
         self.assertEqual((shown.returncode, doc["verdict"], run["shape"]["verdict"]),

@@ -11,8 +11,8 @@ import os
 import subprocess
 import unittest
 
-from support import (LAUNCH, PYTHON, QUALIFY, HelperCase, StartCase, copy_product,
-                     read_records)
+from support import (LAUNCH, PYTHON, HelperCase, StartCase, copy_product,
+                     read_records, run_qualify)
 import core.contract as contract  # noqa: E402
 from support import recorded_plan  # noqa: E402  (support puts offload/launch on sys.path)
 from core.plan_file import plan_fields, read_plan_file  # noqa: E402
@@ -35,8 +35,7 @@ def write_plan(folder: str, doc, name: str = "plan.json") -> tuple[str, str]:
 
 
 def qualify(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*PYTHON, QUALIFY, *args], capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)
+    return run_qualify(*args)
 
 
 class TestPlanFiles(HelperCase):

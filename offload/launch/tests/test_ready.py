@@ -14,7 +14,7 @@ import time
 import unittest
 
 from support import (PYTHON, FAKE, QUALIFY, HelperCase, SilentServer, StartCase, free_port,
-                     read_records, run_script)
+                     read_records, run_qualify)
 import tools.readback as readback  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.procfs as procfs  # noqa: E402
 import tools.ready as readiness  # noqa: E402
@@ -30,11 +30,8 @@ except ImportError:                      # installed by .ci/run for this check o
 
 
 
-def ready(path: str, *args: str, timeout: float = 30,
-          env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", path, *args],
-                          capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+def ready(path: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return run_qualify("ready", "--ready-file", path, *args, env=env)
 
 
 def post(url: str) -> dict:
@@ -70,8 +67,7 @@ class TestReadyStaysTrue(StartCase):
         self.addCleanup(proc.kill)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            if subprocess.run([*PYTHON, QUALIFY, "health", "--base-url", self.url],
-                              capture_output=True, timeout=30).returncode == 0:
+            if run_qualify("health", "--base-url", self.url).returncode == 0:
                 return proc
             time.sleep(0.1)
         self.fail("the second fake server did not come up")
@@ -147,7 +143,7 @@ class TestReadyStaysTrue(StartCase):
     def test_an_empty_url_file_is_no_answer_yet(self):
         path = os.path.join(self.tmp, "server.url")
         open(path, "w").close()
-        shown = run_script(QUALIFY, "health", "--url-file", path)
+        shown = run_qualify("health", "--url-file", path)
         self.assertEqual(shown.returncode, 3)
         self.assertIn(f"{path} is empty: start.sh writes the server's address there",
                       shown.stderr)
@@ -211,7 +207,7 @@ class TestReadyStaysTrue(StartCase):
                          prometheus.parse_prometheus(handle.read()).samples if not labels}
         for phase, value in phases.items():
             self.assertEqual(published[f"offload_warmup_{phase[:-2]}_seconds"], value)
-        report = run_script(QUALIFY, "report", doc["records"])
+        report = run_qualify("report", doc["records"])
         self.assertRegex(report.stdout, r"time to warm: process start -> healthy \d+\.\d s -> "
                                         r"warm \d+\.\d s \(\d+\.\d s in all\)")
         shown = ready(self.ready)
@@ -427,7 +423,7 @@ class TestReadyEdges(HelperCase):
         with open(path, "w") as handle:
             json.dump({"kind": "offload-ready/1", "base_url": "ftp://x", "model": "m",
                        "process_start_time_seconds": 1.0}, handle)
-        shown = run_script(QUALIFY, "ready", "--ready-file", path)
+        shown = ready(path)
         self.assertEqual(shown.returncode, 1)
         self.assertIn("is not a ready file", shown.stderr)
 

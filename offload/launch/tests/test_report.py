@@ -12,7 +12,7 @@ import threading
 import unittest
 
 from support import (PYTHON, QUALIFY, REPO, HelperCase, contract_requests, qualify, read_records,
-                     request_record, run_record, run_script, summary_record, wave_records)
+                     request_record, run_qualify, run_record, summary_record, wave_records)
 import tools.probe as probe  # noqa: E402  (support puts offload/launch on sys.path)
 import tools.readback as readback  # noqa: E402
 import tools.report as report  # noqa: E402
@@ -25,8 +25,7 @@ from core.records import ANSWER_FIELDS  # noqa: E402
 
 class TestReportJudgesEvidence(HelperCase):
     def report(self, path: str, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*PYTHON, QUALIFY, "report", path, *args],
-                              capture_output=True, text=True, timeout=30)
+        return run_qualify("report", path, *args)
 
     def passing_records(self) -> list[str]:
         server = self.start_fake()
@@ -90,7 +89,7 @@ class TestReportBelievesOnlyEvidence(HelperCase):
             handle.writelines(json.dumps(r) + "\n" for r in records)
 
     def verdict(self) -> str:
-        return json.loads(run_script(QUALIFY, "report", self.records_path, "--json").stdout)["verdict"]
+        return json.loads(run_qualify("report", self.records_path, "--json").stdout)["verdict"]
 
     def test_crafted_files_are_not_a_pass(self):
         head = run_record("r")
@@ -126,7 +125,7 @@ class TestReportBelievesOnlyEvidence(HelperCase):
         self.write(head, *requests, passed)
         self.assertEqual(self.verdict(), "pass", "the same file, whole, passes")
         self.write(dict(head, mode=[]), *requests, passed)      # judged, no traceback
-        shown = run_script(QUALIFY, "report", self.records_path)
+        shown = run_qualify("report", self.records_path)
         self.assertNotIn("Traceback", shown.stderr)
         self.assertIn("run record's mode is not str: the record is not read", shown.stdout)
 
@@ -403,9 +402,8 @@ class TestReportReading(unittest.TestCase):
             for line in lines:
                 handle.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
 
-    def report(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run([*PYTHON, QUALIFY, "report", self.path, *args],
-                              capture_output=True, text=True, timeout=30, **kwargs)
+    def report(self, *args: str) -> subprocess.CompletedProcess:
+        return run_qualify("report", self.path, *args)
 
     def test_reads_past_bad_lines_and_names_them(self):
         self.write(run_record("a"),
@@ -482,7 +480,9 @@ class TestReportReading(unittest.TestCase):
             with self.subTest(text=text[:2]):
                 self.write(dict(run_record("r"), model=text), *contract_requests("r"),
                            *wave_records("r"), summary_record("r", "pass", 0))
-                shown = self.report("--json", env=dict(os.environ, PYTHONIOENCODING="utf-8"))
+                shown = subprocess.run([*PYTHON, QUALIFY, "report", self.path, "--json"],
+                                       capture_output=True, text=True, timeout=30,
+                                       env=dict(os.environ, PYTHONIOENCODING="utf-8"))
                 self.assertEqual(shown.returncode, 0, shown.stderr)
                 self.assertEqual(json.loads(shown.stdout)["runs"][0]["run"]["model"], text)
         # a number of 3,990 digits where a record takes any value: none to show, not a line cut
@@ -497,8 +497,7 @@ class TestReportReading(unittest.TestCase):
         self.assertEqual(shown.returncode, 1)
         self.assertIn("no warm-up run in", shown.stdout)
         self.assertEqual(json.loads(self.report("--json").stdout)["runs"], [])
-        gone = subprocess.run([*PYTHON, QUALIFY, "report", self.path + ".nope"],
-                              capture_output=True, text=True, timeout=30)
+        gone = run_qualify("report", self.path + ".nope")
         self.assertEqual(gone.returncode, 2)
         self.assertEqual(len(gone.stderr.strip().splitlines()), 1)
         self.assertNotIn("Traceback", gone.stderr)

@@ -13,7 +13,7 @@ import time
 import unittest
 
 from support import (FAKE, PYTHON, QUALIFY, START as START_SH, WRAPPER, HelperCase, StartCase,
-                     read_records, wait_running)
+                     read_records, run_qualify, wait_running)
 from test_outcomes import stale_success, verdict_of
 import core.readyfile as readyfile  # noqa: E402
 # (support puts offload/launch on sys.path)
@@ -335,8 +335,7 @@ class TestReadyMarks(HelperCase):
         return server
 
     def probe(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*PYTHON, QUALIFY, "ready", "--ready-file", self.ready,
-                               *args], capture_output=True, text=True, timeout=30)
+        return run_qualify("ready", "--ready-file", self.ready, *args)
 
     def test_an_earlier_release_s_mark_still_means_not_ready(self):
         server = self.warmed()
@@ -396,8 +395,7 @@ class TestReadyMarks(HelperCase):
 class TestReportJudgesTheLastAttempt(HelperCase):
     runs_long = 3                         # seconds on a quiet run: run.py starts it early
     def report(self, path: str) -> subprocess.CompletedProcess:
-        return subprocess.run([*PYTHON, QUALIFY, "report", path], capture_output=True,
-                              text=True, timeout=30)
+        return run_qualify("report", path)
 
     def test_records_after_the_last_run_or_no_warm_up_exit_1(self):
         server = self.start_fake(latency_s=0.01)
@@ -450,9 +448,7 @@ class TestReportJudgesTheLastAttempt(HelperCase):
     def test_expect_k_ranges_are_written_low_to_high(self):
         for bad, said in (("2-1:5,4-3:4", "written high to low"), ("B1=²", "ASCII digits")):
             with self.subTest(bad=bad):
-                shown = subprocess.run([*PYTHON, QUALIFY, "report", "x.jsonl",
-                                        "--expect-k", bad], capture_output=True, text=True,
-                                       timeout=30)
+                shown = run_qualify("report", "x.jsonl", "--expect-k", bad)
                 self.assertEqual(shown.returncode, 2)
                 self.assertIn(said, shown.stderr)
                 self.assertEqual(shown.stderr.count("error:"), 1, shown.stderr)
