@@ -8,6 +8,7 @@ import argparse
 import errno
 import os
 import re
+import socket
 
 from core.cli import Setting, given_value, number_type, plug_in, seconds, whole
 from core.files import regular
@@ -112,7 +113,8 @@ OPTIONS = (
     Setting("--ready-port", "START_READY_PORT", whole(0, 65535), 0,
             "with --supervise: answer GET /ready on port N of every address, 200 only while "
             "the warm-up (and gate) passed for the launched process, awake, not stopping; "
-            "503 naming the state otherwise (the pod's readiness probe, an httpGet); 0: none"),
+            "503 naming the state otherwise (the pod's readiness probe, an httpGet); 0: none. "
+            "A port held, or the server's own, is refused before the launch"),
 )
 SWITCHES = (                               # (flag, variable, the value the flag gives, help)
     ("--require-chunk", "START_REQUIRE_CHUNK", True,
@@ -254,6 +256,8 @@ class Settings:
         why = address_problem(self.target, self.command, self.source["base_url"])
         if why:
             raise Usage(why)
+        if self.ready_port and self.supervise:
+            check_ready_port(self)
 
     def required(self) -> tuple:
         """What a pass must vouch for before the ready file is written (readyfile.unmet)."""
@@ -298,6 +302,22 @@ def check_readiness(settings: Settings) -> None:
             plug_in("start.readiness", needs="serve_readiness")
         except UsageError as exc:
             raise Usage(str(exc)) from None
+
+
+def check_ready_port(settings: Settings) -> None:
+    """Usage unless the owner can answer GET /ready on its port (it opens it only once the
+    server is healthy, minutes on): the server's own port, or one held, is refused now."""
+    port, source = settings.ready_port, settings.source["ready_port"]
+    if port == settings.target.port:
+        raise Usage(f"{source} {port} is the server's own port ({settings.target.display}): "
+                    f"the owner answers GET /ready on another; choose another port")
+    with socket.socket() as trial:                   # as the owner's http.server binds it
+        trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            trial.bind(("", port))
+        except OSError as exc:
+            raise Usage(f"{source} {port} cannot be listened on ({os_reason(exc)}): another "
+                        f"program holds it; choose another port") from None
 
 
 def check_log_dir(settings: Settings) -> None:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -256,6 +257,32 @@ class TestStart(StartCase):
         self.assertIn("--no-warmup (START_WARMUP) with --supervise (START_SUPERVISE)",
                       result.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+
+    def test_a_readiness_port_held_or_the_server_s_own_is_refused_before_the_launch(self):
+        # It was found once the server was healthy (minutes of model load), as a WARN, and
+        # the pod was never Ready.
+        holder = socket.socket()
+        self.addCleanup(holder.close)
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        held, own = str(holder.getsockname()[1]), str(self.port)
+        for port, said in ((held, f"START_READY_PORT {held} cannot be listened on (Address "
+                                  f"already in use): another program holds it"),
+                           (own, f"--ready-port {own} is the server's own port "
+                                 f"(http://127.0.0.1:{own})")):
+            with self.subTest(port=port):
+                if port == held:
+                    result = self.refused("--base-url", self.url, "--log-dir", self.logs,
+                                          "--supervise", "--", *self.fake(),
+                                          env={"START_READY_PORT": port})
+                else:
+                    result = self.refused("--base-url", self.url, "--log-dir", self.logs,
+                                          "--supervise", "--ready-port", port, "--",
+                                          *self.fake())
+                self.assertEqual(result.code, 2, result.stderr)
+                self.assertIn(said, result.stderr)
+                self.assertIn("choose another port", result.stderr)
+                self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
 
     def test_secrets_in_a_shell_script_or_the_key_variable_are_not_logged(self):
         # From a hostile review: `bash -c "... --api-key K"` showed K in the launch line.
