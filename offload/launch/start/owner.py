@@ -247,13 +247,24 @@ class Owner:
         if run["passed"]:
             self.backoff, self.refusals = RETRY_FIRST_S, 0
         elif run["verdict"] == "refused" and self.go("refused", "the guard refused"):
-            self.refusals += 1
-            self.retry_at = time.monotonic() + self.backoff
-            self.log(f"warm-up refused ({self.refusals}): retried in {self.backoff:g} s, "
-                     f"within the {self.settings.start_guard_s} s start guard")
-            self.backoff = min(self.backoff * 2, RETRY_MAX_S)
+            self.plan_retry()
         else:                 # a wrong answer, or a pass the ready file cannot vouch for
             self.go("failed", f"exit {run['status']}, {run['verdict']}: its WARN says why")
+
+    def plan_retry(self) -> None:
+        """A refusal's retry: after the backoff, or when the start guard ends if it ends
+        first (retry() then gives up)."""
+        self.refusals += 1
+        now, guard = time.monotonic(), self.settings.start_guard_s
+        self.retry_at = min(now + self.backoff, max(now, self.budget_until))
+        if self.retry_at < self.budget_until:
+            self.log(f"warm-up refused ({self.refusals}): retried in {self.backoff:g} s, "
+                     f"within the {guard} s start guard")
+        else:
+            self.log(f"warm-up refused ({self.refusals}): the {guard} s start guard ends in "
+                     f"{self.retry_at - now:.0f} s, before a retry could ({self.backoff:g} s):"
+                     f" failed then")
+        self.backoff = min(self.backoff * 2, RETRY_MAX_S)
 
     def retry(self) -> None:
         """A refused warm-up tried again, or, past the start guard, given up: failed; only

@@ -129,6 +129,26 @@ class TestRetries(unittest.TestCase):
         held.retry()
         self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
 
+    def test_a_retry_the_start_guard_ends_before_is_not_promised(self):
+        # It said "retried in 2 s, within the 600 s start guard" with 1 s of it left, and
+        # gave up 1 s after the guard.
+        held, said = self.owner(launched_s_ago=590)            # 10 s left: 2 s, then 4 s
+        held.state = "refused"
+        held.plan_retry()
+        self.assertEqual(said[-1], "warm-up refused (1): retried in 2 s, within the 600 s "
+                                   "start guard")
+        held, said = self.owner(launched_s_ago=599)            # 1 s left: before 2 s
+        held.plan_retry()
+        self.assertRegex(said[-1], r"^warm-up refused \(1\): the 600 s start guard ends in "
+                                   r"1 s, before a retry could \(2 s\): failed then$")
+        self.assertAlmostEqual(held.retry_at, held.budget_until)
+        held, said = self.owner(launched_s_ago=601)            # past it: failed at once
+        held.state = "refused"
+        held.plan_retry()
+        self.assertLessEqual(held.retry_at, time.monotonic())
+        held.retry()
+        self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
+
 
 class TestAskOwner(unittest.TestCase):
     def test_an_owner_that_never_answers_is_said_when_the_wait_runs_out(self):
