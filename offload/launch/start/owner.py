@@ -247,24 +247,9 @@ class Owner:
         if run["passed"]:
             self.backoff, self.refusals = RETRY_FIRST_S, 0
         elif run["verdict"] == "refused" and self.go("refused", "the guard refused"):
-            self.plan_retry()
+            plan_retry(self)
         else:                 # a wrong answer, or a pass the ready file cannot vouch for
             self.go("failed", f"exit {run['status']}, {run['verdict']}: its WARN says why")
-
-    def plan_retry(self) -> None:
-        """A refusal's retry: after the backoff, or when the start guard ends if it ends
-        first (retry() then gives up)."""
-        self.refusals += 1
-        now, guard = time.monotonic(), self.settings.start_guard_s
-        self.retry_at = min(now + self.backoff, max(now, self.budget_until))
-        if self.retry_at < self.budget_until:
-            self.log(f"warm-up refused ({self.refusals}): retried in {self.backoff:g} s, "
-                     f"within the {guard} s start guard")
-        else:
-            self.log(f"warm-up refused ({self.refusals}): the {guard} s start guard ends in "
-                     f"{self.retry_at - now:.0f} s, before a retry could ({self.backoff:g} s):"
-                     f" failed then")
-        self.backoff = min(self.backoff * 2, RETRY_MAX_S)
 
     def retry(self) -> None:
         """A refused warm-up tried again, or, past the start guard, given up: failed; only
@@ -305,6 +290,19 @@ class Owner:
                 self.state = "failed"
             remove_socket(os.path.join(self.settings.log_dir, SOCKET_NAME))
             raise
+
+
+def plan_retry(owner: "Owner") -> None:
+    """A refused warm-up's retry: after the backoff, or as the start guard ends if that is
+    sooner (Owner.retry() then gives up)."""
+    now, wait, guard = time.monotonic(), owner.backoff, owner.settings.start_guard_s
+    owner.refusals, owner.backoff = owner.refusals + 1, min(wait * 2, RETRY_MAX_S)
+    owner.retry_at = min(now + wait, max(now, owner.budget_until))
+    owner.log(f"warm-up refused ({owner.refusals}): " + (
+        f"retried in {wait:g} s, within the {guard} s start guard"
+        if owner.retry_at < owner.budget_until else
+        f"the {guard} s start guard ends in {owner.retry_at - now:.0f} s, before a retry "
+        f"could ({wait:g} s): failed then"))
 
 
 def supervise(owner: "Owner") -> int:

@@ -134,17 +134,17 @@ class TestRetries(unittest.TestCase):
         # gave up 1 s after the guard.
         held, said = self.owner(launched_s_ago=590)            # 10 s left: 2 s, then 4 s
         held.state = "refused"
-        held.plan_retry()
+        owner.plan_retry(held)
         self.assertEqual(said[-1], "warm-up refused (1): retried in 2 s, within the 600 s "
                                    "start guard")
         held, said = self.owner(launched_s_ago=599)            # 1 s left: before 2 s
-        held.plan_retry()
+        owner.plan_retry(held)
         self.assertRegex(said[-1], r"^warm-up refused \(1\): the 600 s start guard ends in "
                                    r"1 s, before a retry could \(2 s\): failed then$")
         self.assertAlmostEqual(held.retry_at, held.budget_until)
         held, said = self.owner(launched_s_ago=601)            # past it: failed at once
         held.state = "refused"
-        held.plan_retry()
+        owner.plan_retry(held)
         self.assertLessEqual(held.retry_at, time.monotonic())
         held.retry()
         self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
