@@ -182,6 +182,8 @@ class Owner:
             remove_regular(self.settings.ready_file)
         if old == "refused":
             self.retry_at = None          # a re-warm asked, or a sleep: no stale retry after
+        if event in ("asked", "woke"):    # a new attempt: its refusals counted from none
+            self.refusals, self.backoff = 0, RETRY_FIRST_S
         self.state = new
         if self.asked:                    # a TERM between the two lines above wins
             self.state = "stopping"
@@ -260,9 +262,9 @@ class Owner:
         if time.monotonic() < self.budget_until:
             if self.go("retry", f"attempt {self.refusals + 1}"):
                 self.warm()
-        elif self.go("failed", f"refused {self.refusals} times within the "
-                               f"{self.settings.start_guard_s} s start guard; warm it again: "
-                               f"start.sh --rewarm"):
+        elif self.go("failed", f"refused {self.refusals} time{'s' * (self.refusals != 1)}, "
+                               f"no retry after the {self.settings.start_guard_s} s start "
+                               f"guard; warm it again: start.sh --rewarm"):
             self.publish("fail", 3)
 
     def on_signal(self, signum, frame) -> None:
@@ -296,13 +298,17 @@ def plan_retry(owner: "Owner") -> None:
     """A refused warm-up's retry: after the backoff, or as the start guard ends if that is
     sooner (Owner.retry() then gives up)."""
     now, wait, guard = time.monotonic(), owner.backoff, owner.settings.start_guard_s
+    left = owner.budget_until - now
     owner.refusals, owner.backoff = owner.refusals + 1, min(wait * 2, RETRY_MAX_S)
-    owner.retry_at = min(now + wait, max(now, owner.budget_until))
-    owner.log(f"warm-up refused ({owner.refusals}): " + (
-        f"retried in {wait:g} s, within the {guard} s start guard"
-        if owner.retry_at < owner.budget_until else
-        f"the {guard} s start guard ends in {owner.retry_at - now:.0f} s, before a retry "
-        f"could ({wait:g} s): failed then"))
+    owner.retry_at = now + max(0.0, min(wait, left))
+    if wait < left:
+        said = f"retried in {wait:g} s, within the {guard} s start guard"
+    elif left > 0:
+        said = (f"the {guard} s start guard ends in {left:.1f} s, before a retry could "
+                f"({wait:g} s): failed then")
+    else:
+        said = f"the {guard} s start guard has ended: failed now"
+    owner.log(f"warm-up refused ({owner.refusals}): {said}")
 
 
 def supervise(owner: "Owner") -> int:

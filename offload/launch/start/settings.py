@@ -256,8 +256,6 @@ class Settings:
         why = address_problem(self.target, self.command, self.source["base_url"])
         if why:
             raise Usage(why)
-        if self.ready_port and self.supervise:
-            check_ready_port(self)
 
     def required(self) -> tuple:
         """What a pass must vouch for before the ready file is written (readyfile.unmet)."""
@@ -304,20 +302,26 @@ def check_readiness(settings: Settings) -> None:
             raise Usage(str(exc)) from None
 
 
-def check_ready_port(settings: Settings) -> None:
-    """Usage unless the owner can answer GET /ready on its port (it opens it only once the
-    server is healthy, minutes on): the server's own port, or one held, is refused now."""
+def ready_port_problem(settings: Settings) -> str:
+    """Why the owner could not answer GET /ready on its port ('' if it could): asked once
+    the start holds its folder (a start already supervised there is said so first), as
+    the owner opens the port only after /health, minutes on."""
     port, source = settings.ready_port, settings.source["ready_port"]
+    if not (port and settings.supervise):
+        return ""
     if port == settings.target.port:
-        raise Usage(f"{source} {port} is the server's own port ({settings.target.display}): "
-                    f"the owner answers GET /ready on another; choose another port")
+        return (f"{source} {port} is the server's own port ({settings.target.display}): the "
+                f"owner answers GET /ready on another; choose another port")
     with socket.socket() as trial:                   # as the owner's http.server binds it
         trial.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             trial.bind(("", port))
         except OSError as exc:
-            raise Usage(f"{source} {port} cannot be listened on ({os_reason(exc)}): another "
-                        f"program holds it; choose another port") from None
+            why = {errno.EADDRINUSE: "another program listens on it; choose another port",
+                   errno.EACCES: "a port below 1024 needs root or CAP_NET_BIND_SERVICE; "
+                                 "choose a higher one"}.get(exc.errno, "choose another port")
+            return f"{source} {port} cannot be listened on ({os_reason(exc)}): {why}"
+    return ""
 
 
 def check_log_dir(settings: Settings) -> None:

@@ -25,7 +25,7 @@ from start.processes import process_alive, stop_session
 from start.server import (STOP_SIGNALS, AttachedServer, Exit, Interrupted, LaunchedServer,
                           Log, interrupt_while_starting, read_small, refuse_a_foreign_answer,
                           refuse_a_running_server, wait_ready)
-from start.settings import Settings, Usage, check_file_place, os_problem
+from start.settings import Settings, Usage, check_file_place, os_problem, ready_port_problem
 from start.supervisor import shell_status, size_of
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # offload/launch/
@@ -337,10 +337,11 @@ def start(settings: Settings, log: Log, owner=None) -> int:
                           "the server command's --max-num-batched-tokens")
         removed, why = remove_regular(settings.ready_file) if settings.ready_file else \
             (None, "")                 # a start it launches vouches anew (a refused one not)
-        if removed is False:
+        problem = f"--ready-file '{settings.ready_file}' cannot be removed ({why})" if \
+            removed is False else ready_port_problem(settings)
+        if problem:
             ended = 2, "usage"
-            return start_usage_error(f"--ready-file '{settings.ready_file}' cannot be "
-                                     f"removed ({why})")
+            return start_usage_error(problem)
         supervised = launch_and_warm(settings, server, log, env)
         if supervised is not None:
             return owner(settings, server, log, env, *supervised).run()

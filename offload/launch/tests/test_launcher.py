@@ -9,6 +9,7 @@ cleanup from the pid start.sh recorded.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -19,6 +20,7 @@ import stat
 import subprocess
 import sys
 import time
+import types
 import unittest
 from unittest import mock
 
@@ -267,22 +269,37 @@ class TestStart(StartCase):
         holder.listen()
         held, own = str(holder.getsockname()[1]), str(self.port)
         for port, said in ((held, f"START_READY_PORT {held} cannot be listened on (Address "
-                                  f"already in use): another program holds it"),
+                                  f"already in use): another program listens on it"),
                            (own, f"--ready-port {own} is the server's own port "
                                  f"(http://127.0.0.1:{own})")):
             with self.subTest(port=port):
+                logs = os.path.join(self.tmp, port)   # one each: an in-process start keeps its lock
                 if port == held:
-                    result = self.refused("--base-url", self.url, "--log-dir", self.logs,
+                    result = self.refused("--base-url", self.url, "--log-dir", logs,
                                           "--supervise", "--", *self.fake(),
                                           env={"START_READY_PORT": port})
                 else:
-                    result = self.refused("--base-url", self.url, "--log-dir", self.logs,
+                    result = self.refused("--base-url", self.url, "--log-dir", logs,
                                           "--supervise", "--ready-port", port, "--",
                                           *self.fake())
                 self.assertEqual(result.code, 2, result.stderr)
                 self.assertIn(said, result.stderr)
                 self.assertIn("choose another port", result.stderr)
-                self.assertFalse(os.path.exists(os.path.join(self.logs, "server.pid")))
+                self.assertFalse(os.path.exists(os.path.join(logs, "server.pid")))
+        # A port below 1024 without the right to it (a review: it said "another program").
+        import start.settings as start_settings
+
+        class Refused(socket.socket):
+            def bind(self, address):
+                raise PermissionError(errno.EACCES, "Permission denied")
+        settings = types.SimpleNamespace(ready_port=801, supervise=True,
+                                         source={"ready_port": "--ready-port"},
+                                         target=types.SimpleNamespace(port=8000))
+        with mock.patch.object(start_settings.socket, "socket", Refused):
+            said = start_settings.ready_port_problem(settings)
+        self.assertEqual(said, "--ready-port 801 cannot be listened on (Permission denied): a "
+                               "port below 1024 needs root or CAP_NET_BIND_SERVICE; choose a "
+                               "higher one")
 
     def test_secrets_in_a_shell_script_or_the_key_variable_are_not_logged(self):
         # From a hostile review: `bash -c "... --api-key K"` showed K in the launch line.

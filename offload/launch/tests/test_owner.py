@@ -137,17 +137,27 @@ class TestRetries(unittest.TestCase):
         owner.plan_retry(held)
         self.assertEqual(said[-1], "warm-up refused (1): retried in 2 s, within the 600 s "
                                    "start guard")
-        held, said = self.owner(launched_s_ago=599)            # 1 s left: before 2 s
+        held, said = self.owner(launched_s_ago=598.5)          # 1.5 s left: before 2 s
         owner.plan_retry(held)
         self.assertRegex(said[-1], r"^warm-up refused \(1\): the 600 s start guard ends in "
-                                   r"1 s, before a retry could \(2 s\): failed then$")
+                                   r"1\.\d s, before a retry could \(2 s\): failed then$")
         self.assertAlmostEqual(held.retry_at, held.budget_until)
-        held, said = self.owner(launched_s_ago=601)            # past it: failed at once
+        held, said = self.owner(launched_s_ago=700)            # past it: failed at once
         held.state = "refused"
         owner.plan_retry(held)
+        self.assertEqual(said[-1], "warm-up refused (1): the 600 s start guard has ended: "
+                                   "failed now")
         self.assertLessEqual(held.retry_at, time.monotonic())
         held.retry()
-        self.assertEqual((held.state, said[-1]), ("failed", "published fail"))
+        self.assertEqual((held.state, said[-2:]), ("failed", [
+            "readiness: refused -> failed (failed: refused 1 time, no retry after the 600 s "
+            "start guard; warm it again: start.sh --rewarm)", "published fail"]))
+
+    def test_a_re_warm_or_a_wake_counts_its_refusals_from_none(self):
+        held, said = self.owner()
+        held.state, held.refusals, held.backoff = "refused", 3, 16
+        self.assertTrue(held.go("asked"))
+        self.assertEqual((held.refusals, held.backoff), (0, owner.RETRY_FIRST_S))
 
 
 class TestAskOwner(unittest.TestCase):
@@ -283,6 +293,16 @@ class TestOwnerAnswers(OwnerCase):
         self.assertIn("OK: warm-up passed", asked.stdout)
         self.assertNotIn("no outcome", asked.stdout + asked.stderr)   # its exit line said it
         self.assertEqual(self.answer()[0], 200)
+        # A second start of the pod's folder and port (from a review: the port's check came
+        # before the folder's lock, and published usage over the warm pod's pass).
+        published = self.read_textfile()
+        second = subprocess.run(["bash", START, "--base-url", self.url, "--log-dir", self.logs,
+                                 "--textfile", self.textfile, "--supervise", "--", *self.fake()],
+                                capture_output=True, text=True, timeout=60,
+                                env=dict(os.environ, START_READY_PORT=str(self.ready_port)))
+        self.assertEqual(second.returncode, 1, second.stdout + second.stderr)
+        self.assertIn("(it holds start.lock)", second.stdout + second.stderr)
+        self.assertEqual((self.read_textfile(), self.answer()[0]), (published, 200))
         os.kill(proc.pid, signal.SIGTERM)
         self.ready_answer(503, 2)
         self.assertEqual(proc.wait(30), 0)
