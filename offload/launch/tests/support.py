@@ -290,19 +290,41 @@ def wait_running(url: str, count: int, steady_s: float = 0.0, seconds: float = 3
 
 # Ports the tests hand out: below Linux's ephemeral range (32768 and up), so no connection's
 # local end is given one (nor connects to itself on one a server has not bound yet), and a
-# block per class process (run.py's OFFLOAD_TEST_SLOT; else one by pid), so no other class
-# is handed the port a test is about to bind.
+# block of them per class process, claimed by holding the block's first port bound while
+# the process lives: no other class process, of this run or of another run on the machine,
+# is handed the port a test is about to bind. run.py's slot (OFFLOAD_TEST_SLOT, else the
+# pid) says which block to try first.
 FIRST_PORT, PORTS_PER_CLASS, BLOCKS = 20000, 60, 212
+_claimed: dict = {}                         # pid -> (the socket holding the block, its port)
 _handed = [0]
+
+
+def port_block() -> int:
+    """The first port of this process's block, claimed at the first call."""
+    if os.getpid() not in _claimed:
+        slot = os.environ.get("OFFLOAD_TEST_SLOT", "")
+        start = int(slot) if slot.isdigit() else os.getpid()
+        for block in range(start, start + BLOCKS):
+            first = FIRST_PORT + block % BLOCKS * PORTS_PER_CLASS
+            holder = socket.socket()
+            try:
+                holder.bind(("127.0.0.1", first))      # no SO_REUSEADDR: nobody else may
+            except OSError:
+                holder.close()
+                continue                               # another class process's
+            _claimed[os.getpid()] = holder, first
+            break
+        else:
+            raise AssertionError(f"every block of test ports from {FIRST_PORT} is taken")
+    return _claimed[os.getpid()][1]
 
 
 def free_port() -> int:
     """A port on 127.0.0.1 that nothing listens on, from this class process's own block."""
-    slot = os.environ.get("OFFLOAD_TEST_SLOT", "")
-    block = int(slot) if slot.isdigit() else os.getpid()
-    first = FIRST_PORT + block % BLOCKS * PORTS_PER_CLASS
-    for _ in range(PORTS_PER_CLASS):
-        port = first + _handed[0] % PORTS_PER_CLASS
+    first = port_block() + 1                    # the block's first port is its claim
+    count = PORTS_PER_CLASS - 1
+    for _ in range(count):
+        port = first + _handed[0] % count
         _handed[0] += 1
         with socket.socket() as sock:
             try:
@@ -310,7 +332,7 @@ def free_port() -> int:
             except OSError:
                 continue                  # another program's, or a server still on it
             return port
-    raise AssertionError(f"no free port in {first}-{first + PORTS_PER_CLASS - 1}")
+    raise AssertionError(f"no free port in {first}-{first + count - 1}")
 
 
 # ---------------------------------------------------------------------------

@@ -368,30 +368,40 @@ class TestRunner(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stdout)
         self.assertEqual(sorted(slots), ["0", "1"])
 
-    def test_a_free_port_is_of_the_class_s_block_below_the_ephemeral_range(self):
-        # Slot 211: beyond the ~140 class processes run.py starts, so no class's block.
-        slot = support.BLOCKS - 1
-        first = support.FIRST_PORT + slot * support.PORTS_PER_CLASS
-        block = range(first, first + support.PORTS_PER_CLASS)
-        with mock.patch.dict(os.environ, {"OFFLOAD_TEST_SLOT": str(slot)}):
-            handed = support.free_port()
-            self.assertIn(handed, block)
-            for port in block:                    # all but one held by another program
-                if port != handed:
-                    with contextlib.suppress(OSError):
-                        held = socket.socket()
-                        self.addCleanup(held.close)
-                        held.bind(("127.0.0.1", port))
-            self.assertEqual(support.free_port(), handed)
-            with socket.socket() as held:
-                held.bind(("127.0.0.1", handed))
-                with self.assertRaisesRegex(AssertionError, f"no free port in {first}-"):
-                    support.free_port()
+    def test_a_free_port_is_of_the_class_s_own_block_below_the_ephemeral_range(self):
+        first = support.port_block()
+        block = range(first + 1, first + support.PORTS_PER_CLASS)
+        handed = support.free_port()
+        self.assertIn(handed, block)
+        for port in block:                        # all but one held by another program
+            if port != handed:
+                with contextlib.suppress(OSError):
+                    held = socket.socket()
+                    self.addCleanup(held.close)
+                    held.bind(("127.0.0.1", port))
+        self.assertEqual(support.free_port(), handed)
+        with socket.socket() as held:
+            held.bind(("127.0.0.1", handed))
+            with self.assertRaisesRegex(AssertionError, f"no free port in {first + 1}-"):
+                support.free_port()
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as handle:
             ephemeral = int(handle.read().split()[0])
         self.assertLess(support.FIRST_PORT + support.BLOCKS * support.PORTS_PER_CLASS,
                         ephemeral + 1, "a block reaches into the ephemeral range")
 
+    def test_a_block_claimed_by_another_process_is_passed_over(self):
+        # Two suites on one machine count their slots from 0 alike (a review found two runs
+        # at once failing on each other's ports): the second takes the next free block.
+        mine = support.port_block()
+        slot = (mine - support.FIRST_PORT) // support.PORTS_PER_CLASS
+        code = ("import support; print(support.port_block())")
+        other = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True,
+                               text=True, timeout=30, cwd=os.path.dirname(support.__file__),
+                               env=dict(os.environ, OFFLOAD_TEST_SLOT=str(slot)))
+        self.assertEqual(other.returncode, 0, other.stderr)
+        theirs = int(other.stdout)
+        self.assertNotEqual(theirs, mine)
+        self.assertEqual((theirs - support.FIRST_PORT) % support.PORTS_PER_CLASS, 0)
 
 if __name__ == "__main__":
     unittest.main()
