@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import unittest
-from unittest import mock
 
 import support
 from support import LAUNCH, PACKAGES, copy_product, product_files

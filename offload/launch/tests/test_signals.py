@@ -107,8 +107,9 @@ class TestTheHardBoundComesFirst(HelperCase):
         self.assertEqual(verdict_of(self.textfile), "killed")
 
     def test_an_interpreter_leaving_a_child_on_stdout_does_not_hold_the_wrapper(self):
-        left = shim(self.tmp, "leaves-a-child", f'sleep 61.25 &\nexec {sys.executable} "$@"')
-        self.addCleanup(subprocess.run, ["pkill", "-f", "sleep 61.25"])
+        marker = f"sleep 61.{os.getpid()}"      # this process's own: another run's differs
+        left = shim(self.tmp, "leaves-a-child", f'{marker} &\nexec {sys.executable} "$@"')
+        self.addCleanup(subprocess.run, ["pkill", "-f", f"^{marker}$"])
         server = self.start_fake(latency_s=0.01)
         started = time.monotonic()
         with open(os.path.join(self.tmp, "out"), "w") as out:   # the child holds no pipe of ours
@@ -276,8 +277,9 @@ class TestStartClearsFirst(StartCase):
         self.assertIn("is missing", ready.stderr)
 
     def test_a_term_stops_the_step_start_sh_runs_and_all_it_left(self):
-        hang = shim(self.tmp, "hang-marker", 'exec sleep 62.75')
-        self.addCleanup(subprocess.run, ["pkill", "-f", "sleep 62.75"])
+        marker = f"sleep 62.{os.getpid()}"      # this process's own: another run's differs
+        hang = shim(self.tmp, "hang-marker", f"exec {marker}")
+        self.addCleanup(subprocess.run, ["pkill", "-f", f"^{marker}$"])
         proc = subprocess.Popen(["bash", START_SH, "--base-url", self.url, "--log-dir",
                                  self.logs, "--", *self.fake()], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL,
@@ -285,12 +287,12 @@ class TestStartClearsFirst(StartCase):
                                          WARMUP_PYTHON=hang, WARMUP_HARD_S="60"))
         self.addCleanup(proc.kill)
         deadline = time.monotonic() + 30
-        while subprocess.run(["pgrep", "-f", "sleep 62.75"], capture_output=True).returncode \
+        while subprocess.run(["pgrep", "-f", f"^{marker}$"], capture_output=True).returncode \
                 and time.monotonic() < deadline:
             time.sleep(0.1)
         proc.terminate()
         self.assertEqual(proc.wait(30), 143)
-        left = subprocess.run(["pgrep", "-f", "sleep 62.75"], capture_output=True, text=True)
+        left = subprocess.run(["pgrep", "-f", f"^{marker}$"], capture_output=True, text=True)
         self.assertEqual(left.stdout, "", "the step's leftovers outlived start.sh")
 
     @NEEDS_PID_NAMESPACE
