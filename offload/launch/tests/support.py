@@ -44,6 +44,7 @@ import core.vllm_client as vllm_client  # noqa: E402
 import warmup  # noqa: E402
 from fake_vllm import TEXT_MARKER, TOKEN_ID_MARKER, FakeConfig, FakeServer  # noqa: E402
 from start.processes import group_alive  # noqa: E402
+from tools.procfs import listening_inodes  # noqa: E402
 
 API_KEY = "sk-KEYMARKER-5d1f0c"
 
@@ -366,8 +367,11 @@ class StartCase(HelperCase):
                 pid = int(handle.read().strip() or 0)
             if pid and group_alive(pid):
                 os.killpg(pid, signal.SIGKILL)
-                deadline = time.monotonic() + 5        # gone, so the port and pid are free
-                while group_alive(pid) and time.monotonic() < deadline:
+                # Gone, so the port and pid are free: a killed server's leader shows as a
+                # zombie while its last thread may still hold the listening socket.
+                deadline = time.monotonic() + 5
+                while (group_alive(pid) or listening_inodes(self.port)) and \
+                        time.monotonic() < deadline:
                     time.sleep(0.02)
 
     def server_pid(self) -> int:
