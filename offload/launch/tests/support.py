@@ -417,16 +417,21 @@ def run_script(*argv: str, env: dict | None = None,
                           timeout=timeout, env=dict(os.environ, **(env or {})))
 
 
-def run_qualify(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`qualify.py ARGV` answered by its main() in this process (exit status, stdout and
-    stderr as a process's), for what a command says; what only a process shows (its start,
-    its signals, a closed stdout, a memory cap) is tested by starting one."""
+def run_main(main, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """A program's main(ARGV) in this process (exit status, stdout and stderr as its
+    process's), for what it says; what only a process shows (its start, its signals, a
+    closed stdout, a memory cap) is tested by starting one."""
     out, err = io.StringIO(), io.StringIO()
     with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \
             contextlib.redirect_stderr(err):
-        code = qualify.main(list(argv))
-    return subprocess.CompletedProcess(["qualify.py", *argv], code, out.getvalue(),
+        code = main(list(argv))
+    return subprocess.CompletedProcess([main.__module__, *argv], code, out.getvalue(),
                                        err.getvalue())
+
+
+def run_qualify(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`qualify.py ARGV` answered in this process (run_main)."""
+    return run_main(qualify.main, *argv, env=env)
 
 
 def run_record(run_id: str, requests: int = 10, mode: str = "warmup", **plan) -> dict:

@@ -21,7 +21,8 @@ import tempfile
 import time
 import unittest
 
-from support import PYTHON, FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer, warmup
+from support import (PYTHON, FAKE, LAUNCH, QUALIFY, REPO, WARMUP, HelperCase, SilentServer,
+                     qualify, run_main, warmup)
 import core.cli as cli  # noqa: E402  (support puts offload/launch on sys.path)
 import core.kinds as kinds  # noqa: E402
 import core.transport as transport  # noqa: E402
@@ -273,8 +274,9 @@ class TestMessages(HelperCase):
 
 class TestEveryExitSaysWhatItRead(HelperCase):
     def run_program(self, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, *argv], capture_output=True, text=True,
-                              timeout=30, env=dict(os.environ, **(env or {})))
+        """warmup.py or qualify.py ARGV, answered by its main() in this process."""
+        main = warmup.main if argv[0] == WARMUP else qualify.main
+        return run_main(main, *argv[1:], env=env)
 
     def test_json_prints_its_object_when_records_cannot_be_written(self):
         server = self.start_fake()

@@ -460,40 +460,39 @@ class TestOneOptionGrammar(unittest.TestCase):
     know: start.sh, the warm-up and every qualify.py command alike."""
 
     def test_an_abbreviated_option_is_a_usage_error_everywhere(self):
-        from support import START, WARMUP
-        cases = [([*PYTHON, WARMUP, "--chunk", "4096", "--dry-run"], "--chunk"),
-                 ([*PYTHON, QUALIFY, "report", "--jso", "x.jsonl"], "--jso"),
-                 ([*PYTHON, QUALIFY, "probe", "--round", "2", "--dry-run"], "--round"),
-                 ([*PYTHON, QUALIFY, "gate", "--max-tok", "9", "--dry-run"],
-                  "--max-tok"),
-                 ([*PYTHON, QUALIFY, "ready", "--ready", "f"], "--ready"),
-                 ([*PYTHON, QUALIFY, "health", "--time", "1"], "--time"),
-                 (["bash", START, "--supe", "--", "true"], "--supe")]
-        for command, option in cases:
-            with self.subTest(command=command[1:3]):
-                proc = subprocess.run(command, capture_output=True, text=True, timeout=30,
-                                      stdin=subprocess.DEVNULL)
+        from support import START, run_main
+        import warmup
+        cases = [((warmup.main, "--chunk", "4096", "--dry-run"), "--chunk"),
+                 ((qualify.main, "report", "--jso", "x.jsonl"), "--jso"),
+                 ((qualify.main, "probe", "--round", "2", "--dry-run"), "--round"),
+                 ((qualify.main, "gate", "--max-tok", "9", "--dry-run"), "--max-tok"),
+                 ((qualify.main, "ready", "--ready", "f"), "--ready"),
+                 ((qualify.main, "health", "--time", "1"), "--time")]
+        answers = [(argv[:2], run_main(main, *argv), option) for (main, *argv), option in cases]
+        answers.append((["start.sh"], subprocess.run(["bash", START, "--supe", "--", "true"],
+                                                     capture_output=True, text=True,
+                                                     timeout=30, stdin=subprocess.DEVNULL),
+                        "--supe"))
+        for program, proc, option in answers:
+            with self.subTest(program=program):
                 self.assertEqual(proc.returncode, 2, proc.stderr)
                 self.assertIn(option, proc.stderr)
                 self.assertNotIn("Traceback", proc.stderr)
 
     def test_a_number_is_ascii_digits_and_one_point_everywhere(self):
         # int() and float() take these too; no option means them.
-        from support import WARMUP
+        from support import run_main
+        import warmup
         cases = [(["--tokens", "3_2"], {}), (["--deadline-s", "1e3"], {}),
                  (["--settle-s", "nan"], {}), (["--tokens", " 32"], {}),
                  ([], {"WARMUP_TOKENS": "\u0663\u0662"}),           # Arabic-Indic 32
                  ([], {"WARMUP_PRIORITY": "2\u0660"})]
         for args, env in cases:
             with self.subTest(args=args, env=env):
-                proc = subprocess.run([*PYTHON, WARMUP, "--dry-run", *args], text=True,
-                                      capture_output=True, timeout=30,
-                                      env=dict(os.environ, **env), stdin=subprocess.DEVNULL)
+                proc = run_main(warmup.main, "--dry-run", *args, env=env)
                 self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
                 self.assertNotIn("Traceback", proc.stderr)
-        lower = subprocess.run([*PYTHON, WARMUP, "--dry-run", "--priority", "-5"],
-                               capture_output=True, text=True, timeout=30)
+        lower = run_main(warmup.main, "--dry-run", "--priority", "-5")
         self.assertEqual(lower.returncode, 0, lower.stderr)     # a priority may be negative
-        probe = subprocess.run([*PYTHON, QUALIFY, "probe", "--rounds", "\u0662", "--dry-run"],
-                               capture_output=True, text=True, timeout=30)
+        probe = run_main(qualify.main, "probe", "--rounds", "\u0662", "--dry-run")
         self.assertEqual(probe.returncode, 2, probe.stdout + probe.stderr)
