@@ -335,10 +335,11 @@ def start(settings: Settings, log: Log, owner=None) -> int:
         server_chunk_said(log, settings.env.get("WARMUP_CHUNK_TOKENS"),
                           env.get("WARMUP_CHUNK_TOKENS"),
                           "the server command's --max-num-batched-tokens")
-        removed, why = remove_regular(settings.ready_file) if settings.ready_file else \
-            (None, "")                 # a start it launches vouches anew (a refused one not)
-        problem = f"--ready-file '{settings.ready_file}' cannot be removed ({why})" if \
-            removed is False else ready_port_problem(settings)
+        problem = ready_port_problem(settings)      # refused before any file is touched
+        if not problem and settings.ready_file:     # a start it launches vouches anew
+            removed, why = remove_regular(settings.ready_file)
+            problem = f"--ready-file '{settings.ready_file}' cannot be removed ({why})" if \
+                removed is False else ""
         if problem:
             ended = 2, "usage"
             return start_usage_error(problem)

@@ -274,10 +274,12 @@ class TestStart(StartCase):
                                  f"(http://127.0.0.1:{own})")):
             with self.subTest(port=port):
                 logs = os.path.join(self.tmp, port)   # one each: an in-process start keeps its lock
+                with open(self.ready, "w") as handle:         # another start's: left alone
+                    handle.write("{}")
                 if port == held:
                     result = self.refused("--base-url", self.url, "--log-dir", logs,
-                                          "--supervise", "--", *self.fake(),
-                                          env={"START_READY_PORT": port})
+                                          "--supervise", "--ready-file", self.ready, "--",
+                                          *self.fake(), env={"START_READY_PORT": port})
                 else:
                     result = self.refused("--base-url", self.url, "--log-dir", logs,
                                           "--supervise", "--ready-port", port, "--",
@@ -286,6 +288,7 @@ class TestStart(StartCase):
                 self.assertIn(said, result.stderr)
                 self.assertIn("choose another port", result.stderr)
                 self.assertFalse(os.path.exists(os.path.join(logs, "server.pid")))
+                self.assertTrue(os.path.exists(self.ready), "a refused start removes no file")
         # A port below 1024 without the right to it (a review: it said "another program").
         import start.settings as start_settings
 
