@@ -160,15 +160,13 @@ class HelperCase(unittest.TestCase):
                               *args], env)
 
     def run_argv(self, argv: list[str], env: dict | None = None, main=None) -> Result:
-        """warmup.main(argv) (or another main) in this process, stdout and stderr captured."""
-        out, err = io.StringIO(), io.StringIO()
+        """warmup.main(argv) (or another main) in this process (run_main), with its records."""
         started = time.monotonic()
-        with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), \
-                contextlib.redirect_stderr(err):
-            code = (main or warmup.main)(argv)
+        answered = run_main(main or warmup.main, *argv, env=env)
         elapsed = time.monotonic() - started
         records, text = read_records(self.records_path)
-        return Result(code, out.getvalue(), err.getvalue(), records, elapsed, text)
+        return Result(answered.returncode, answered.stdout, answered.stderr, records, elapsed,
+                      text)
 
     def run_process(self, command: list[str], env: dict | None = None, timeout: float = 60,
                     records: str | None = None) -> Result:
